@@ -1,0 +1,17 @@
+//! The CSI services that Kubernetes (kubelet and the CSI sidecars) calls, served
+//! over a unix socket. Each service lives in a file of its own.
+
+pub mod client;
+pub mod endpoint;
+mod identity;
+
+pub use identity::IdentityService;
+
+/// Code generated from csi-proto/csi.proto (CSI v1.12).
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("csi.v1");
+}
+
+/// The name this plugin registers under (GetPluginInfo, StorageClass provisioner).
+pub const DRIVER_NAME: &str = "driver.oxhorn.io";

@@ -1,0 +1,52 @@
+//! The crate's error type. CSI services map it to gRPC codes in one place.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
+    #[error("Kubernetes client configuration: {0}")]
+    KubeConfig(String),
+
+    #[error("invalid CSI endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint {
+        endpoint: String,
+        reason: &'static str,
+    },
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+
+    #[error("{0} is in use by a running server")]
+    SocketInUse(PathBuf),
+
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+
+    #[error("rendering YAML: {0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+
+    #[error("{0}")]
+    Testbed(String),
+}
+
+impl Error {
+    /// An I/O error on a path, keeping the path for the message.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,22 @@
+//! Oxhorn: replicated block storage for Kubernetes.
+//!
+//! Data flows CSI call -> custom resource -> controller -> instance manager ->
+//! engine -> replicas. The modules follow that path:
+//! - [`csi`]: the CSI gRPC services Kubernetes calls;
+//! - [`types`]: the oxhorn.io custom resources those calls create;
+//! - [`datastore`]: the shared, watched caches of those resources;
+//! - [`manager`]: the per-node daemon that wires them together;
+//! - [`replica`]: one copy of a volume's data on a node's disk;
+//! - [`testbed`]: a real local control plane for tests and demos.
+
+pub mod csi;
+pub mod datastore;
+pub mod error;
+pub mod logging;
+pub mod manager;
+pub mod names;
+pub mod replica;
+pub mod testbed;
+pub mod types;
+
+pub use error::{Error, Result};

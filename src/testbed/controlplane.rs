@@ -1,0 +1,300 @@
+//! etcd + kube-apiserver on free loopback ports, with oxhorn's CRDs applied.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Config};
+use serde::Deserialize;
+use tempfile::TempDir;
+
+use super::process::Supervised;
+use super::{certs, tools_dir};
+use crate::{Error, Result};
+
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const ADMIN_TOKEN_USER: &str = "oxhorn-testbed-admin";
+
+/// A running control plane. Dropping it (or [`ControlPlane::stop`]) kills the
+/// processes and removes their data.
+pub struct ControlPlane {
+    config: Config,
+    kubeconfig: PathBuf,
+    processes: Mutex<Vec<Supervised>>,
+    dir: Mutex<Option<TempDir>>,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver, waits until the API server is ready and
+    /// oxhorn's CRDs (from deploy/crds.yaml) are established. On an error,
+    /// whatever was started is stopped again.
+    pub async fn start() -> Result<Self> {
+        let started = Instant::now();
+        let dir = tempfile::Builder::new()
+            .prefix("oxhorn-testbed-")
+            .tempdir_in(data_root())
+            .map_err(|e| Error::io(data_root(), e))?;
+        let path = dir.path();
+        let etcd_port = free_port()?;
+        let etcd = etcd_command(path, etcd_port)?;
+        let mut processes = vec![Supervised::spawn("etcd", etcd, &path.join("etcd.log"))?];
+
+        let api_port = free_port()?;
+        let token = write_credentials(path)?;
+        let apiserver = apiserver_command(path, api_port, etcd_port)?;
+        processes.push(Supervised::spawn(
+            "kube-apiserver",
+            apiserver,
+            &path.join("kube-apiserver.log"),
+        )?);
+        let kubeconfig = path.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, api_port, &path.join("ca.crt"), &token)?;
+        let config = load_config(&kubeconfig).await?;
+        wait_ready(&Client::try_from(config.clone())?, &mut processes).await?;
+
+        let control_plane = Self {
+            config,
+            kubeconfig,
+            processes: Mutex::new(processes),
+            dir: Mutex::new(Some(dir)),
+        };
+        control_plane.apply_crds(&crds_file()).await?;
+        tracing::info!(elapsed = ?started.elapsed(), "control plane ready");
+        Ok(control_plane)
+    }
+
+    /// A client configuration with cluster-admin rights.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A new client, bound to the caller's tokio runtime.
+    pub fn client(&self) -> Result<Client> {
+        Ok(Client::try_from(self.config.clone())?)
+    }
+
+    /// The kubeconfig file, for child processes and kubectl.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Runs the pinned kubectl against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> Result<Output> {
+        let kubectl = tools_dir().join("kubectl");
+        Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .map_err(|e| Error::io(kubectl, e))
+    }
+
+    /// Kills the processes and removes their data; idempotent.
+    pub fn stop(&self) {
+        let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        // Dropping a process kills it; the API server goes before its store.
+        while processes.pop().is_some() {}
+        self.dir.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Applies every CRD in `path` (server-side apply) and waits until each is
+    /// established.
+    pub async fn apply_crds(&self, path: &Path) -> Result<()> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let api: Api<CustomResourceDefinition> = Api::all(self.client()?);
+        let params = PatchParams::apply("oxhorn-testbed").force();
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let crd = CustomResourceDefinition::deserialize(document)?;
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+            let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+            tokio::time::timeout(Duration::from_secs(30), established)
+                .await
+                .map_err(|_| Error::Testbed(format!("CRD {name} not established after 30s")))?
+                .map_err(|e| Error::Testbed(format!("waiting for CRD {name}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Polls /readyz until kube-apiserver answers "ok", failing early when one of
+/// the processes exits.
+async fn wait_ready(client: &Client, processes: &mut [Supervised]) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        for process in processes.iter_mut() {
+            process.check_running()?;
+        }
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| Error::Testbed(e.to_string()))?;
+        let last = match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(()),
+            Ok(body) => body,
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() > deadline {
+            let log = processes.last().map(|p| p.log_tail(30)).unwrap_or_default();
+            return Err(Error::Testbed(format!(
+                "kube-apiserver not ready after {START_TIMEOUT:?}: {last}\n{log}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// deploy/crds.yaml of this source tree.
+pub fn crds_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds.yaml")
+}
+
+/// Memory-backed when possible: etcd fsyncs every write.
+fn data_root() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("127.0.0.1:0", e))?;
+    Ok(listener
+        .local_addr()
+        .map_err(|e| Error::io("127.0.0.1:0", e))?
+        .port())
+}
+
+/// The path of an installed tool, or an error saying how to install it.
+fn tool(name: &str) -> Result<PathBuf> {
+    let path = tools_dir().join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::Testbed(format!(
+            "{} is missing: run hack/install-test-deps.sh",
+            path.display()
+        )))
+    }
+}
+
+fn etcd_command(dir: &Path, client_port: u16) -> Result<Command> {
+    let peer_port = free_port()?;
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let mut command = Command::new(tool("etcd")?);
+    command
+        .arg("--name=testbed")
+        .arg(format!("--data-dir={}", dir.join("etcd").display()))
+        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--advertise-client-urls={client}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster=testbed={peer}"))
+        .args(["--logger=zap", "--log-level=warn"]);
+    Ok(command)
+}
+
+fn apiserver_command(dir: &Path, port: u16, etcd_port: u16) -> Result<Command> {
+    let file = |name: &str| dir.join(name).display().to_string();
+    let mut command = Command::new(tool("kube-apiserver")?);
+    command
+        .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_port}"))
+        .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--tls-cert-file={}", file("apiserver.crt")))
+        .arg(format!("--tls-private-key-file={}", file("apiserver.key")))
+        .arg(format!("--token-auth-file={}", file("tokens.csv")))
+        .arg("--authorization-mode=RBAC")
+        .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+        .arg(format!(
+            "--service-account-key-file={}",
+            file("service-account.pub")
+        ))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            file("service-account.key")
+        ))
+        .arg("--service-cluster-ip-range=10.96.0.0/24")
+        // Nothing here serves the kubernetes Service; don't maintain its endpoints.
+        .arg("--endpoint-reconciler-type=none")
+        .args([
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ]);
+    Ok(command)
+}
+
+/// Writes the PKI and the token file; returns the admin token.
+fn write_credentials(dir: &Path) -> Result<String> {
+    let pki = certs::generate()?;
+    let token = format!("{:032x}", rand_u128());
+    let files = [
+        ("ca.crt", pki.ca_pem),
+        ("apiserver.crt", pki.serving_cert_pem),
+        ("apiserver.key", pki.serving_key_pem),
+        ("service-account.key", pki.service_account_key_pem),
+        ("service-account.pub", pki.service_account_pub_pem),
+        (
+            "tokens.csv",
+            format!("{token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},\"system:masters\"\n"),
+        ),
+    ];
+    for (name, content) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, content).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(token)
+}
+
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, RandomState};
+    let half = || RandomState::new().hash_one(std::time::SystemTime::now()) as u128;
+    (half() << 64) | half()
+}
+
+fn write_kubeconfig(path: &Path, port: u16, ca: &Path, token: &str) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: oxhorn-testbed
+  cluster:
+    server: https://127.0.0.1:{port}
+    certificate-authority: {ca}
+users:
+- name: admin
+  user:
+    token: {token}
+contexts:
+- name: oxhorn-testbed
+  context:
+    cluster: oxhorn-testbed
+    user: admin
+current-context: oxhorn-testbed
+",
+        ca = ca.display()
+    );
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+async fn load_config(kubeconfig: &Path) -> Result<Config> {
+    let parsed = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::KubeConfig(e.to_string()))?;
+    Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::KubeConfig(e.to_string()))
+}

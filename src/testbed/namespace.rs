@@ -1,0 +1,112 @@
+//! A namespace per test, emptied and removed when the guard drops, also while
+//! a failed test unwinds. No namespace controller runs in the test control
+//! plane, so the guard does its work: deletes oxhorn's objects (dropping their
+//! finalizers), deletes the namespace and finalizes it.
+
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Config, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::ControlPlane;
+use crate::types::{Engine, Node, Replica, Setting, Volume};
+use crate::{Error, Result};
+
+pub struct TestNamespace {
+    name: String,
+    config: Config,
+}
+
+impl TestNamespace {
+    /// Creates a fresh namespace named after `prefix`.
+    pub async fn create(control_plane: &ControlPlane, prefix: &str) -> Result<Self> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        crate::names::validate_dns_subdomain("namespace", &name).map_err(Error::Testbed)?;
+        let api: Api<Namespace> = Api::all(control_plane.client()?);
+        let mut namespace = Namespace::default();
+        namespace.metadata.name = Some(name.clone());
+        api.create(&PostParams::default(), &namespace).await?;
+        Ok(Self {
+            name,
+            config: control_plane.config().clone(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let (name, config) = (self.name.clone(), self.config.clone());
+        // Drop may run inside the test's runtime, which cannot be blocked on:
+        // clean up from a thread with a runtime of its own.
+        let cleaned = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::io("tokio runtime", e))?;
+            runtime.block_on(remove(config, &name))
+        })
+        .join();
+        match cleaned {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("removing test namespace {}: {e}", self.name),
+            Err(_) => eprintln!("removing test namespace {}: cleanup panicked", self.name),
+        }
+    }
+}
+
+async fn remove(config: Config, name: &str) -> Result<()> {
+    let client = Client::try_from(config)?;
+    purge::<Volume>(&client, name).await?;
+    purge::<Engine>(&client, name).await?;
+    purge::<Replica>(&client, name).await?;
+    purge::<Node>(&client, name).await?;
+    purge::<Setting>(&client, name).await?;
+    let namespaces: Api<Namespace> = Api::all(client);
+    namespaces.delete(name, &DeleteParams::default()).await?;
+    let mut namespace = namespaces.get(name).await?;
+    if let Some(spec) = namespace.spec.as_mut() {
+        spec.finalizers = None;
+    }
+    namespaces
+        .replace_subresource("finalize", name, &PostParams::default(), &namespace)
+        .await?;
+    Ok(())
+}
+
+/// Deletes every `K` in the namespace, releasing finalizers nobody will run.
+async fn purge<K>(client: &Client, namespace: &str) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    for object in api.list(&ListParams::default()).await? {
+        if !object.finalizers().is_empty() {
+            let release = serde_json::json!({"metadata": {"finalizers": null}});
+            api.patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&release),
+            )
+            .await?;
+        }
+    }
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! Child processes that cannot outlive their parent, with their output kept in
+//! a log file for error messages.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use crate::{Error, Result};
+
+pub struct Supervised {
+    pub name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Supervised {
+    /// Spawns `command` with stdout and stderr written to `log`. The child is
+    /// killed when this is dropped, and when the spawning thread exits.
+    pub fn spawn(name: &'static str, mut command: Command, log: &Path) -> Result<Self> {
+        let out = File::create(log).map_err(|e| Error::io(log, e))?;
+        let err = out.try_clone().map_err(|e| Error::io(log, e))?;
+        command.stdin(Stdio::null()).stdout(out).stderr(err);
+        // SAFETY: only async-signal-safe calls (prctl, getppid) run in the child.
+        unsafe {
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // The parent may have died before prctl took effect.
+                if nix::unistd::getppid() == Pid::from_raw(1) {
+                    return Err(std::io::Error::other("parent exited"));
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| Error::io(command.get_program(), e))?;
+        Ok(Self {
+            name,
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// An error if the process has exited, with the end of its log.
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(Error::Testbed(format!(
+                "{} exited ({status}); end of {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail(30)
+            ))),
+            Err(e) => Err(Error::io(self.name, e)),
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+        self.wait(timeout)
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().map_err(|e| Error::io(self.name, e))? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Testbed(format!(
+                    "{} still running after {timeout:?}",
+                    self.name
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process with SIGKILL and reaps it; nothing if it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The last `lines` lines of the process's output.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,57 @@
+//! The oxhorn.io API: custom resource types and their CRDs.
+//!
+//! `spec` is desired state (users, the CSI controller); `status` is observed
+//! state, written only by the owning manager through the status subresource.
+
+// kube's `printcolumn(...)` repeats the same keys once per column.
+#![allow(clippy::duplicated_attributes)]
+
+mod condition;
+mod engine;
+mod instance;
+mod node;
+mod replica;
+mod setting;
+mod volume;
+
+pub use condition::{Condition, ConditionStatus};
+pub use engine::{Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo};
+pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
+pub use node::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
+pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
+pub use setting::{Setting, SettingSpec, SettingStatus};
+pub use volume::{
+    AccessMode, DataLocality, Frontend, ReplicaAutoBalance, Robustness, Volume, VolumeSpec,
+    VolumeState, VolumeStatus,
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// The API group of every oxhorn resource.
+pub const GROUP: &str = "oxhorn.io";
+
+/// Where oxhorn's objects live unless told otherwise.
+pub const DEFAULT_NAMESPACE: &str = "oxhorn-system";
+
+/// Every CRD oxhorn serves, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        Volume::crd(),
+        Engine::crd(),
+        Replica::crd(),
+        Node::crd(),
+        Setting::crd(),
+    ]
+}
+
+/// The CRDs as one multi-document YAML stream: what `oxhorn crds` prints and
+/// deploy/crds.yaml holds.
+pub fn crds_yaml() -> Result<String, serde_yaml_ng::Error> {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(&crd)?);
+    }
+    Ok(out)
+}
