@@ -1,6 +1,12 @@
-//! Generates the CSI gRPC client and server code from csi-proto/csi.proto.
+//! Generates gRPC code: the CSI services (csi-proto/csi.proto) and the control
+//! APIs of the data-plane processes (proto/dataplane.proto).
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=csi-proto/csi.proto");
+    println!("cargo:rerun-if-changed=proto/dataplane.proto");
     tonic_prost_build::configure().compile_protos(&["csi-proto/csi.proto"], &["csi-proto"])?;
+    // Layer data as `Bytes`: handed on without copying.
+    tonic_prost_build::configure()
+        .bytes(".oxhorn.dataplane.v1.LayerData.data")
+        .compile_protos(&["proto/dataplane.proto"], &["proto"])?;
     Ok(())
 }

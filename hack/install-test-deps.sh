@@ -28,6 +28,7 @@ apt_packages=(
 	pkg-config
 	e2fsprogs xfsprogs util-linux
 	fuse3              # fusermount3, for the FUSE frontend
+	fio                # bench/
 )
 
 install_apt() {

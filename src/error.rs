@@ -10,6 +10,9 @@ pub enum Error {
     #[error("Kubernetes client configuration: {0}")]
     KubeConfig(String),
 
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
     #[error("invalid CSI endpoint {endpoint:?}: {reason}")]
     InvalidEndpoint {
         endpoint: String,

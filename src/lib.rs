@@ -6,15 +6,21 @@
 //! - [`types`]: the oxhorn.io custom resources those calls create;
 //! - [`datastore`]: the shared, watched caches of those resources;
 //! - [`manager`]: the per-node daemon that wires them together;
+//! - [`engine`]: replicates a volume's I/O to its replicas;
+//! - [`protocol`]: the engine <-> replica data protocol;
+//! - [`frontend`]: the volume as a block device on its node;
 //! - [`replica`]: one copy of a volume's data on a node's disk;
 //! - [`testbed`]: a real local control plane for tests and demos.
 
 pub mod csi;
 pub mod datastore;
+pub mod engine;
 pub mod error;
+pub mod frontend;
 pub mod logging;
 pub mod manager;
 pub mod names;
+pub mod protocol;
 pub mod replica;
 pub mod testbed;
 pub mod types;

@@ -1,12 +1,17 @@
 //! The `oxhorn` binary: one executable for the per-node manager (CSI plugin and
-//! controllers), the data-plane processes it starts, and tooling.
+//! controllers), the data-plane processes it starts (replica, engine), and
+//! tooling.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use oxhorn::engine::{self, EngineConfig, FrontendKind};
 use oxhorn::logging::{self, LogFormat};
 use oxhorn::manager::{self, ManagerConfig};
+use oxhorn::replica::ReplicaConfig;
 use oxhorn::types::{self, DEFAULT_NAMESPACE};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -47,6 +52,40 @@ enum Command {
         #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
         namespace: String,
     },
+    /// Serve one replica of a volume from a directory (started by the manager).
+    Replica {
+        /// The replica's directory; created with a new replica if empty.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Volume size in bytes.
+        #[arg(long)]
+        size: u64,
+        /// Data address (host:port); control listens on the next port.
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// Replicate a volume's I/O to its replicas and expose it (started by the manager).
+    Engine {
+        #[arg(long)]
+        volume: String,
+        /// Volume size in bytes.
+        #[arg(long)]
+        size: u64,
+        /// Data address of a replica; repeat for each.
+        #[arg(long = "replica", required = true)]
+        replicas: Vec<String>,
+        #[arg(long, value_enum, default_value = "fuse")]
+        frontend: FrontendKind,
+        /// Control API address.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Where the FUSE mount lives.
+        #[arg(long, default_value = "/var/run/oxhorn")]
+        run_dir: PathBuf,
+        /// Where the device link /dev/oxhorn/<volume> is published.
+        #[arg(long, default_value = "/dev/oxhorn")]
+        dev_dir: PathBuf,
+    },
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Print the version.
@@ -62,11 +101,41 @@ fn main() -> ExitCode {
             node_id,
             kubeconfig,
             namespace,
-        } => run_manager(ManagerConfig {
-            csi_endpoint,
-            node_id,
-            kubeconfig,
-            namespace,
+        } => run_until_signal(|shutdown| {
+            manager::run(
+                ManagerConfig {
+                    csi_endpoint,
+                    node_id,
+                    kubeconfig,
+                    namespace,
+                },
+                shutdown,
+            )
+        }),
+        Command::Replica { dir, size, listen } => run_until_signal(|shutdown| {
+            oxhorn::replica::run(ReplicaConfig { dir, size, listen }, shutdown)
+        }),
+        Command::Engine {
+            volume,
+            size,
+            replicas,
+            frontend,
+            listen,
+            run_dir,
+            dev_dir,
+        } => run_until_signal(|shutdown| {
+            engine::run(
+                EngineConfig {
+                    volume,
+                    size,
+                    replicas,
+                    frontend,
+                    listen,
+                    run_dir,
+                    dev_dir,
+                },
+                shutdown,
+            )
         }),
         Command::Crds => types::crds_yaml()
             .map(|yaml| print!("{yaml}"))
@@ -85,17 +154,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_manager(config: ManagerConfig) -> oxhorn::Result<()> {
+/// Runs a daemon on a multi-threaded runtime until SIGTERM or SIGINT.
+fn run_until_signal<F, Fut>(daemon: F) -> oxhorn::Result<()>
+where
+    F: FnOnce(Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+    Fut: Future<Output = oxhorn::Result<()>>,
+{
     let runtime =
         tokio::runtime::Runtime::new().map_err(|e| oxhorn::Error::io("tokio runtime", e))?;
     runtime.block_on(async {
         let shutdown = shutdown_signal()?;
-        manager::run(config, shutdown).await
+        daemon(Box::pin(shutdown)).await
     })
 }
 
 /// Completes on the first SIGTERM or SIGINT.
-fn shutdown_signal() -> oxhorn::Result<impl Future<Output = ()>> {
+fn shutdown_signal() -> oxhorn::Result<impl Future<Output = ()> + Send> {
     let mut term = signal(SignalKind::terminate()).map_err(|e| oxhorn::Error::io("SIGTERM", e))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| oxhorn::Error::io("SIGINT", e))?;
     Ok(async move {

@@ -35,7 +35,7 @@ pub struct ManagerConfig {
 
 /// Runs the manager until `shutdown` completes.
 pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
-    names::validate_dns_subdomain("node id", &config.node_id).map_err(Error::KubeConfig)?;
+    names::validate_dns_subdomain("node id", &config.node_id).map_err(Error::Config)?;
     let socket_path = csi::endpoint::parse(&config.csi_endpoint)?;
     let span = info_span!("manager", node = %config.node_id);
     async move {

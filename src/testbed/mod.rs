@@ -8,11 +8,13 @@
 
 mod certs;
 mod controlplane;
+mod dataplane;
 mod manager;
 mod namespace;
 mod process;
 
 pub use controlplane::ControlPlane;
+pub use dataplane::{EngineProcess, ReplicaProcess};
 pub use manager::ManagerProcess;
 pub use namespace::TestNamespace;
 

@@ -1,0 +1,419 @@
+//! The engine: replicates a volume's I/O to its replicas.
+//!
+//! Every write goes to all replicas in RW or WO mode at once and is
+//! acknowledged when each of them has acknowledged it or has been taken out
+//! of the I/O path. Reads go to RW replicas only, spread over them and retried
+//! on another one when one fails. With no RW replica left, I/O fails with EIO.
+//! Snapshots, rebuild hand-offs and expansion happen at a quiesced point: I/O
+//! holds the gate shared, those operations hold it exclusively.
+
+mod control;
+mod member;
+mod process;
+mod rebuild;
+mod status;
+
+pub use control::EngineControlService;
+pub use member::{Mode, control_address};
+pub use process::{EngineConfig, FrontendKind, run};
+
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+use bytes::Bytes;
+use futures::future::join_all;
+use tracing::{info, warn};
+
+use tonic::transport::Channel;
+
+use crate::frontend::BlockDevice;
+use crate::protocol::control::replica_control_client::ReplicaControlClient;
+use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
+use crate::protocol::{ConnectionError, MAX_PAYLOAD, Status};
+use member::Member;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no healthy (RW) replica is left")]
+    NoHealthyReplica,
+    #[error("invalid replica address {0:?}: {1}")]
+    InvalidAddress(String, String),
+    #[error(transparent)]
+    Replica(#[from] ConnectionError),
+    #[error("replica {0} control: {1}")]
+    Control(String, tonic::Status),
+    #[error("replica {0} is already in the volume")]
+    AlreadyMember(String),
+    #[error("replica {0} is not in the volume")]
+    NotMember(String),
+    #[error("cannot shrink the volume from {0} to {1} bytes")]
+    CannotShrink(u64, u64),
+}
+
+impl EngineError {
+    /// A refusal caused by the request, not by the replica's health.
+    fn is_callers_fault(&self) -> bool {
+        match self {
+            EngineError::Replica(ConnectionError::Remote { status, .. }) => {
+                *status == Status::InvalidArgument
+            }
+            EngineError::Control(_, status) => matches!(
+                status.code(),
+                tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::AlreadyExists
+            ),
+            _ => false,
+        }
+    }
+
+    fn is_no_space(&self) -> bool {
+        match self {
+            EngineError::Replica(ConnectionError::Remote { status, .. }) => {
+                *status == Status::NoSpace
+            }
+            EngineError::Control(_, status) => status.code() == tonic::Code::ResourceExhausted,
+            _ => false,
+        }
+    }
+}
+
+pub struct Engine {
+    volume: String,
+    size: AtomicU64,
+    members: RwLock<Vec<Arc<Member>>>,
+    /// Replicas named at start that could not be reached, with why.
+    absent: RwLock<Vec<(String, String)>>,
+    gate: tokio::sync::RwLock<()>,
+    next_read: AtomicUsize,
+    myself: Weak<Engine>,
+}
+
+impl Engine {
+    /// Connects to the replicas. Those with the highest revision counter
+    /// become RW; the others are rebuilt from them in the background.
+    pub async fn start(volume: &str, size: u64, addresses: &[String]) -> Arc<Self> {
+        let engine = Arc::new_cyclic(|myself| Self {
+            volume: volume.to_string(),
+            size: AtomicU64::new(size),
+            members: RwLock::new(Vec::new()),
+            absent: RwLock::new(Vec::new()),
+            gate: tokio::sync::RwLock::new(()),
+            next_read: AtomicUsize::new(0),
+            myself: myself.clone(),
+        });
+        let connected = join_all(addresses.iter().map(|a| Member::connect(a))).await;
+        let mut reachable = Vec::new();
+        for (address, result) in addresses.iter().zip(connected) {
+            match result {
+                Ok((member, status)) if status.size == size => {
+                    reachable.push((Arc::new(member), status))
+                }
+                Ok((_, status)) => engine.mark_absent(
+                    address,
+                    format!("replica size {} is not the volume's {size}", status.size),
+                ),
+                Err(error) => engine.mark_absent(address, error.to_string()),
+            }
+        }
+        engine.place(reachable);
+        engine
+    }
+
+    fn mark_absent(&self, address: &str, reason: String) {
+        warn!(volume = %self.volume, replica = address, %reason, "replica not usable");
+        write(&self.absent).push((address.to_string(), reason));
+    }
+
+    /// Makes the most up-to-date replicas RW, then rebuilds the rest from
+    /// them. A replica marked as mid-rebuild is never trusted, whatever its
+    /// counter says.
+    fn place(&self, reachable: Vec<(Arc<Member>, ReplicaStatus)>) {
+        let trusted = |s: &ReplicaStatus| !s.rebuilding;
+        let newest = reachable
+            .iter()
+            .filter(|(_, s)| trusted(s))
+            .map(|(_, s)| s.revision)
+            .max();
+        let mut stale = Vec::new();
+        for (member, status) in reachable {
+            self.watch(&member);
+            write(&self.members).push(member.clone());
+            if trusted(&status) && Some(status.revision) == newest {
+                member.set_mode(Mode::ReadWrite);
+                info!(volume = %self.volume, replica = %member.address, revision = status.revision, "replica RW");
+            } else {
+                member.park(&format!(
+                    "revision {} behind {newest:?} or rebuild unfinished",
+                    status.revision
+                ));
+                stale.push(member);
+            }
+        }
+        for member in stale {
+            self.spawn_rebuild(member);
+        }
+    }
+
+    /// Fails the member as soon as its connection closes, even when idle.
+    fn watch(&self, member: &Arc<Member>) {
+        let (engine, member) = (self.myself.clone(), member.clone());
+        tokio::spawn(async move {
+            let reason = member.data.closed().await;
+            if let Some(engine) = engine.upgrade() {
+                engine.fail(&member, &reason);
+            }
+        });
+    }
+
+    fn fail(&self, member: &Member, reason: &str) {
+        if member.fail(reason) {
+            warn!(volume = %self.volume, replica = %member.address, reason, "replica ERR: out of the I/O path");
+        }
+    }
+
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+
+    fn members_in(&self, modes: &[Mode]) -> Vec<Arc<Member>> {
+        read(&self.members)
+            .iter()
+            .filter(|m| modes.contains(&m.mode()))
+            .cloned()
+            .collect()
+    }
+
+    /// Sends `op` to every RW and WO replica; succeeds when at least one RW
+    /// replica did and every other either did or is now out of the I/O path
+    /// (its data no longer matches the others'). A refusal that is the
+    /// caller's fault (a bad offset, an unknown snapshot) fails no replica.
+    async fn to_all<F, Fut>(&self, what: &str, op: F) -> Result<(), EngineError>
+    where
+        F: Fn(Arc<Member>) -> Fut,
+        Fut: Future<Output = Result<(), EngineError>>,
+    {
+        let targets = self.members_in(&[Mode::ReadWrite, Mode::WriteOnly]);
+        let results = join_all(targets.iter().map(|m| op(m.clone()))).await;
+        let mut healthy = 0;
+        let mut last = None;
+        for (member, result) in targets.iter().zip(results) {
+            match result {
+                Ok(()) if member.mode() == Mode::ReadWrite => healthy += 1,
+                Ok(()) => {}
+                Err(error) if error.is_callers_fault() => return Err(error),
+                Err(error) => {
+                    self.fail(member, &format!("{what}: {error}"));
+                    last = Some(error);
+                }
+            }
+        }
+        match (healthy, last) {
+            (0, Some(error)) if error.is_no_space() => Err(error),
+            (0, _) => Err(EngineError::NoHealthyReplica),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends a data-protocol op to every RW and WO replica (see [`Self::to_all`]).
+    async fn replicate<F, Fut>(&self, what: &str, op: F) -> Result<(), EngineError>
+    where
+        F: Fn(Arc<Member>) -> Fut,
+        Fut: Future<Output = Result<(), ConnectionError>>,
+    {
+        self.to_all(what, |m| {
+            let done = op(m);
+            async move { done.await.map_err(EngineError::from) }
+        })
+        .await
+    }
+
+    /// Runs a control call on every RW and WO replica (see [`Self::to_all`]).
+    async fn control_all<F, Fut>(&self, what: &str, call: F) -> Result<(), EngineError>
+    where
+        F: Fn(ReplicaControlClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<(), tonic::Status>>,
+    {
+        self.to_all(what, |m| {
+            let done = call(m.control.clone());
+            async move {
+                done.await
+                    .map_err(|status| EngineError::Control(m.address.clone(), status))
+            }
+        })
+        .await
+    }
+
+    async fn read_from_one(&self, offset: u64, length: u32) -> Result<Bytes, EngineError> {
+        loop {
+            let readable = self.members_in(&[Mode::ReadWrite]);
+            if readable.is_empty() {
+                return Err(EngineError::NoHealthyReplica);
+            }
+            let member = &readable[self.next_read.fetch_add(1, Ordering::Relaxed) % readable.len()];
+            match member.data.read(offset, length).await {
+                Ok(data) => return Ok(data),
+                Err(error) => {
+                    let error = EngineError::from(error);
+                    if error.is_callers_fault() {
+                        return Err(error);
+                    }
+                    self.fail(member, &format!("read: {error}"));
+                }
+            }
+        }
+    }
+
+    /// Takes a snapshot named `name` on every RW and WO replica at one point:
+    /// no I/O is in flight while it is taken.
+    pub async fn snapshot(&self, name: &str, user_created: bool) -> Result<(), EngineError> {
+        let _quiet = self.gate.write().await;
+        self.snapshot_quiesced(name, user_created).await
+    }
+
+    async fn snapshot_quiesced(&self, name: &str, user_created: bool) -> Result<(), EngineError> {
+        self.replicate("flush", |m| async move { m.data.flush().await })
+            .await?;
+        let request = SnapshotRequest {
+            name: name.to_string(),
+            user_created,
+            labels: Default::default(),
+        };
+        self.control_all("snapshot", |mut m| {
+            let request = request.clone();
+            async move { m.snapshot(request).await.map(drop) }
+        })
+        .await
+    }
+
+    /// Removes a snapshot on every replica, merging its data into its child.
+    pub async fn remove_snapshot(&self, name: &str) -> Result<(), EngineError> {
+        let _quiet = self.gate.write().await;
+        self.control_all("remove snapshot", |mut m| {
+            let name = name.to_string();
+            async move {
+                m.remove_snapshot(crate::protocol::control::RemoveSnapshotRequest { name })
+                    .await
+                    .map(drop)
+            }
+        })
+        .await
+    }
+
+    /// Grows the volume on every replica at a quiesced point.
+    pub async fn expand(&self, size: u64) -> Result<(), EngineError> {
+        let _quiet = self.gate.write().await;
+        let current = self.size.load(Ordering::Acquire);
+        if size < current {
+            return Err(EngineError::CannotShrink(current, size));
+        }
+        self.control_all("expand", |mut m| async move {
+            m.expand(crate::protocol::control::ExpandRequest { size })
+                .await
+                .map(drop)
+        })
+        .await?;
+        self.size.store(size, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    /// Closes the replica connections, which also ends their watchers.
+    fn drop(&mut self) {
+        for member in read(&self.members).iter() {
+            member.data.close("engine stopped");
+        }
+    }
+}
+
+/// Splits `[offset, offset + length)` into pieces one frame can carry.
+fn pieces(offset: u64, length: u64) -> impl Iterator<Item = (u64, u64)> {
+    let step = u64::from(MAX_PAYLOAD);
+    (0..length.div_ceil(step)).map(move |i| (offset + i * step, step.min(length - i * step)))
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // Every write below is one push, remove or retain: never left torn.
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl From<EngineError> for io::Error {
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::Replica(error) => error.into(),
+            EngineError::CannotShrink(..) | EngineError::InvalidAddress(..) => {
+                io::Error::from_raw_os_error(nix::libc::EINVAL)
+            }
+            _ => io::Error::from_raw_os_error(nix::libc::EIO),
+        }
+    }
+}
+
+impl BlockDevice for Engine {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        let _io = self.gate.read().await;
+        let mut out = bytes::BytesMut::with_capacity(len);
+        for (at, length) in pieces(offset, len as u64) {
+            out.extend_from_slice(&self.read_from_one(at, length as u32).await?);
+        }
+        Ok(out.freeze())
+    }
+
+    async fn write(&self, offset: u64, data: Bytes) -> io::Result<()> {
+        let _io = self.gate.read().await;
+        for (at, length) in pieces(offset, data.len() as u64) {
+            let start = (at - offset) as usize;
+            let piece = data.slice(start..start + length as usize);
+            self.replicate("write", |m| {
+                let piece = piece.clone();
+                async move { m.data.write(at, piece).await }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        let _io = self.gate.read().await;
+        Ok(self
+            .replicate("flush", |m| async move { m.data.flush().await })
+            .await?)
+    }
+
+    async fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _io = self.gate.read().await;
+        for (at, length) in pieces(offset, len) {
+            self.replicate(
+                "unmap",
+                |m| async move { m.data.unmap(at, length as u32).await },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pieces;
+
+    #[test]
+    fn pieces_cover_the_range_in_frame_sized_steps() {
+        let max = u64::from(super::MAX_PAYLOAD);
+        assert_eq!(pieces(4096, 8192).collect::<Vec<_>>(), [(4096, 8192)]);
+        assert_eq!(
+            pieces(0, 2 * max + 4096).collect::<Vec<_>>(),
+            [(0, max), (max, max), (2 * max, 4096)]
+        );
+        assert_eq!(pieces(0, 0).count(), 0);
+    }
+}

@@ -1,0 +1,97 @@
+//! `oxhorn engine`: the engine as a process. It connects to the replicas,
+//! exposes the volume through its frontend and serves the control API until
+//! told to stop.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tracing::{Instrument, info, info_span, warn};
+
+use super::{Engine, EngineControlService};
+use crate::frontend::{BlockDevice, FuseFrontend, FuseOptions};
+use crate::protocol::control::engine_control_server::EngineControlServer;
+use crate::{Error, Result, names};
+
+/// How the engine exposes the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FrontendKind {
+    /// A file in a FUSE mount behind a loop device.
+    Fuse,
+    /// No block device: only the control API (tests, rebuild-only engines).
+    None,
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub volume: String,
+    pub size: u64,
+    /// Data addresses of the replicas.
+    pub replicas: Vec<String>,
+    pub frontend: FrontendKind,
+    /// Control API address.
+    pub listen: SocketAddr,
+    /// Where the FUSE mount lives.
+    pub run_dir: PathBuf,
+    /// Where the device link is published.
+    pub dev_dir: PathBuf,
+}
+
+/// Mounts the FUSE file and attaches the loop device. Both block on the
+/// kernel, so they run off the runtime's workers.
+async fn start_fuse(engine: &Arc<Engine>, config: &EngineConfig) -> Result<FuseFrontend> {
+    let mut options = FuseOptions::new(&config.run_dir);
+    options.dev_dir.clone_from(&config.dev_dir);
+    let (engine, volume) = (Arc::clone(engine), config.volume.clone());
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || FuseFrontend::start(engine, &volume, &options, runtime))
+        .await
+        .map_err(|e| Error::Config(format!("starting the frontend: {e}")))?
+        .map_err(|e| Error::Config(format!("FUSE frontend: {e}")))
+}
+
+/// Runs the engine until `shutdown` completes.
+pub async fn run(config: EngineConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    names::validate_dns_subdomain("volume name", &config.volume).map_err(Error::Config)?;
+    let span = info_span!("engine", volume = %config.volume);
+    async move {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| Error::io(config.listen.to_string(), e))?;
+        let engine = Engine::start(&config.volume, config.size, &config.replicas).await;
+        let frontend = match config.frontend {
+            FrontendKind::Fuse => Some(start_fuse(&engine, &config).await?),
+            FrontendKind::None => None,
+        };
+        let endpoint = frontend
+            .as_ref()
+            .map(|f| f.link_path().display().to_string())
+            .unwrap_or_default();
+        let service = EngineControlService::new(Arc::clone(&engine), endpoint.clone());
+        info!(control = %config.listen, replicas = ?config.replicas, endpoint, "engine serving");
+        Server::builder()
+            .add_service(EngineControlServer::new(service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await?;
+        if let Some(frontend) = frontend {
+            let stopped = tokio::task::spawn_blocking(move || frontend.stop())
+                .await
+                .map_err(|e| Error::Config(format!("stopping the frontend: {e}")))?;
+            match stopped {
+                Ok(outcome) => info!(?outcome, "frontend stopped"),
+                Err(error) => warn!(%error, "frontend did not stop cleanly"),
+            }
+        }
+        if let Err(error) = engine.flush().await {
+            warn!(%error, "final flush failed");
+        }
+        info!("engine stopped");
+        Ok(())
+    }
+    .instrument(span)
+    .await
+}

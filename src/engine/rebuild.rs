@@ -1,0 +1,162 @@
+//! Adding a replica and rebuilding it from a healthy one.
+//!
+//! The new replica joins in WO mode at a quiesced point where the engine also
+//! snapshots every replica, so that from then on it receives every new write
+//! while the snapshot layers, immutable from that moment, are copied to it
+//! from a RW replica (the replica skips chunks whose checksums already match).
+//! At a second quiesced point it takes the source's revision counter and
+//! becomes RW.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::{Instrument, info, info_span, warn};
+
+use super::member::Member;
+use super::{Engine, EngineError, Mode, write};
+use crate::protocol::control::{ReplicaStatusRequest, SetRevisionRequest, SyncFromRequest};
+
+impl Engine {
+    /// Adds the replica at `address` (a data address) and starts rebuilding it.
+    /// A failed member with the same address is replaced.
+    pub async fn add_replica(&self, address: &str) -> Result<(), EngineError> {
+        let current = super::read(&self.members)
+            .iter()
+            .find(|m| m.address == address)
+            .cloned();
+        if current.as_ref().is_some_and(|m| m.mode() != Mode::Error) {
+            return Err(EngineError::AlreadyMember(address.to_string()));
+        }
+        let (member, _) = Member::connect(address).await?;
+        let member = Arc::new(member);
+        member.park("waiting for rebuild");
+        {
+            let mut members = write(&self.members);
+            match members.iter().position(|m| m.address == address) {
+                Some(i) => members[i] = member.clone(),
+                None => members.push(member.clone()),
+            }
+        }
+        write(&self.absent).retain(|(a, _)| a != address);
+        self.watch(&member);
+        self.spawn_rebuild(member);
+        Ok(())
+    }
+
+    /// Takes the replica out of the volume.
+    pub fn remove_replica(&self, address: &str) -> Result<(), EngineError> {
+        let removed = {
+            let mut members = write(&self.members);
+            let position = members.iter().position(|m| m.address == address);
+            position.map(|i| members.remove(i))
+        };
+        let absent = {
+            let mut absent = write(&self.absent);
+            let before = absent.len();
+            absent.retain(|(a, _)| a != address);
+            before != absent.len()
+        };
+        match removed {
+            Some(member) => {
+                member.fail("removed from the volume");
+                Ok(())
+            }
+            None if absent => Ok(()),
+            None => Err(EngineError::NotMember(address.to_string())),
+        }
+    }
+
+    pub(super) fn spawn_rebuild(&self, target: Arc<Member>) {
+        let Some(engine) = self.myself.upgrade() else {
+            return;
+        };
+        let span = info_span!("rebuild", volume = %self.volume, replica = %target.address);
+        tokio::spawn(
+            async move {
+                match engine.rebuild(&target).await {
+                    Ok(()) => info!("rebuilt: replica RW"),
+                    Err(error) => {
+                        warn!(%error, "rebuild failed");
+                        engine.fail(&target, &format!("rebuild failed: {error}"));
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    async fn rebuild(&self, target: &Member) -> Result<(), EngineError> {
+        let (source, layers) = {
+            let _quiet = self.gate.write().await;
+            let source = self
+                .members_in(&[Mode::ReadWrite])
+                .into_iter()
+                .next()
+                .ok_or(EngineError::NoHealthyReplica)?;
+            target.set_mode(Mode::WriteOnly);
+            target.set_rebuild_progress(Some((0, 0)));
+            self.snapshot_quiesced(&rebuild_snapshot_name(), false)
+                .await?;
+            let status = control_status(&source).await?;
+            (source, status.snapshots)
+        };
+        info!(source = %source.address, layers = layers.len(), "copying snapshot layers");
+        let request = SyncFromRequest {
+            source: source.control_address(),
+            layers,
+        };
+        let mut progress = target
+            .control
+            .clone()
+            .sync_from(request)
+            .await
+            .map_err(|e| EngineError::Control(target.address.clone(), e))?
+            .into_inner();
+        let mut copied = 0;
+        while let Some(step) = progress
+            .message()
+            .await
+            .map_err(|e| EngineError::Control(target.address.clone(), e))?
+        {
+            if target.mode() != Mode::WriteOnly {
+                return Err(EngineError::NotMember(target.address.clone()));
+            }
+            target.set_rebuild_progress(Some((step.bytes_done, step.bytes_total)));
+            copied = step.bytes_copied;
+        }
+
+        let _quiet = self.gate.write().await;
+        let revision = control_status(&source).await?.revision;
+        target
+            .control
+            .clone()
+            .set_revision(SetRevisionRequest { revision })
+            .await
+            .map_err(|e| EngineError::Control(target.address.clone(), e))?;
+        target.set_rebuild_progress(None);
+        target.set_rebuild_copied(copied);
+        target.set_mode(Mode::ReadWrite);
+        Ok(())
+    }
+}
+
+async fn control_status(
+    member: &Member,
+) -> Result<crate::protocol::control::ReplicaStatus, EngineError> {
+    Ok(member
+        .control
+        .clone()
+        .status(ReplicaStatusRequest {})
+        .await
+        .map_err(|e| EngineError::Control(member.address.clone(), e))?
+        .into_inner())
+}
+
+/// A system snapshot's name: unique, and sorting by time.
+fn rebuild_snapshot_name() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("rebuild-{nanos:x}")
+}

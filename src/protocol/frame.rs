@@ -1,0 +1,319 @@
+//! Frame layout, all integers big-endian:
+//!
+//! request  (24 bytes): magic u16 | version u8 | op u8 | length u32 | id u64 | offset u64
+//!                      then `length` bytes of data for a write
+//! response (16 bytes): magic u16 | version u8 | status u8 | length u32 | id u64
+//!                      then `length` bytes: read data, or an error message
+//!
+//! `length` is the byte count the op covers (read, write, unmap); a header
+//! whose magic, version, op or length is out of bounds is a protocol error.
+
+use std::io;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio_util::codec::{Decoder, Encoder};
+
+const MAGIC: u16 = 0x4f58; // "OX"
+const VERSION: u8 = 1;
+const REQUEST_HEADER: usize = 24;
+const RESPONSE_HEADER: usize = 16;
+
+/// The largest read or write one frame may carry.
+pub const MAX_PAYLOAD: u32 = 8 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Read = 1,
+    Write = 2,
+    Flush = 3,
+    Unmap = 4,
+    Ping = 5,
+}
+
+impl Op {
+    fn from_u8(value: u8) -> Option<Self> {
+        Some(match value {
+            1 => Op::Read,
+            2 => Op::Write,
+            3 => Op::Flush,
+            4 => Op::Unmap,
+            5 => Op::Ping,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub id: u64,
+    pub op: Op,
+    pub offset: u64,
+    /// Bytes covered: to read, to unmap, or `data.len()` for a write.
+    pub length: u32,
+    pub data: Bytes,
+}
+
+/// How a request ended. Errors carry a message as the response data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Ok = 0,
+    /// Unaligned or out of range: the engine's bug, not the disk's.
+    InvalidArgument = 1,
+    /// The replica's disk is full.
+    NoSpace = 2,
+    /// Anything else that failed on the replica.
+    IoError = 3,
+}
+
+impl Status {
+    fn from_u8(value: u8) -> Option<Self> {
+        Some(match value {
+            0 => Status::Ok,
+            1 => Status::InvalidArgument,
+            2 => Status::NoSpace,
+            3 => Status::IoError,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub id: u64,
+    pub status: Status,
+    pub data: Bytes,
+}
+
+impl Response {
+    pub fn ok(id: u64, data: Bytes) -> Self {
+        Self {
+            id,
+            status: Status::Ok,
+            data,
+        }
+    }
+
+    pub fn error(id: u64, status: Status, message: impl std::fmt::Display) -> Self {
+        Self {
+            id,
+            status,
+            data: Bytes::from(message.to_string()),
+        }
+    }
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+fn check_header(magic: u16, version: u8) -> io::Result<()> {
+    if magic != MAGIC {
+        return Err(invalid(format!("bad magic {magic:#06x}")));
+    }
+    if version != VERSION {
+        return Err(invalid(format!("unsupported protocol version {version}")));
+    }
+    Ok(())
+}
+
+/// The replica's side: decodes requests, encodes responses.
+#[derive(Default)]
+pub struct ServerCodec;
+
+impl Decoder for ServerCodec {
+    type Item = Request;
+    type Error = io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<Request>> {
+        if src.len() < REQUEST_HEADER {
+            return Ok(None);
+        }
+        let mut header = &src[..REQUEST_HEADER];
+        check_header(header.get_u16(), header.get_u8())?;
+        let op_byte = header.get_u8();
+        let op = Op::from_u8(op_byte).ok_or_else(|| invalid(format!("unknown op {op_byte}")))?;
+        let length = header.get_u32();
+        let (id, offset) = (header.get_u64(), header.get_u64());
+        if matches!(op, Op::Read | Op::Write) && length > MAX_PAYLOAD {
+            return Err(invalid(format!(
+                "{op:?} of {length} bytes exceeds {MAX_PAYLOAD}"
+            )));
+        }
+        let payload = if op == Op::Write { length as usize } else { 0 };
+        if src.len() < REQUEST_HEADER + payload {
+            src.reserve(REQUEST_HEADER + payload - src.len());
+            return Ok(None);
+        }
+        src.advance(REQUEST_HEADER);
+        let data = src.split_to(payload).freeze();
+        Ok(Some(Request {
+            id,
+            op,
+            offset,
+            length,
+            data,
+        }))
+    }
+}
+
+impl Encoder<Response> for ServerCodec {
+    type Error = io::Error;
+
+    fn encode(&mut self, response: Response, dst: &mut BytesMut) -> io::Result<()> {
+        let length =
+            u32::try_from(response.data.len()).map_err(|_| invalid("response too large".into()))?;
+        dst.reserve(RESPONSE_HEADER + response.data.len());
+        dst.put_u16(MAGIC);
+        dst.put_u8(VERSION);
+        dst.put_u8(response.status as u8);
+        dst.put_u32(length);
+        dst.put_u64(response.id);
+        dst.put_slice(&response.data);
+        Ok(())
+    }
+}
+
+/// The engine's side: encodes requests, decodes responses.
+#[derive(Default)]
+pub struct ClientCodec;
+
+impl Decoder for ClientCodec {
+    type Item = Response;
+    type Error = io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<Response>> {
+        if src.len() < RESPONSE_HEADER {
+            return Ok(None);
+        }
+        let mut header = &src[..RESPONSE_HEADER];
+        check_header(header.get_u16(), header.get_u8())?;
+        let status_byte = header.get_u8();
+        let status = Status::from_u8(status_byte)
+            .ok_or_else(|| invalid(format!("unknown status {status_byte}")))?;
+        let length = header.get_u32();
+        let id = header.get_u64();
+        if length > MAX_PAYLOAD {
+            return Err(invalid(format!(
+                "response of {length} bytes exceeds {MAX_PAYLOAD}"
+            )));
+        }
+        let total = RESPONSE_HEADER + length as usize;
+        if src.len() < total {
+            src.reserve(total - src.len());
+            return Ok(None);
+        }
+        src.advance(RESPONSE_HEADER);
+        let data = src.split_to(length as usize).freeze();
+        Ok(Some(Response { id, status, data }))
+    }
+}
+
+impl Encoder<Request> for ClientCodec {
+    type Error = io::Error;
+
+    fn encode(&mut self, request: Request, dst: &mut BytesMut) -> io::Result<()> {
+        dst.reserve(REQUEST_HEADER + request.data.len());
+        dst.put_u16(MAGIC);
+        dst.put_u8(VERSION);
+        dst.put_u8(request.op as u8);
+        dst.put_u32(request.length);
+        dst.put_u64(request.id);
+        dst.put_u64(request.offset);
+        dst.put_slice(&request.data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ops() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            Just(Op::Read),
+            Just(Op::Write),
+            Just(Op::Flush),
+            Just(Op::Unmap),
+            Just(Op::Ping)
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip_even_when_split(op in ops(), id: u64, offset: u64,
+                data in proptest::collection::vec(any::<u8>(), 0..9000), split in 0usize..9100) {
+            let length = if op == Op::Write { data.len() as u32 } else { 4096 };
+            let data = if op == Op::Write { Bytes::from(data) } else { Bytes::new() };
+            let request = Request { id, op, offset, length, data };
+            let mut wire = BytesMut::new();
+            ClientCodec.encode(request.clone(), &mut wire).unwrap();
+            let mut codec = ServerCodec;
+            let split = split.min(wire.len());
+            let mut buffer = BytesMut::from(&wire[..split]);
+            let early = codec.decode(&mut buffer).unwrap();
+            if split < wire.len() {
+                prop_assert!(early.is_none());
+                buffer.extend_from_slice(&wire[split..]);
+                prop_assert_eq!(codec.decode(&mut buffer).unwrap(), Some(request));
+            } else {
+                prop_assert_eq!(early, Some(request));
+            }
+            prop_assert!(buffer.is_empty());
+        }
+
+        #[test]
+        fn responses_round_trip(id: u64, data in proptest::collection::vec(any::<u8>(), 0..5000)) {
+            let response = Response::ok(id, Bytes::from(data));
+            let mut wire = BytesMut::new();
+            ServerCodec.encode(response.clone(), &mut wire).unwrap();
+            prop_assert_eq!(ClientCodec.decode(&mut wire).unwrap(), Some(response));
+        }
+
+        #[test]
+        fn garbage_is_an_error_or_a_wait_never_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let mut buffer = BytesMut::from(&bytes[..]);
+            let _ = ServerCodec.decode(&mut buffer);
+            let mut buffer = BytesMut::from(&bytes[..]);
+            let _ = ClientCodec.decode(&mut buffer);
+        }
+    }
+
+    fn header(magic: u16, version: u8, op: u8, length: u32) -> BytesMut {
+        let mut b = BytesMut::new();
+        b.put_u16(magic);
+        b.put_u8(version);
+        b.put_u8(op);
+        b.put_u32(length);
+        b.put_u64(7);
+        b.put_u64(0);
+        b
+    }
+
+    #[test]
+    fn rejects_bad_headers_with_a_reason() {
+        let cases = [
+            (header(0xdead, VERSION, 1, 4096), "bad magic"),
+            (header(MAGIC, 9, 1, 4096), "unsupported protocol version 9"),
+            (header(MAGIC, VERSION, 42, 4096), "unknown op 42"),
+            (header(MAGIC, VERSION, 2, MAX_PAYLOAD + 1), "exceeds"),
+        ];
+        for (mut frame, reason) in cases {
+            let error = ServerCodec.decode(&mut frame).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+            assert!(error.to_string().contains(reason), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_large_unmap_is_not_a_payload() {
+        let mut frame = header(MAGIC, VERSION, Op::Unmap as u8, u32::MAX);
+        let request = ServerCodec.decode(&mut frame).unwrap().unwrap();
+        assert_eq!(
+            (request.op, request.length, request.data.len()),
+            (Op::Unmap, u32::MAX, 0)
+        );
+    }
+}

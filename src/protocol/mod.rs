@@ -1,0 +1,25 @@
+//! The engine <-> replica data protocol: a compact binary framing over TCP
+//! with request ids, so that many requests are in flight on one connection
+//! and answers may come back in any order. A malformed frame closes that
+//! connection, never the process. Control operations use gRPC instead
+//! (proto/dataplane.proto) on the port after the data port.
+
+mod client;
+mod frame;
+mod server;
+
+pub use client::{Connection, ConnectionError};
+pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
+pub use server::{Handler, serve};
+
+/// Code generated from proto/dataplane.proto: the control APIs of replicas
+/// and engines.
+pub mod control {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("oxhorn.dataplane.v1");
+}
+
+/// The control (gRPC) port that goes with a data port.
+pub fn control_port(data_port: u16) -> Option<u16> {
+    data_port.checked_add(1)
+}

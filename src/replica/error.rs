@@ -1,0 +1,125 @@
+//! The replica storage's error type. Every variant that concerns a file names
+//! its path, because an operator reading a log has only the message to go on.
+
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+
+use super::BLOCK_SIZE;
+
+/// Result of replica storage operations.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("I/O at offset {offset} length {len} is not aligned to {BLOCK_SIZE}-byte blocks")]
+    Unaligned { offset: u64, len: u64 },
+
+    #[error("I/O at offset {offset} length {len} is beyond the volume size {size}")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+
+    #[error(
+        "invalid volume size {size}: must be a positive multiple of {BLOCK_SIZE} bytes below 2^63"
+    )]
+    InvalidSize { size: u64 },
+
+    #[error("cannot shrink the volume from {size} to {requested} bytes")]
+    CannotShrink { size: u64, requested: u64 },
+
+    #[error("corrupt metadata in {path}: {reason}")]
+    CorruptMetadata { path: PathBuf, reason: String },
+
+    #[error("{path} is missing")]
+    MissingFile { path: PathBuf },
+
+    #[error("no space left on the device holding {path}")]
+    NoSpace { path: PathBuf },
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("snapshot {0:?} not found")]
+    SnapshotNotFound(String),
+
+    #[error("snapshot {0:?} already exists")]
+    SnapshotExists(String),
+
+    #[error("invalid snapshot name {0:?}: must match [a-z0-9][a-z0-9._-]{{0,62}}")]
+    InvalidName(String),
+
+    #[error("{path} is not empty; refusing to create a replica in it")]
+    DirectoryNotEmpty { path: PathBuf },
+
+    #[error("{path} is in use by another replica process")]
+    Busy { path: PathBuf },
+
+    #[error(
+        "the filesystem holding {path} does not report written {BLOCK_SIZE}-byte blocks exactly \
+         through SEEK_DATA/SEEK_HOLE ({reason}); replicas cannot be stored on it"
+    )]
+    UnsupportedFilesystem { path: PathBuf, reason: String },
+
+    #[error("replica state lock poisoned by a panic in another thread; reopen the replica")]
+    Poisoned,
+}
+
+impl StorageError {
+    /// Wraps an I/O error on `path`, singling out the causes callers act on:
+    /// a full disk (the engine reports it instead of failing the replica
+    /// blindly) and a missing file.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        let path = path.to_path_buf();
+        match source.raw_os_error() {
+            Some(code) if code == Errno::ENOSPC as i32 => Self::NoSpace { path },
+            Some(code) if code == Errno::ENOENT as i32 => Self::MissingFile { path },
+            _ => Self::Io { path, source },
+        }
+    }
+
+    /// Wraps a failed system call made through nix.
+    pub fn errno(path: &Path, errno: Errno) -> Self {
+        Self::io(path, std::io::Error::from(errno))
+    }
+
+    pub(super) fn corrupt(path: &Path, reason: impl Into<String>) -> Self {
+        Self::CorruptMetadata {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enospc_maps_to_no_space() {
+        let err = StorageError::io(
+            Path::new("/x/head-1.img"),
+            std::io::Error::from_raw_os_error(Errno::ENOSPC as i32),
+        );
+        assert!(
+            matches!(err, StorageError::NoSpace { ref path } if path == Path::new("/x/head-1.img"))
+        );
+        assert!(err.to_string().contains("/x/head-1.img"));
+    }
+
+    #[test]
+    fn enoent_maps_to_missing_file() {
+        let err = StorageError::errno(Path::new("/x/volume.meta"), Errno::ENOENT);
+        assert!(matches!(err, StorageError::MissingFile { .. }));
+        assert_eq!(err.to_string(), "/x/volume.meta is missing");
+    }
+
+    #[test]
+    fn other_errors_keep_path_and_source() {
+        let err = StorageError::errno(Path::new("/x/a"), Errno::EIO);
+        assert!(matches!(err, StorageError::Io { .. }));
+        assert!(err.to_string().starts_with("/x/a: "));
+    }
+}

@@ -1,0 +1,462 @@
+//! One layer: a sparse data file, its metadata and the set of blocks
+//! written in it.
+//!
+//! # Which blocks a layer holds
+//!
+//! A block present in a layer shadows every older layer, so the extent set
+//! must be exact: a block reported present but never written would read as
+//! zeros over older data. The set is kept in memory as writes land and is
+//! rebuilt at open from the file's allocation, via `SEEK_DATA`/`SEEK_HOLE`.
+//! That relies on the filesystem reporting allocation at 4 KiB granularity
+//! and on `FALLOC_FL_PUNCH_HOLE` deallocating whole 4 KiB blocks. ext4 and
+//! xfs with 4 KiB blocks and tmpfs (4 KiB pages) do; filesystems that
+//! allocate in larger units (64 KiB-block ext4, compressed btrfs) do not.
+//! [`probe_filesystem`] checks this on every create and open and refuses
+//! filesystems that fail, rather than serve wrong data. Holes are punched
+//! only by unmap, and only where no older layer holds the block, so even a
+//! filesystem that ignored a punch would still read correctly.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use nix::errno::Errno;
+use nix::fcntl::{FallocateFlags, fallocate};
+use nix::unistd::{Whence, lseek};
+
+use super::BLOCK_SIZE;
+use super::dir::ReplicaDir;
+use super::error::{Result, StorageError};
+use super::extents::ExtentSet;
+use super::lock;
+use super::meta::LayerMeta;
+use super::naming::PROBE_FILE;
+
+/// Largest buffer used to copy or zero data: bounds memory per operation.
+const CHUNK_BLOCKS: u64 = 256;
+
+#[derive(Debug)]
+pub struct Layer {
+    /// File name inside the replica directory.
+    pub file_name: String,
+    pub path: PathBuf,
+    pub meta: LayerMeta,
+    file: File,
+    /// Blocks written in this layer. Only the head's changes during normal
+    /// I/O; those happen under the store's read lock, hence this lock.
+    extents: RwLock<ExtentSet>,
+}
+
+/// Converts a byte offset to the kernel's `off_t`. Volume sizes are checked
+/// to be at most `i64::MAX` (see `check_size`), so saturation never happens.
+fn off_t(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// Byte range of blocks `[start, end)` within a buffer that begins at block
+/// `base`.
+pub fn buf_range(base: u64, start: u64, end: u64) -> std::ops::Range<usize> {
+    let to_usize =
+        |blocks: u64| usize::try_from((blocks - base) * BLOCK_SIZE).unwrap_or(usize::MAX);
+    to_usize(start)..to_usize(end)
+}
+
+fn open_rw(path: &Path, create: bool) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .open(path)
+        .map_err(|e| StorageError::io(path, e))
+}
+
+impl Layer {
+    /// Creates an empty (all-hole) layer of `size` bytes and its metadata.
+    /// An unreferenced file of the same name is debris of a failed attempt
+    /// and is replaced.
+    pub fn create(dir: &ReplicaDir, size: u64, meta: LayerMeta) -> Result<Self> {
+        let file_name = meta.name.clone();
+        let path = dir.join(&file_name);
+        dir.remove_if_exists(&file_name)?;
+        let file = open_rw(&path, true)?;
+        let io = |e| StorageError::io(&path, e);
+        file.set_len(size).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        meta.save(dir)?;
+        Ok(Self {
+            file_name,
+            path,
+            meta,
+            file,
+            extents: RwLock::new(ExtentSet::new()),
+        })
+    }
+
+    /// Opens an existing layer of a volume of `size` bytes.
+    pub fn open(dir: &ReplicaDir, file_name: &str, size: u64) -> Result<Self> {
+        let meta = LayerMeta::load(dir, file_name)?;
+        let path = dir.join(file_name);
+        let file = open_rw(&path, false)?;
+        let len = file
+            .metadata()
+            .map_err(|e| StorageError::io(&path, e))?
+            .len();
+        if len < size {
+            let reason = format!("layer file is {len} bytes, shorter than the {size}-byte volume");
+            return Err(StorageError::corrupt(&path, reason));
+        }
+        let extents = scan_extents(&file, &path, size)?;
+        Ok(Self {
+            file_name: file_name.to_string(),
+            path,
+            meta,
+            file,
+            extents: RwLock::new(extents),
+        })
+    }
+
+    /// Renames the in-memory layer after its file was linked under a new
+    /// name (the head becoming a snapshot); the open file is unaffected.
+    pub fn rename(&mut self, dir: &ReplicaDir, meta: LayerMeta) {
+        self.file_name.clone_from(&meta.name);
+        self.path = dir.join(&self.file_name);
+        self.meta = meta;
+    }
+
+    pub fn extents(&self) -> Result<ExtentSet> {
+        Ok(lock::read(&self.extents)?.clone())
+    }
+
+    /// Adds the blocks of `[start, end)` this layer holds to `out`.
+    pub fn add_held(&self, start: u64, end: u64, out: &mut ExtentSet) -> Result<()> {
+        for (s, e) in lock::read(&self.extents)?.overlapping(start, end) {
+            out.insert(s, e);
+        }
+        Ok(())
+    }
+
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        Ok(lock::read(&self.extents)?.block_count() * BLOCK_SIZE)
+    }
+
+    /// Reads the blocks of `pending` this layer holds into `buf` (which
+    /// starts at block `base`), one pread per contiguous run, and returns the
+    /// runs it does not hold, for older layers to fill.
+    pub fn read_present(
+        &self,
+        pending: &[(u64, u64)],
+        base: u64,
+        buf: &mut [u8],
+    ) -> Result<Vec<(u64, u64)>> {
+        let (present, missing) = {
+            let extents = lock::read(&self.extents)?;
+            let mut present = Vec::new();
+            let mut missing = Vec::new();
+            for &(start, end) in pending {
+                present.extend(extents.overlapping(start, end));
+                missing.extend(extents.gaps(start, end));
+            }
+            (present, missing)
+        };
+        for (start, end) in present {
+            self.read_blocks(start, &mut buf[buf_range(base, start, end)])?;
+        }
+        Ok(missing)
+    }
+
+    fn read_blocks(&self, start: u64, buf: &mut [u8]) -> Result<()> {
+        self.file
+            .read_exact_at(buf, start * BLOCK_SIZE)
+            .map_err(|e| StorageError::io(&self.path, e))
+    }
+
+    /// Writes whole blocks at block `start` and records them. The extent is
+    /// recorded after the data is written, so a concurrent reader never
+    /// resolves a block here before it holds the new data.
+    pub fn write_blocks(&self, start: u64, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(data, start * BLOCK_SIZE)
+            .map_err(|e| StorageError::io(&self.path, e))?;
+        let end = start + data.len() as u64 / BLOCK_SIZE;
+        lock::write(&self.extents)?.insert(start, end);
+        Ok(())
+    }
+
+    /// Writes zeros over blocks `[start, end)`: an unmap that must still
+    /// shadow older layers.
+    pub fn write_zeros(&self, start: u64, end: u64) -> Result<()> {
+        let zeros = vec![0u8; buf_range(0, 0, CHUNK_BLOCKS.min(end - start)).end];
+        for (s, e) in chunks(start, end) {
+            self.write_blocks(s, &zeros[buf_range(s, s, e)])?;
+        }
+        Ok(())
+    }
+
+    /// Deallocates blocks `[start, end)`. They are forgotten first, so a
+    /// concurrent reader falls through to older layers (which the caller
+    /// guarantees hold nothing there) rather than read a half-punched range.
+    pub fn punch(&self, start: u64, end: u64) -> Result<()> {
+        lock::write(&self.extents)?.remove(start, end);
+        punch_hole(
+            &self.file,
+            &self.path,
+            start * BLOCK_SIZE,
+            (end - start) * BLOCK_SIZE,
+        )
+    }
+
+    /// Copies the blocks in `runs` from this layer into `dst` (merging a
+    /// removed snapshot into its child).
+    pub fn copy_into(&self, dst: &Layer, runs: &ExtentSet) -> Result<()> {
+        let mut buf = vec![0u8; buf_range(0, 0, CHUNK_BLOCKS).end];
+        for (start, end) in runs.iter() {
+            for (s, e) in chunks(start, end) {
+                let chunk = &mut buf[buf_range(s, s, e)];
+                self.read_blocks(s, chunk)?;
+                dst.write_blocks(s, chunk)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes written data durable.
+    pub fn sync_data(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| StorageError::io(&self.path, e))
+    }
+
+    /// Grows the file (sparsely) to `size` bytes, durably.
+    pub fn grow(&self, size: u64) -> Result<()> {
+        let io = |e| StorageError::io(&self.path, e);
+        self.file.set_len(size).map_err(io)?;
+        self.file.sync_all().map_err(io)
+    }
+}
+
+/// Splits `[start, end)` into runs of at most [`CHUNK_BLOCKS`].
+fn chunks(start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> {
+    (start..end)
+        .step_by(usize::try_from(CHUNK_BLOCKS).unwrap_or(usize::MAX))
+        .map(move |s| (s, (s + CHUNK_BLOCKS).min(end)))
+}
+
+fn punch_hole(file: &File, path: &Path, offset: u64, len: u64) -> Result<()> {
+    let mode = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    fallocate(file, mode, off_t(offset), off_t(len)).map_err(|e| StorageError::errno(path, e))
+}
+
+/// The blocks of the first `size` bytes of `file` that hold data, from
+/// `SEEK_DATA`/`SEEK_HOLE`. Partial blocks round outwards, so a block is
+/// never wrongly reported as a hole.
+pub fn scan_extents(file: &File, path: &Path, size: u64) -> Result<ExtentSet> {
+    let mut extents = ExtentSet::new();
+    let end = off_t(size);
+    let mut pos = 0;
+    while pos < end {
+        let data = match lseek(file, pos, Whence::SeekData) {
+            Ok(data) => data,
+            // No data at or after `pos`.
+            Err(Errno::ENXIO) => break,
+            Err(e) => return Err(StorageError::errno(path, e)),
+        };
+        if data >= end {
+            break;
+        }
+        // There is always a hole at end of file, so SEEK_HOLE succeeds here.
+        let hole = lseek(file, data, Whence::SeekHole)
+            .map_err(|e| StorageError::errno(path, e))?
+            .min(end);
+        let (data, hole) = (data.unsigned_abs(), hole.unsigned_abs());
+        extents.insert(data / BLOCK_SIZE, hole.div_ceil(BLOCK_SIZE));
+        pos = off_t(hole);
+    }
+    Ok(extents)
+}
+
+/// Checks that the filesystem under `dir` reports data and holes at 4 KiB
+/// granularity and supports punching holes (see the module docs).
+pub fn probe_filesystem(dir: &ReplicaDir) -> Result<()> {
+    let path = dir.join(PROBE_FILE);
+    let result = probe_file(&path);
+    dir.remove_if_exists(PROBE_FILE)?;
+    result
+}
+
+fn probe_file(path: &Path) -> Result<()> {
+    let unsupported = |reason: String| StorageError::UnsupportedFilesystem {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| StorageError::io(path, e))?;
+    let io = |e| StorageError::io(path, e);
+    file.set_len(4 * BLOCK_SIZE).map_err(io)?;
+    file.write_all_at(&[0xa5; BLOCK_SIZE as usize * 2], BLOCK_SIZE)
+        .map_err(io)?;
+    let mut expected = ExtentSet::new();
+    expected.insert(1, 3);
+    let found = scan_extents(&file, path, 4 * BLOCK_SIZE)?;
+    if found != expected {
+        return Err(unsupported(format!(
+            "wrote blocks 1..3, found {:?}",
+            found.iter().collect::<Vec<_>>()
+        )));
+    }
+    punch_hole(&file, path, BLOCK_SIZE, BLOCK_SIZE)
+        .map_err(|e| unsupported(format!("punching a hole: {e}")))?;
+    expected.remove(1, 2);
+    let found = scan_extents(&file, path, 4 * BLOCK_SIZE)?;
+    if found != expected {
+        return Err(unsupported(format!(
+            "punched block 1 of 1..3, found {:?}",
+            found.iter().collect::<Vec<_>>()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const BS: usize = BLOCK_SIZE as usize;
+
+    /// The filesystems replicas may live on here: `/tmp` (the test default)
+    /// and `/dev/shm` when present.
+    fn test_dirs() -> Vec<tempfile::TempDir> {
+        let mut dirs = vec![tempfile::tempdir().unwrap()];
+        if Path::new("/dev/shm").is_dir() {
+            dirs.push(tempfile::tempdir_in("/dev/shm").unwrap());
+        }
+        dirs
+    }
+
+    fn new_layer(dir: &ReplicaDir, blocks: u64) -> Layer {
+        let meta = LayerMeta::new("head-1.img".into(), String::new(), false, BTreeMap::new());
+        Layer::create(dir, blocks * BLOCK_SIZE, meta).unwrap()
+    }
+
+    #[test]
+    fn filesystems_here_pass_the_probe() {
+        for tmp in test_dirs() {
+            probe_filesystem(&ReplicaDir::lock(tmp.path()).unwrap()).unwrap();
+            assert!(!tmp.path().join(PROBE_FILE).exists());
+        }
+    }
+
+    /// The assumption in the module docs: SEEK_DATA/SEEK_HOLE report exactly
+    /// the 4 KiB blocks written, including scattered single blocks, runs,
+    /// blocks written with zeros and blocks around punched holes.
+    #[test]
+    fn seek_data_reports_exactly_the_blocks_written() {
+        for tmp in test_dirs() {
+            let dir = ReplicaDir::lock(tmp.path()).unwrap();
+            let layer = new_layer(&dir, 256);
+            let mut expected = ExtentSet::new();
+            for (start, len) in [(0, 1), (2, 1), (5, 3), (17, 1), (64, 40), (255, 1)] {
+                layer
+                    .write_blocks(start, &vec![0x11; BS * len as usize])
+                    .unwrap();
+                expected.insert(start, start + len);
+            }
+            layer.write_zeros(120, 124).unwrap();
+            expected.insert(120, 124);
+            layer.punch(70, 72).unwrap();
+            expected.remove(70, 72);
+            assert_eq!(layer.extents().unwrap(), expected);
+            let reopened = Layer::open(&dir, "head-1.img", 256 * BLOCK_SIZE).unwrap();
+            assert_eq!(
+                reopened.extents().unwrap(),
+                expected,
+                "in {}",
+                tmp.path().display()
+            );
+        }
+    }
+
+    #[test]
+    fn read_present_fills_held_runs_and_returns_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ReplicaDir::lock(tmp.path()).unwrap();
+        let layer = new_layer(&dir, 16);
+        layer.write_blocks(2, &[7; BS * 2]).unwrap();
+        layer.write_blocks(6, &[8; BS]).unwrap();
+        let mut buf = vec![0xff; BS * 8];
+        let missing = layer.read_present(&[(1, 5), (6, 8)], 1, &mut buf).unwrap();
+        assert_eq!(missing, vec![(1, 2), (4, 5), (7, 8)]);
+        assert!(buf[BS..3 * BS].iter().all(|&b| b == 7));
+        assert!(buf[5 * BS..6 * BS].iter().all(|&b| b == 8));
+        assert!(
+            buf[..BS].iter().all(|&b| b == 0xff),
+            "untouched where missing"
+        );
+    }
+
+    #[test]
+    fn copy_into_copies_only_the_given_runs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ReplicaDir::lock(tmp.path()).unwrap();
+        let src = new_layer(&dir, 600);
+        let dst_meta = LayerMeta::new("head-2.img".into(), String::new(), false, BTreeMap::new());
+        let dst = Layer::create(&dir, 600 * BLOCK_SIZE, dst_meta).unwrap();
+        src.write_blocks(0, &vec![3; BS * 600]).unwrap();
+        let mut runs = ExtentSet::new();
+        runs.insert(10, 20);
+        runs.insert(100, 500);
+        src.copy_into(&dst, &runs).unwrap();
+        assert_eq!(dst.extents().unwrap(), runs);
+        let mut buf = vec![0; BS * 600];
+        let missing = dst.read_present(&[(0, 600)], 0, &mut buf).unwrap();
+        assert_eq!(missing, vec![(0, 10), (20, 100), (500, 600)]);
+        assert!(buf[100 * BS..500 * BS].iter().all(|&b| b == 3));
+    }
+
+    #[test]
+    fn short_layer_file_is_corrupt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ReplicaDir::lock(tmp.path()).unwrap();
+        new_layer(&dir, 4);
+        let err = Layer::open(&dir, "head-1.img", 8 * BLOCK_SIZE).unwrap_err();
+        assert!(
+            matches!(err, StorageError::CorruptMetadata { ref path, .. } if *path == dir.join("head-1.img")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn grow_keeps_data_and_adds_holes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ReplicaDir::lock(tmp.path()).unwrap();
+        let layer = new_layer(&dir, 4);
+        layer.write_blocks(3, &[1; BS]).unwrap();
+        layer.grow(1 << 30).unwrap();
+        let reopened = Layer::open(&dir, "head-1.img", 1 << 30).unwrap();
+        assert_eq!(
+            reopened.extents().unwrap().iter().collect::<Vec<_>>(),
+            vec![(3, 4)]
+        );
+    }
+
+    #[test]
+    fn chunks_cover_the_range() {
+        let got: Vec<_> = chunks(10, 10 + 2 * CHUNK_BLOCKS + 1).collect();
+        assert_eq!(
+            got,
+            vec![
+                (10, 10 + CHUNK_BLOCKS),
+                (10 + CHUNK_BLOCKS, 10 + 2 * CHUNK_BLOCKS),
+                (10 + 2 * CHUNK_BLOCKS, 11 + 2 * CHUNK_BLOCKS)
+            ]
+        );
+        assert_eq!(chunks(5, 5).count(), 0);
+    }
+}

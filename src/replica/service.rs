@@ -1,0 +1,554 @@
+//! `oxhorn replica`: serves one replica's store over the data protocol and
+//! its control API (gRPC, on the next port), including the rebuild that
+//! copies another replica's snapshot layers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::transport::{Channel, Server};
+use tonic::{Request, Response, Status as GrpcStatus};
+use tracing::{Instrument, info, info_span, warn};
+
+use super::{BLOCK_SIZE, LayerSpec, ReplicaStore, SnapshotInfo, StorageError};
+use crate::protocol::control::replica_control_client::ReplicaControlClient;
+use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
+use crate::protocol::control::{
+    self, ExpandRequest, LayerChunk, LayerChunksRequest, LayerChunksResponse, LayerData,
+    ReadLayerRequest, RemoveSnapshotRequest, ReplicaStatus, ReplicaStatusRequest, RevertRequest,
+    SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
+};
+use crate::protocol::{
+    self, Handler, Op, Request as DataRequest, Response as DataResponse, Status,
+};
+use crate::{Error, Result};
+
+/// Rebuilds compare and copy layers in chunks of this size.
+const SYNC_CHUNK: u64 = 2 << 20;
+/// ReadLayer answers in messages of at most this many bytes.
+const READ_LAYER_MESSAGE: u64 = 2 << 20;
+/// Chunks a rebuild fetches and writes at once.
+const SYNC_PARALLEL: usize = 8;
+/// HTTP/2 flow-control windows for layer data: the 64 KiB default would
+/// stall a stream after every 64 KiB for a round trip.
+const STREAM_WINDOW: Option<u32> = Some(8 << 20);
+const CONNECTION_WINDOW: Option<u32> = Some(32 << 20);
+
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    pub dir: PathBuf,
+    /// Size of a new replica; an existing one must have it.
+    pub size: u64,
+    /// Data address; control listens on the next port.
+    pub listen: SocketAddr,
+}
+
+/// Opens (or creates) the replica and serves it until `shutdown` completes,
+/// then flushes it and marks it cleanly closed.
+pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let span = info_span!("replica", dir = %config.dir.display(), listen = %config.listen);
+    async move {
+        let store = Arc::new(open_or_create(&config)?);
+        let control_port = protocol::control_port(config.listen.port())
+            .ok_or_else(|| Error::Config("the data port must leave room for the control port".into()))?;
+        let control_addr = SocketAddr::new(config.listen.ip(), control_port);
+        let data = TcpListener::bind(config.listen).await.map_err(|e| Error::io(config.listen.to_string(), e))?;
+        let control = TcpListener::bind(control_addr).await.map_err(|e| Error::io(control_addr.to_string(), e))?;
+        info!(revision = store.revision(), "replica serving");
+        let handler = Arc::new(DataHandler { store: store.clone() });
+        let service = ReplicaControlServer::new(ControlService { store: store.clone() })
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let grpc = Server::builder()
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .add_service(service).serve_with_incoming_shutdown(TcpListenerStream::new(control), shutdown);
+        tokio::select! {
+            served = protocol::serve(data, handler) => served.map_err(|e| Error::io(config.listen.to_string(), e))?,
+            served = grpc => served?,
+        }
+        let store = Arc::try_unwrap(store);
+        match store {
+            Ok(store) => store.close().map_err(storage)?,
+            Err(store) => store.flush().map_err(storage)?,
+        }
+        info!("replica stopped");
+        Ok(())
+    }
+    .instrument(span)
+    .await
+}
+
+fn storage(error: StorageError) -> Error {
+    Error::Config(error.to_string())
+}
+
+fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore> {
+    if config.dir.join("volume.meta").exists() {
+        let store = ReplicaStore::open(&config.dir).map_err(storage)?;
+        let size = store.size().map_err(storage)?;
+        if size != config.size {
+            return Err(Error::Config(format!(
+                "{} holds a {size}-byte replica, not {} bytes",
+                config.dir.display(),
+                config.size
+            )));
+        }
+        Ok(store)
+    } else {
+        ReplicaStore::create(&config.dir, config.size).map_err(storage)
+    }
+}
+
+/// Runs blocking store work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(StorageError::Io {
+            path: PathBuf::new(),
+            source: std::io::Error::other(e),
+        })
+    })
+}
+
+struct DataHandler {
+    store: Arc<ReplicaStore>,
+}
+
+fn status_of(error: &StorageError) -> Status {
+    match error {
+        StorageError::Unaligned { .. } | StorageError::OutOfRange { .. } => Status::InvalidArgument,
+        StorageError::NoSpace { .. } => Status::NoSpace,
+        _ => Status::IoError,
+    }
+}
+
+impl Handler for DataHandler {
+    async fn handle(&self, request: DataRequest) -> DataResponse {
+        let store = self.store.clone();
+        let (id, offset, length) = (request.id, request.offset, request.length);
+        let result = match request.op {
+            Op::Read => {
+                blocking(move || {
+                    let mut buf = vec![0; length as usize];
+                    store.read_at(offset, &mut buf).map(|()| Bytes::from(buf))
+                })
+                .await
+            }
+            Op::Write => {
+                blocking(move || store.write_at(offset, &request.data).map(|()| Bytes::new())).await
+            }
+            Op::Unmap => {
+                blocking(move || {
+                    store
+                        .unmap(offset, u64::from(length))
+                        .map(|()| Bytes::new())
+                })
+                .await
+            }
+            Op::Flush => blocking(move || store.flush().map(|()| Bytes::new())).await,
+            Op::Ping => Ok(Bytes::new()),
+        };
+        match result {
+            Ok(data) => DataResponse::ok(id, data),
+            Err(error) => {
+                if status_of(&error) != Status::InvalidArgument {
+                    warn!(%error, op = ?request.op, "replica I/O failed");
+                }
+                DataResponse::error(id, status_of(&error), error)
+            }
+        }
+    }
+}
+
+struct ControlService {
+    store: Arc<ReplicaStore>,
+}
+
+/// The one place storage errors become gRPC codes.
+fn grpc(error: StorageError) -> GrpcStatus {
+    let message = error.to_string();
+    match error {
+        StorageError::SnapshotNotFound(_) => GrpcStatus::not_found(message),
+        StorageError::SnapshotExists(_) => GrpcStatus::already_exists(message),
+        StorageError::InvalidName(_)
+        | StorageError::Unaligned { .. }
+        | StorageError::OutOfRange { .. }
+        | StorageError::InvalidSize { .. }
+        | StorageError::CannotShrink { .. } => GrpcStatus::invalid_argument(message),
+        StorageError::NoSpace { .. } => GrpcStatus::resource_exhausted(message),
+        _ => GrpcStatus::internal(message),
+    }
+}
+
+fn snapshot_message(info: SnapshotInfo) -> control::Snapshot {
+    control::Snapshot {
+        name: info.name,
+        parent: info.parent.unwrap_or_default(),
+        created_unix: i64::try_from(info.created).unwrap_or(i64::MAX),
+        user_created: info.user_created,
+        size: info.size,
+        labels: info.labels.into_iter().collect(),
+    }
+}
+
+impl ControlService {
+    async fn status(&self) -> Result<ReplicaStatus, GrpcStatus> {
+        let store = self.store.clone();
+        blocking(move || {
+            Ok(ReplicaStatus {
+                size: store.size()?,
+                revision: store.revision(),
+                snapshots: store
+                    .snapshots()?
+                    .into_iter()
+                    .map(snapshot_message)
+                    .collect(),
+                rebuilding: store.rebuilding()?,
+            })
+        })
+        .await
+        .map_err(grpc)
+    }
+
+    /// Runs `work` on the store, then answers with the replica's status.
+    async fn change(
+        &self,
+        work: impl FnOnce(&ReplicaStore) -> Result<(), StorageError> + Send + 'static,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let store = self.store.clone();
+        blocking(move || work(&store)).await.map_err(grpc)?;
+        Ok(Response::new(self.status().await?))
+    }
+}
+
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+#[tonic::async_trait]
+impl ReplicaControl for ControlService {
+    async fn status(
+        &self,
+        _: Request<ReplicaStatusRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        Ok(Response::new(self.status().await?))
+    }
+
+    async fn snapshot(
+        &self,
+        request: Request<SnapshotRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let request = request.into_inner();
+        self.change(move |s| {
+            s.snapshot(
+                &request.name,
+                request.user_created,
+                request.labels.into_iter().collect(),
+            )
+        })
+        .await
+    }
+
+    async fn remove_snapshot(
+        &self,
+        request: Request<RemoveSnapshotRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let name = request.into_inner().name;
+        self.change(move |s| s.remove_snapshot(&name)).await
+    }
+
+    async fn revert(
+        &self,
+        request: Request<RevertRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let name = request.into_inner().name;
+        self.change(move |s| s.revert(&name)).await
+    }
+
+    async fn expand(
+        &self,
+        request: Request<ExpandRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let size = request.into_inner().size;
+        self.change(move |s| s.expand(size)).await
+    }
+
+    async fn set_revision(
+        &self,
+        request: Request<SetRevisionRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let revision = request.into_inner().revision;
+        self.change(move |s| s.set_revision(revision)).await
+    }
+
+    async fn layer_chunks(
+        &self,
+        request: Request<LayerChunksRequest>,
+    ) -> Result<Response<LayerChunksResponse>, GrpcStatus> {
+        let request = request.into_inner();
+        let store = self.store.clone();
+        let (size, chunks) = blocking(move || {
+            let chunks =
+                store.layer_chunks(&request.layer, request.chunk_size, request.checksums)?;
+            Ok((store.size()?, chunks))
+        })
+        .await
+        .map_err(grpc)?;
+        let chunks = chunks
+            .into_iter()
+            .map(|c| LayerChunk {
+                index: c.index,
+                checksum: c.checksum,
+                bytes: c.bytes,
+            })
+            .collect();
+        Ok(Response::new(LayerChunksResponse { size, chunks }))
+    }
+
+    type ReadLayerStream = Streamed<LayerData>;
+
+    async fn read_layer(
+        &self,
+        request: Request<ReadLayerRequest>,
+    ) -> Result<Response<Self::ReadLayerStream>, GrpcStatus> {
+        let request = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut at = request.offset;
+            let end = request.offset.saturating_add(request.length);
+            while at < end {
+                let len = READ_LAYER_MESSAGE.min(end - at);
+                let (store, layer) = (store.clone(), request.layer.clone());
+                let runs = blocking(move || store.read_layer(&layer, at, len)).await;
+                match runs {
+                    Ok(runs) => {
+                        for (offset, data) in runs {
+                            if tx
+                                .send(Ok(LayerData {
+                                    offset,
+                                    data: data.into(),
+                                }))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        let _ = tx.send(Err(grpc(error))).await;
+                        return;
+                    }
+                }
+                at += len;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type SyncFromStream = Streamed<SyncProgress>;
+
+    async fn sync_from(
+        &self,
+        request: Request<SyncFromRequest>,
+    ) -> Result<Response<Self::SyncFromStream>, GrpcStatus> {
+        let request = request.into_inner();
+        let source = connect(&request.source).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let store = self.store.clone();
+        let span = info_span!("sync", source = %request.source);
+        tokio::spawn(
+            async move {
+                let result = sync(&store, source, &request.layers, &tx).await;
+                if let Err(status) = result {
+                    warn!(error = %status.message(), "rebuild sync failed");
+                    let _ = tx.send(Err(status)).await;
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+async fn connect(address: &str) -> Result<ReplicaControlClient<Channel>, GrpcStatus> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| GrpcStatus::invalid_argument(format!("source {address:?}: {e}")))?
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| GrpcStatus::unavailable(format!("source {address}: {e}")))?;
+    Ok(ReplicaControlClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
+}
+
+/// Makes the store's snapshot chain equal to `layers` on the source,
+/// copying only the chunks that differ, and reports progress on `progress`.
+async fn sync(
+    store: &Arc<ReplicaStore>,
+    mut source: ReplicaControlClient<Channel>,
+    layers: &[control::Snapshot],
+    progress: &mpsc::Sender<Result<SyncProgress, GrpcStatus>>,
+) -> Result<(), GrpcStatus> {
+    let store_ = store.clone();
+    blocking(move || store_.set_rebuilding(true))
+        .await
+        .map_err(grpc)?;
+    let mut plans = Vec::new();
+    for layer in layers {
+        plans.push(plan_layer(store, &mut source, layer).await?);
+    }
+    let total: u64 = plans.iter().map(|p| p.bytes).sum();
+    let mut report = SyncProgress {
+        bytes_done: 0,
+        bytes_total: total,
+        bytes_copied: 0,
+    };
+    for plan in &plans {
+        let copies: Vec<_> = plan
+            .copy
+            .iter()
+            .map(|&(index, bytes)| {
+                let (store, source, name) = (store.clone(), source.clone(), plan.name.clone());
+                async move {
+                    let copied = copy_chunk(&store, source, &name, index * SYNC_CHUNK).await?;
+                    Ok::<_, GrpcStatus>((copied, bytes))
+                }
+            })
+            .collect();
+        let mut copies = futures::stream::iter(copies).buffer_unordered(SYNC_PARALLEL);
+        while let Some(done) = copies.next().await {
+            let (copied, bytes) = done?;
+            report.bytes_copied += copied;
+            report.bytes_done += bytes;
+            let _ = progress.send(Ok(report)).await;
+        }
+        report.bytes_done += plan.skipped;
+    }
+    let chain: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
+    let store_ = store.clone();
+    blocking(move || {
+        store_.install_chain(&chain)?;
+        store_.set_rebuilding(false)
+    })
+    .await
+    .map_err(grpc)?;
+    info!(
+        bytes_total = total,
+        bytes_copied = report.bytes_copied,
+        "layers in sync"
+    );
+    let _ = progress.send(Ok(report)).await;
+    Ok(())
+}
+
+/// What must be copied of one source layer.
+struct LayerPlan {
+    name: String,
+    /// (chunk index, source bytes in it) of chunks that differ.
+    copy: Vec<(u64, u64)>,
+    /// Source bytes in chunks that already match.
+    skipped: u64,
+    bytes: u64,
+}
+
+async fn plan_layer(
+    store: &Arc<ReplicaStore>,
+    source: &mut ReplicaControlClient<Channel>,
+    layer: &control::Snapshot,
+) -> Result<LayerPlan, GrpcStatus> {
+    let spec = LayerSpec {
+        name: layer.name.clone(),
+        created: u64::try_from(layer.created_unix).unwrap_or(0),
+        user_created: layer.user_created,
+        labels: layer.labels.clone().into_iter().collect(),
+    };
+    let (store_, name) = (store.clone(), layer.name.clone());
+    // What this replica already holds of the layer, if anything.
+    let local = blocking(move || {
+        let local = match store_.layer_chunks(&name, SYNC_CHUNK, true) {
+            Ok(chunks) => chunks,
+            Err(StorageError::SnapshotNotFound(_)) => Vec::new(),
+            Err(error) => return Err(error),
+        };
+        store_.stage_layer(&spec)?;
+        Ok(local)
+    })
+    .await
+    .map_err(grpc)?;
+    let remote = source
+        .layer_chunks(LayerChunksRequest {
+            layer: layer.name.clone(),
+            chunk_size: SYNC_CHUNK,
+            checksums: !local.is_empty(),
+        })
+        .await?
+        .into_inner()
+        .chunks;
+    let local: std::collections::BTreeMap<u64, u64> =
+        local.into_iter().map(|c| (c.index, c.checksum)).collect();
+    let mut plan = LayerPlan {
+        name: layer.name.clone(),
+        copy: Vec::new(),
+        skipped: 0,
+        bytes: 0,
+    };
+    for chunk in &remote {
+        plan.bytes += chunk.bytes;
+        if local.get(&chunk.index) == Some(&chunk.checksum) {
+            plan.skipped += chunk.bytes;
+        } else {
+            plan.copy.push((chunk.index, chunk.bytes));
+        }
+    }
+    // Chunks only this replica holds must be emptied.
+    let remote_indexes: std::collections::BTreeSet<u64> = remote.iter().map(|c| c.index).collect();
+    plan.copy.extend(
+        local
+            .keys()
+            .filter(|i| !remote_indexes.contains(i))
+            .map(|&i| (i, 0)),
+    );
+    plan.copy.sort_unstable();
+    Ok(plan)
+}
+
+/// Replaces one chunk of layer `name` with the source's; returns bytes copied.
+async fn copy_chunk(
+    store: &Arc<ReplicaStore>,
+    mut source: ReplicaControlClient<Channel>,
+    name: &str,
+    offset: u64,
+) -> Result<u64, GrpcStatus> {
+    let mut stream = source
+        .read_layer(ReadLayerRequest {
+            layer: name.to_string(),
+            offset,
+            length: SYNC_CHUNK,
+        })
+        .await?
+        .into_inner();
+    let mut runs = Vec::new();
+    while let Some(piece) = stream.message().await? {
+        runs.push((piece.offset, piece.data));
+    }
+    let copied = runs.iter().map(|(_, d)| d.len() as u64).sum();
+    let (store, name) = (store.clone(), name.to_string());
+    let size = store.size().map_err(grpc)?;
+    let len = SYNC_CHUNK.min(size.saturating_sub(offset)) / BLOCK_SIZE * BLOCK_SIZE;
+    blocking(move || store.patch_layer(&name, offset, len, &runs))
+        .await
+        .map_err(grpc)?;
+    Ok(copied)
+}

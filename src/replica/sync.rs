@@ -1,0 +1,248 @@
+//! Rebuild support: summarising a snapshot layer in chunks, reading a layer's
+//! own data, and, on the replica being rebuilt, patching or creating layers
+//! and installing the source's chain.
+//!
+//! A chunk's summary hashes which blocks the layer holds in it and their
+//! data, so two layers with equal summaries read identically through that
+//! chunk, holes included; a rebuild copies only chunks whose summaries
+//! differ. Layers not yet in the chain are "staged": they take writes but
+//! serve no reads until [`ReplicaStore::install_chain`] links them in.
+
+use std::collections::BTreeMap;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::BLOCK_SIZE;
+use super::error::{Result, StorageError};
+use super::extents::ExtentSet;
+use super::layer::{Layer, buf_range};
+use super::lock;
+use super::meta::LayerMeta;
+use super::naming::{snapshot_file, validate_snapshot_name};
+use super::store::{ReplicaStore, State};
+
+/// What a chunk of a layer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSummary {
+    pub index: u64,
+    /// Zero when checksums were not asked for.
+    pub checksum: u64,
+    /// Bytes the layer holds in the chunk.
+    pub bytes: u64,
+}
+
+/// A snapshot layer as the source describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerSpec {
+    pub name: String,
+    pub created: u64,
+    pub user_created: bool,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl State {
+    /// A snapshot layer in the chain or staged for it.
+    fn layer(&self, name: &str) -> Option<&Layer> {
+        let file = snapshot_file(name);
+        self.snapshots
+            .iter()
+            .chain(self.staged.values())
+            .find(|layer| layer.file_name == file)
+    }
+
+    fn layer_or_err(&self, name: &str) -> Result<&Layer> {
+        self.layer(name)
+            .ok_or_else(|| StorageError::SnapshotNotFound(name.to_string()))
+    }
+}
+
+fn chunk_blocks(chunk_size: u64) -> Result<u64> {
+    if chunk_size == 0 || !chunk_size.is_multiple_of(BLOCK_SIZE) {
+        return Err(StorageError::Unaligned {
+            offset: 0,
+            len: chunk_size,
+        });
+    }
+    Ok(chunk_size / BLOCK_SIZE)
+}
+
+/// The layer's extents grouped by chunk index.
+fn by_chunk(extents: &ExtentSet, per_chunk: u64) -> BTreeMap<u64, Vec<(u64, u64)>> {
+    let mut chunks: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    for (start, end) in extents.iter() {
+        let mut s = start;
+        while s < end {
+            let index = s / per_chunk;
+            let e = end.min((index + 1) * per_chunk);
+            chunks.entry(index).or_default().push((s, e));
+            s = e;
+        }
+    }
+    chunks
+}
+
+impl ReplicaStore {
+    /// Summaries of the chunks of snapshot `name` that hold data, in order.
+    /// Checksums cost a full read of the layer; ask for them only when there
+    /// is something to compare with.
+    pub fn layer_chunks(
+        &self,
+        name: &str,
+        chunk_size: u64,
+        checksums: bool,
+    ) -> Result<Vec<ChunkSummary>> {
+        let per_chunk = chunk_blocks(chunk_size)?;
+        let state = lock::read(&self.state)?;
+        let layer = state.layer_or_err(name)?;
+        let mut buf = Vec::new();
+        by_chunk(&layer.extents()?, per_chunk)
+            .into_iter()
+            .map(|(index, runs)| {
+                let blocks: u64 = runs.iter().map(|(s, e)| e - s).sum();
+                let checksum = if checksums {
+                    checksum(layer, &runs, &mut buf)?
+                } else {
+                    0
+                };
+                Ok(ChunkSummary {
+                    index,
+                    checksum,
+                    bytes: blocks * BLOCK_SIZE,
+                })
+            })
+            .collect()
+    }
+
+    /// The data snapshot `name` itself holds in `[offset, offset + len)`, as
+    /// (offset, bytes) runs.
+    pub fn read_layer(&self, name: &str, offset: u64, len: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
+            return Err(StorageError::Unaligned { offset, len });
+        }
+        let state = lock::read(&self.state)?;
+        let layer = state.layer_or_err(name)?;
+        let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
+        let runs: Vec<_> = layer.extents()?.overlapping(start, end).collect();
+        runs.into_iter()
+            .map(|(s, e)| {
+                let mut data = vec![0; buf_range(s, s, e).end];
+                layer.read_present(&[(s, e)], s, &mut data)?;
+                Ok((s * BLOCK_SIZE, data))
+            })
+            .collect()
+    }
+
+    /// Makes snapshot `spec.name` exist for a rebuild to fill: an existing one
+    /// (in the chain or staged) is kept for patching, otherwise an empty
+    /// layer is staged.
+    pub fn stage_layer(&self, spec: &LayerSpec) -> Result<()> {
+        validate_snapshot_name(&spec.name)?;
+        let mut state = lock::write(&self.state)?;
+        if state.layer(&spec.name).is_some() {
+            return Ok(());
+        }
+        let mut meta = LayerMeta::new(
+            snapshot_file(&spec.name),
+            String::new(),
+            spec.user_created,
+            spec.labels.clone(),
+        );
+        meta.created = spec.created;
+        let layer = Layer::create(&self.dir, state.meta.size, meta)?;
+        state.staged.insert(spec.name.clone(), layer);
+        Ok(())
+    }
+
+    /// Replaces what snapshot `name` holds in the chunk range
+    /// `[offset, offset + len)` with `runs` (offset, data) from the source.
+    pub fn patch_layer(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        runs: &[(u64, impl AsRef<[u8]>)],
+    ) -> Result<()> {
+        if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
+            return Err(StorageError::Unaligned { offset, len });
+        }
+        let state = lock::read(&self.state)?;
+        let layer = state.layer_or_err(name)?;
+        let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
+        if layer.extents()?.overlapping(start, end).next().is_some() {
+            layer.punch(start, end)?;
+        }
+        for (at, data) in runs {
+            let data = data.as_ref();
+            let (s, e) = (at / BLOCK_SIZE, (at + data.len() as u64) / BLOCK_SIZE);
+            if !at.is_multiple_of(BLOCK_SIZE) || s < start || e > end {
+                return Err(StorageError::OutOfRange {
+                    offset: *at,
+                    len: data.len() as u64,
+                    size: offset + len,
+                });
+            }
+            layer.write_blocks(s, data)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the snapshot chain exactly `chain` (oldest first; every layer in
+    /// the chain or staged), under the current head. Snapshots not in
+    /// `chain` are deleted. The replica must be marked rebuilding: the
+    /// layer metadata is rewritten one file at a time.
+    pub fn install_chain(&self, chain: &[String]) -> Result<()> {
+        let mut state = lock::write(&self.state)?;
+        for name in chain {
+            state.layer_or_err(name)?;
+        }
+        let state = &mut *state;
+        let mut old: BTreeMap<String, Layer> = state
+            .snapshots
+            .drain(..)
+            .map(|layer| (layer.file_name.clone(), layer))
+            .chain(
+                std::mem::take(&mut state.staged)
+                    .into_values()
+                    .map(|l| (l.file_name.clone(), l)),
+            )
+            .collect();
+        let mut parent = String::new();
+        for name in chain {
+            let file = snapshot_file(name);
+            let mut layer = old
+                .remove(&file)
+                .ok_or_else(|| StorageError::SnapshotNotFound(name.clone()))?;
+            layer.sync_data()?;
+            if layer.meta.parent != parent {
+                layer.meta.parent.clone_from(&parent);
+                layer.meta.save(&self.dir)?;
+            }
+            parent = file;
+            state.snapshots.push(layer);
+        }
+        state.head.meta.parent.clone_from(&parent);
+        state.head.meta.save(&self.dir)?;
+        state.update_meta(&self.dir, |meta| meta.parent = parent)?;
+        let unused: Vec<String> = old.into_keys().collect();
+        self.delete_layer_files(&unused);
+        Ok(())
+    }
+
+    /// Sets the revision counter (a rebuilt replica taking its source's).
+    pub fn set_revision(&self, revision: u64) -> Result<()> {
+        self.revision.persist_exact(revision)
+    }
+}
+
+/// Hashes the runs a layer holds in one chunk and their data.
+fn checksum(layer: &Layer, runs: &[(u64, u64)], buf: &mut Vec<u8>) -> Result<u64> {
+    let mut hasher = Xxh3::new();
+    for &(start, end) in runs {
+        hasher.update(&start.to_le_bytes());
+        hasher.update(&end.to_le_bytes());
+        buf.resize(buf_range(start, start, end).end, 0);
+        layer.read_present(&[(start, end)], start, buf)?;
+        hasher.update(buf);
+    }
+    Ok(hasher.digest())
+}

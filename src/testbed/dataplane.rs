@@ -1,0 +1,254 @@
+//! `oxhorn replica` and `oxhorn engine` processes on loopback, for data-plane
+//! tests: each can be killed like a crash and started again as it was.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use super::process::Supervised;
+use crate::protocol::control::EngineStatusRequest;
+use crate::protocol::control::engine_control_client::EngineControlClient;
+use crate::{Error, Result};
+
+/// A process started again with the same command after a kill.
+struct Restartable {
+    name: &'static str,
+    binary: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    process: Option<Supervised>,
+}
+
+impl Restartable {
+    fn spawn(name: &'static str, binary: &Path, args: Vec<String>, log: PathBuf) -> Result<Self> {
+        let mut process = Self {
+            name,
+            binary: binary.to_path_buf(),
+            args,
+            log,
+            process: None,
+        };
+        process.start()?;
+        Ok(process)
+    }
+
+    fn start(&mut self) -> Result<()> {
+        let mut command = Command::new(&self.binary);
+        command.args(&self.args);
+        self.process = Some(Supervised::spawn(self.name, command, &self.log)?);
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        self.process = None;
+    }
+
+    fn stop(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let mut process = self
+            .process
+            .take()
+            .ok_or_else(|| Error::Testbed(format!("{} not running", self.name)))?;
+        process.terminate(timeout)
+    }
+
+    /// An error, with the log, if the process was started and has exited.
+    fn check_running(&mut self) -> Result<()> {
+        self.process
+            .as_mut()
+            .map_or(Ok(()), Supervised::check_running)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls `ready` until it yields, failing when the process exits or
+    /// `timeout` passes.
+    async fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        mut ready: impl AsyncFnMut() -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_running()?;
+            if let Some(value) = ready().await {
+                return Ok(value);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Testbed(format!(
+                    "{} not ready after {timeout:?}:\n{}",
+                    self.name,
+                    self.log()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+pub struct ReplicaProcess {
+    process: Restartable,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl ReplicaProcess {
+    /// Starts `binary replica` on `dir` (created if new) serving data on a free
+    /// loopback port and control on the next one.
+    pub fn spawn(binary: &Path, dir: &Path, size: u64) -> Result<Self> {
+        let port = free_port_pair()?;
+        let args = vec![
+            "replica".to_string(),
+            format!("--dir={}", dir.display()),
+            format!("--size={size}"),
+            format!("--listen=127.0.0.1:{port}"),
+        ];
+        let process =
+            Restartable::spawn("oxhorn replica", binary, args, dir.with_extension("log"))?;
+        Ok(Self {
+            process,
+            dir: dir.to_path_buf(),
+            port,
+        })
+    }
+
+    /// Starts the process again on the same directory and ports.
+    pub fn start(&mut self) -> Result<()> {
+        self.process.start()
+    }
+
+    /// The data address, host:port; control is on the next port.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn stop(&mut self) -> Result<ExitStatus> {
+        self.process.stop(Duration::from_secs(10))
+    }
+
+    /// The process's output so far.
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
+    /// Waits until the data and control ports accept connections.
+    pub async fn wait_serving(&mut self, timeout: Duration) -> Result<()> {
+        let port = self.port;
+        self.process
+            .wait_for(timeout, async || {
+                let data = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+                let control = tokio::net::TcpStream::connect(("127.0.0.1", port + 1)).await;
+                (data.is_ok() && control.is_ok()).then_some(())
+            })
+            .await
+    }
+}
+
+/// An `oxhorn engine` process with the FUSE frontend.
+pub struct EngineProcess {
+    process: Restartable,
+    /// Where the device link appears.
+    pub device_link: PathBuf,
+    /// The control API address.
+    pub control: String,
+}
+
+impl EngineProcess {
+    /// Starts `binary engine` for `volume` over `replicas` (data addresses),
+    /// with its run and device directories under `dir`.
+    pub fn spawn(
+        binary: &Path,
+        dir: &Path,
+        volume: &str,
+        size: u64,
+        replicas: &[String],
+    ) -> Result<Self> {
+        let control = format!("127.0.0.1:{}", free_port_pair()?);
+        let mut args = vec![
+            "engine".to_string(),
+            format!("--volume={volume}"),
+            format!("--size={size}"),
+            "--frontend=fuse".to_string(),
+            format!("--listen={control}"),
+            format!("--run-dir={}", dir.join("run").display()),
+            format!("--dev-dir={}", dir.join("dev").display()),
+        ];
+        args.extend(replicas.iter().map(|r| format!("--replica={r}")));
+        let log = dir.join(format!("engine-{volume}.log"));
+        Ok(Self {
+            process: Restartable::spawn("oxhorn engine", binary, args, log)?,
+            device_link: dir.join("dev").join(volume),
+            control,
+        })
+    }
+
+    /// Starts the process again with the same arguments.
+    pub fn start(&mut self) -> Result<()> {
+        self.process.start()
+    }
+
+    /// Waits until the engine's control API reports its device (the control
+    /// server starts after the frontend), and returns the device it links to.
+    pub async fn wait_device(&mut self, timeout: Duration) -> Result<PathBuf> {
+        let control = self.control.clone();
+        let endpoint = self
+            .process
+            .wait_for(timeout, async || endpoint(&control).await)
+            .await?;
+        std::fs::canonicalize(&endpoint).map_err(|e| Error::io(endpoint, e))
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn stop(&mut self) -> Result<ExitStatus> {
+        self.process.stop(Duration::from_secs(30))
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+}
+
+/// The endpoint a running engine reports, once it answers.
+async fn endpoint(control: &str) -> Option<String> {
+    let mut client = EngineControlClient::connect(format!("http://{control}"))
+        .await
+        .ok()?;
+    let status = client
+        .status(EngineStatusRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    (!status.endpoint.is_empty()).then_some(status.endpoint)
+}
+
+/// A free port whose successor is free too.
+fn free_port_pair() -> Result<u16> {
+    for _ in 0..100 {
+        let first =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("127.0.0.1:0", e))?;
+        let port = first
+            .local_addr()
+            .map_err(|e| Error::io("127.0.0.1:0", e))?
+            .port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(Error::Testbed("no two adjacent free ports".into()))
+}

@@ -1,0 +1,377 @@
+//! The data plane for real: `oxhorn replica` processes on loopback and the
+//! replicating engine, with replicas killed with SIGKILL, restarted and
+//! rebuilt, and the engine itself dropped mid-write and restarted.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oxhorn::engine::Engine;
+use oxhorn::frontend::BlockDevice;
+use oxhorn::protocol::Connection;
+use oxhorn::protocol::control::{EngineStatus, ReplicaMode};
+use oxhorn::testbed::ReplicaProcess;
+use tempfile::TempDir;
+
+const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+const SIZE: u64 = 64 << 20;
+const BLOCK: u64 = 4096;
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A small deterministic generator: tests must replay the same way.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// An aligned (offset, length) of 1 to 64 blocks within `region`.
+    fn extent(&mut self, region: &Range<u64>) -> (u64, u64) {
+        let blocks = 1 + self.next() % 64;
+        let start =
+            region.start / BLOCK + self.next() % ((region.end - region.start) / BLOCK - blocks);
+        (start * BLOCK, blocks * BLOCK)
+    }
+
+    fn data(&mut self, len: u64) -> Bytes {
+        let seed = self.next();
+        (0..len)
+            .map(|i| (seed.wrapping_mul(i + 1) >> 24) as u8)
+            .collect::<Vec<u8>>()
+            .into()
+    }
+}
+
+/// The volume as it must read: what every acknowledged write left.
+struct Model {
+    data: Vec<u8>,
+}
+
+impl Model {
+    fn new() -> Self {
+        Self {
+            data: vec![0; SIZE as usize],
+        }
+    }
+
+    fn apply(&mut self, offset: u64, data: &[u8]) {
+        self.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+    }
+}
+
+struct Replicas {
+    _dir: TempDir,
+    processes: Vec<ReplicaProcess>,
+}
+
+impl Replicas {
+    async fn start(count: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut processes = Vec::new();
+        for i in 0..count {
+            let mut replica =
+                ReplicaProcess::spawn(Path::new(OXHORN), &dir.path().join(format!("r{i}")), SIZE)
+                    .unwrap();
+            replica.wait_serving(PATIENCE).await.unwrap();
+            processes.push(replica);
+        }
+        Self {
+            _dir: dir,
+            processes,
+        }
+    }
+
+    fn addresses(&self) -> Vec<String> {
+        self.processes.iter().map(ReplicaProcess::address).collect()
+    }
+}
+
+const WHOLE: Range<u64> = 0..SIZE;
+
+/// Writes `count` random extents in `region`, `parallel` at a time, recording
+/// each in the model once acknowledged. Every write must succeed.
+async fn write_random(
+    engine: &Arc<Engine>,
+    model: &Arc<Mutex<Model>>,
+    rng: &mut Rng,
+    region: Range<u64>,
+    count: usize,
+    parallel: usize,
+) {
+    for _ in 0..count.div_ceil(parallel) {
+        let batch: Vec<_> = (0..parallel)
+            .map(|_| {
+                let (offset, len) = rng.extent(&region);
+                (offset, rng.data(len))
+            })
+            .collect();
+        // Overlapping writes in one batch would race: keep the batch disjoint.
+        let mut seen = BTreeSet::new();
+        let batch: Vec<_> = batch
+            .into_iter()
+            .filter(|(o, d)| (o / BLOCK..(o + d.len() as u64) / BLOCK).all(|b| seen.insert(b)))
+            .collect();
+        let writes = batch
+            .iter()
+            .map(|(offset, data)| engine.write(*offset, data.clone()));
+        for result in futures::future::join_all(writes).await {
+            result.expect("write failed");
+        }
+        let mut model = model.lock().unwrap();
+        for (offset, data) in &batch {
+            model.apply(*offset, data);
+        }
+    }
+}
+
+async fn read_all(device: &impl BlockDevice) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SIZE as usize);
+    for offset in (0..SIZE).step_by(4 << 20) {
+        out.extend_from_slice(&device.read(offset, 4 << 20).await.unwrap());
+    }
+    out
+}
+
+/// Reads a replica's whole volume straight from its data port.
+async fn read_replica(address: &str) -> Vec<u8> {
+    let connection = Connection::connect(address).await.unwrap();
+    let mut out = Vec::with_capacity(SIZE as usize);
+    for offset in (0..SIZE).step_by(4 << 20) {
+        out.extend_from_slice(&connection.read(offset, 4 << 20).await.unwrap());
+    }
+    out
+}
+
+fn modes(status: &EngineStatus) -> Vec<ReplicaMode> {
+    status.replicas.iter().map(|r| r.mode()).collect()
+}
+
+/// Waits until every replica of the engine is RW.
+async fn until_all_rw(engine: &Engine, count: usize) -> EngineStatus {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = engine.status().await;
+        if status.replicas.len() == count && modes(&status).iter().all(|m| *m == ReplicaMode::Rw) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas never all RW: {status:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
+    if let Some(at) = actual.iter().zip(expected).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {at} (block {})",
+            at as u64 / BLOCK
+        );
+    }
+    assert_eq!(actual.len(), expected.len(), "{what}: length");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_replica_leaves_the_io_path_and_is_rebuilt_identical() {
+    let mut replicas = Replicas::start(3).await;
+    let engine = Engine::start("vol-rebuild", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    write_random(&engine, &model, &mut rng, WHOLE, 300, 8).await;
+
+    // Kill replica 1 while writes are in flight: none may fail. From now on
+    // writes stay in the first 8 MiB, so a rebuild has little to copy.
+    let recent = 0..8 << 20;
+    let writer = {
+        let (engine, model) = (engine.clone(), model.clone());
+        tokio::spawn(async move {
+            let mut rng = Rng(42);
+            write_random(&engine, &model, &mut rng, 0..8 << 20, 400, 8).await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    replicas.processes[1].kill();
+    writer.await.unwrap();
+    // And more while it is away.
+    write_random(&engine, &model, &mut rng, recent.clone(), 100, 8).await;
+    let status = engine.status().await;
+    assert_eq!(
+        modes(&status),
+        [ReplicaMode::Rw, ReplicaMode::Err, ReplicaMode::Rw],
+        "{status:#?}"
+    );
+    assert!(status.replicas[1].io_errors >= 1);
+    assert_same(
+        &read_all(&*engine).await,
+        &model.lock().unwrap().data,
+        "volume with a replica down",
+    );
+
+    // Restart it on its old data and rebuild while writes go on.
+    replicas.processes[1].start().unwrap();
+    replicas.processes[1].wait_serving(PATIENCE).await.unwrap();
+    engine.add_replica(&replicas.addresses()[1]).await.unwrap();
+    write_random(&engine, &model, &mut rng, recent, 200, 8).await;
+    let status = until_all_rw(&engine, 3).await;
+
+    // Only what changed while it was away was copied.
+    let written_bytes: u64 = status.snapshots.iter().map(|s| s.size).sum();
+    let copied = status.replicas[1].last_rebuild_bytes_copied;
+    assert!(
+        copied > 0 && copied <= 10 << 20,
+        "copied {copied} of {written_bytes}"
+    );
+
+    let expected = model.lock().unwrap().data.clone();
+    assert_same(&read_all(&*engine).await, &expected, "volume after rebuild");
+    drop(engine);
+    for (i, address) in replicas.addresses().iter().enumerate() {
+        assert_same(
+            &read_replica(address).await,
+            &expected,
+            &format!("replica {i}"),
+        );
+    }
+    for replica in &mut replicas.processes {
+        let status = replica.stop().unwrap();
+        assert!(
+            status.success(),
+            "replica exit {status}:\n{}",
+            replica.log()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engine_restart_loses_no_acknowledged_write() {
+    let replicas = Replicas::start(3).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    let mut rng = Rng(7);
+    let engine = Engine::start("vol-restart", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    write_random(&engine, &model, &mut rng, WHOLE, 300, 8).await;
+
+    // Writes in flight when the engine dies may or may not have landed.
+    let before = model.lock().unwrap().data.clone();
+    let in_flight: Vec<(u64, Bytes)> = (0..32)
+        .map(|i| (i * (1 << 20), rng.data(64 * BLOCK)))
+        .collect();
+    let tasks: Vec<_> = in_flight
+        .iter()
+        .cloned()
+        .map(|(offset, data)| {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.write(offset, data).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    for task in &tasks {
+        task.abort();
+    }
+    drop(tasks);
+    drop(engine);
+
+    let engine = Engine::start("vol-restart", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    let after = read_all(&*engine).await;
+    let block = BLOCK as usize;
+    let mut undecided = vec![false; SIZE as usize / block];
+    for (offset, data) in &in_flight {
+        let first = *offset as usize / block;
+        for (i, new) in data.chunks(block).enumerate() {
+            let at = (first + i) * block..(first + i + 1) * block;
+            let (now, old) = (&after[at.clone()], &before[at]);
+            assert!(
+                now == old || now == new,
+                "in-flight write left block {} neither old nor new",
+                first + i
+            );
+            undecided[first + i] = true;
+        }
+    }
+    for (i, (now, old)) in after.chunks(block).zip(before.chunks(block)).enumerate() {
+        assert!(undecided[i] || now == old, "acknowledged block {i} lost");
+    }
+    // And all three replicas agree again.
+    drop(engine);
+    let first = read_replica(&replicas.addresses()[0]).await;
+    for address in &replicas.addresses()[1..] {
+        assert_same(&read_replica(address).await, &first, address);
+    }
+}
+
+#[tokio::test]
+async fn with_no_replica_left_io_fails_with_eio() {
+    let mut replicas = Replicas::start(1).await;
+    let engine = Engine::start("vol-eio", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 1).await;
+    engine
+        .write(0, Bytes::from(vec![1; BLOCK as usize]))
+        .await
+        .unwrap();
+    replicas.processes[0].kill();
+    let error = engine
+        .write(0, Bytes::from(vec![2; BLOCK as usize]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(nix::libc::EIO));
+    let error = engine.read(0, BLOCK as usize).await.unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(nix::libc::EIO));
+}
+
+#[tokio::test]
+async fn snapshots_are_taken_on_every_replica_at_one_point() {
+    let replicas = Replicas::start(2).await;
+    let engine = Engine::start("vol-snap", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 2).await;
+    engine.write(0, Bytes::from(vec![1; 8192])).await.unwrap();
+    engine.snapshot("before", true).await.unwrap();
+    engine.write(0, Bytes::from(vec![2; 4096])).await.unwrap();
+    let status = engine.status().await;
+    let names: Vec<_> = status.snapshots.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["before"]);
+    assert!(status.snapshots[0].user_created);
+    assert_eq!(status.snapshots[0].size, 8192);
+    let error = engine.snapshot("../escape", true).await.unwrap_err();
+    assert!(error.to_string().contains("invalid"), "{error}");
+    engine.remove_snapshot("before").await.unwrap();
+    let data = engine.read(0, 8192).await.unwrap();
+    assert_eq!(&data[..4096], &[2; 4096][..]);
+    assert_eq!(&data[4096..], &[1; 4096][..]);
+    assert!(engine.status().await.snapshots.is_empty());
+}
+
+#[tokio::test]
+async fn a_malformed_frame_closes_that_connection_only() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let replicas = Replicas::start(1).await;
+    let address = &replicas.addresses()[0];
+    let mut raw = tokio::net::TcpStream::connect(address).await.unwrap();
+    raw.write_all(&[0xde; 64]).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(PATIENCE, raw.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "connection not closed: {read:?}"
+    );
+
+    let connection = Connection::connect(address).await.unwrap();
+    connection
+        .write(0, Bytes::from(vec![9; 4096]))
+        .await
+        .unwrap();
+    assert_eq!(&connection.read(0, 4096).await.unwrap()[..], &[9; 4096][..]);
+    let error = connection.read(1, 4096).await.unwrap_err();
+    assert!(error.to_string().contains("InvalidArgument"), "{error}");
+}

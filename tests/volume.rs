@@ -1,0 +1,209 @@
+//! A volume end to end: three `oxhorn replica` processes, an `oxhorn engine`
+//! process exposing the volume through FUSE and a loop device, a real
+//! filesystem on it. Replicas and the engine are killed with SIGKILL along
+//! the way; the filesystem must come out clean and hold every file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::mount::{MntFlags, MsFlags};
+use oxhorn::protocol::control::engine_control_client::EngineControlClient;
+use oxhorn::protocol::control::{AddReplicaRequest, EngineStatusRequest, ReplicaMode};
+use oxhorn::testbed::{EngineProcess, ReplicaProcess};
+
+const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+/// xfs wants at least 300 MiB.
+const SIZE: u64 = 320 << 20;
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A mounted filesystem, lazily unmounted if the test fails first.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn new(device: &Path, at: &Path, fstype: &str) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        nix::mount::mount(
+            Some(device),
+            at,
+            Some(fstype),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "mount {fstype} {} at {}: {e}",
+                device.display(),
+                at.display()
+            )
+        });
+        Self(at.to_path_buf())
+    }
+
+    fn unmount(self) {
+        nix::mount::umount(&self.0).unwrap();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, MntFlags::MNT_DETACH);
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let output = Command::new(program).args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn mkfs(fstype: &str, device: &str) {
+    match fstype {
+        "ext4" => run("mkfs.ext4", &["-q", "-F", device]),
+        _ => run("mkfs.xfs", &["-q", "-f", device]),
+    }
+}
+
+/// The filesystem checker's read-only verdict must be "clean".
+fn fsck(fstype: &str, device: &str) {
+    match fstype {
+        "ext4" => run("e2fsck", &["-f", "-n", device]),
+        _ => run("xfs_repair", &["-n", device]),
+    }
+}
+
+/// Writes `count` files of varied sizes under `dir`, returning their contents.
+fn write_files(dir: &Path, prefix: &str, count: usize, seed: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut state = seed;
+    for i in 0..count {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let len = 4096 + (state >> 40) as usize % (3 << 20);
+        let data: Vec<u8> = (0..len)
+            .map(|j| (state.wrapping_add(j as u64 * 2654435761) >> 32) as u8)
+            .collect();
+        let name = format!("{prefix}-{i}");
+        std::fs::write(dir.join(&name), &data).unwrap();
+        files.insert(name, data);
+    }
+    run("sync", &[]);
+    files
+}
+
+fn check_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in files {
+        let read = std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(read == *data, "{name} differs after remount");
+    }
+}
+
+async fn until_all_rw(control: &str, count: usize) {
+    let mut client = EngineControlClient::connect(format!("http://{control}"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = client
+            .status(EngineStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let rw = status
+            .replicas
+            .iter()
+            .filter(|r| r.mode() == ReplicaMode::Rw)
+            .count();
+        if rw == count && status.replicas.len() == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas never all RW: {status:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let mut replicas: Vec<ReplicaProcess> = (0..3)
+        .map(|i| {
+            ReplicaProcess::spawn(Path::new(OXHORN), &work.path().join(format!("r{i}")), SIZE)
+                .unwrap()
+        })
+        .collect();
+    for replica in &mut replicas {
+        replica.wait_serving(PATIENCE).await.unwrap();
+    }
+    let addresses: Vec<String> = replicas.iter().map(ReplicaProcess::address).collect();
+    let volume = format!("vol-{fstype}");
+    let mut engine =
+        EngineProcess::spawn(Path::new(OXHORN), work.path(), &volume, SIZE, &addresses).unwrap();
+    let device = engine.wait_device(PATIENCE).await.unwrap();
+    let device = device.to_str().unwrap().to_string();
+    until_all_rw(&engine.control, 3).await;
+
+    mkfs(fstype, &device);
+    let mount_point = work.path().join("mnt");
+    let mounted = Mounted::new(Path::new(&device), &mount_point, fstype);
+    let mut files = write_files(&mount_point, "before", 12, 1);
+
+    // A replica dies while files are written; the filesystem never notices.
+    replicas[1].kill();
+    files.extend(write_files(&mount_point, "degraded", 12, 2));
+    replicas[1].start().unwrap();
+    replicas[1].wait_serving(PATIENCE).await.unwrap();
+    let mut control = EngineControlClient::connect(format!("http://{}", engine.control))
+        .await
+        .unwrap();
+    control
+        .add_replica(AddReplicaRequest {
+            address: addresses[1].clone(),
+        })
+        .await
+        .unwrap();
+    files.extend(write_files(&mount_point, "rebuilding", 8, 3));
+    until_all_rw(&engine.control, 3).await;
+    check_files(&mount_point, &files);
+    mounted.unmount();
+    fsck(fstype, &device);
+
+    // The engine crashes; a new one serves the same data.
+    engine.kill();
+    engine.start().unwrap();
+    let device = engine.wait_device(PATIENCE).await.unwrap();
+    let device = device.to_str().unwrap().to_string();
+    until_all_rw(&engine.control, 3).await;
+    fsck(fstype, &device);
+    let mounted = Mounted::new(Path::new(&device), &mount_point, fstype);
+    check_files(&mount_point, &files);
+    mounted.unmount();
+    let status = engine.stop().unwrap();
+    assert!(status.success(), "engine exit {status}:\n{}", engine.log());
+    assert!(!engine.device_link.exists(), "device link left behind");
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let root = work.path().to_str().unwrap();
+    assert!(
+        !mounts.contains(root),
+        "mounts left behind:\n{mounts}\n{}",
+        engine.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext4_survives_replica_and_engine_crashes() {
+    a_filesystem_survives_replica_and_engine_crashes("ext4").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfs_survives_replica_and_engine_crashes() {
+    a_filesystem_survives_replica_and_engine_crashes("xfs").await;
+}
