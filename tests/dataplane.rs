@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -374,4 +374,61 @@ async fn a_malformed_frame_closes_that_connection_only() {
     assert_eq!(&connection.read(0, 4096).await.unwrap()[..], &[9; 4096][..]);
     let error = connection.read(1, 4096).await.unwrap_err();
     assert!(error.to_string().contains("InvalidArgument"), "{error}");
+}
+
+/// A small tmpfs, unmounted when dropped.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .unwrap();
+        Self(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_reported_as_enospc_and_loses_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&work.path().join("disk"), "4m");
+    let mut replica = ReplicaProcess::spawn(Path::new(OXHORN), &disk.0.join("r0"), SIZE).unwrap();
+    replica.wait_serving(PATIENCE).await.unwrap();
+    let engine = Engine::start("vol-full", SIZE, &[replica.address()]).await;
+    until_all_rw(&engine, 1).await;
+
+    let mib = 1 << 20;
+    let mut written = Vec::new();
+    let error = loop {
+        let offset = written.len() as u64 * mib;
+        assert!(offset < SIZE, "a 64 MiB volume fit on a 4 MiB disk");
+        let data = Bytes::from(vec![written.len() as u8 + 1; mib as usize]);
+        match engine.write(offset, data.clone()).await {
+            Ok(()) => written.push(data),
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(error.raw_os_error(), Some(nix::libc::ENOSPC), "{error}");
+    assert!(!written.is_empty());
+    // The replica stays in the I/O path and what was acknowledged reads back.
+    for (i, data) in written.iter().enumerate() {
+        assert_eq!(
+            engine.read(i as u64 * mib, mib as usize).await.unwrap(),
+            data
+        );
+    }
+    drop(engine);
+    replica.kill();
 }

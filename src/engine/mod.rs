@@ -186,7 +186,8 @@ impl Engine {
     /// Sends `op` to every RW and WO replica; succeeds when at least one RW
     /// replica did and every other either did or is now out of the I/O path
     /// (its data no longer matches the others'). A refusal that is the
-    /// caller's fault (a bad offset, an unknown snapshot) fails no replica.
+    /// caller's fault (a bad offset, an unknown snapshot) fails no replica,
+    /// and neither does a full disk that every replica reports.
     async fn to_all<F, Fut>(&self, what: &str, op: F) -> Result<(), EngineError>
     where
         F: Fn(Arc<Member>) -> Fut,
@@ -195,23 +196,30 @@ impl Engine {
         let targets = self.members_in(&[Mode::ReadWrite, Mode::WriteOnly]);
         let results = join_all(targets.iter().map(|m| op(m.clone()))).await;
         let mut healthy = 0;
-        let mut last = None;
+        let mut failed = Vec::new();
         for (member, result) in targets.iter().zip(results) {
             match result {
                 Ok(()) if member.mode() == Mode::ReadWrite => healthy += 1,
                 Ok(()) => {}
                 Err(error) if error.is_callers_fault() => return Err(error),
-                Err(error) => {
-                    self.fail(member, &format!("{what}: {error}"));
-                    last = Some(error);
-                }
+                Err(error) => failed.push((member, error)),
             }
         }
-        match (healthy, last) {
-            (0, Some(error)) if error.is_no_space() => Err(error),
-            (0, _) => Err(EngineError::NoHealthyReplica),
-            _ => Ok(()),
+        // Every replica out of space: none diverged from the others, so all
+        // stay in the I/O path and the caller learns the disk is full.
+        if healthy == 0
+            && failed.iter().all(|(_, e)| e.is_no_space())
+            && let Some((_, error)) = failed.pop()
+        {
+            return Err(error);
         }
+        for (member, error) in &failed {
+            self.fail(member, &format!("{what}: {error}"));
+        }
+        if healthy == 0 {
+            return Err(EngineError::NoHealthyReplica);
+        }
+        Ok(())
     }
 
     /// Sends a data-protocol op to every RW and WO replica (see [`Self::to_all`]).
