@@ -35,6 +35,15 @@ pub enum Error {
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
 
+    #[error("replica storage: {0}")]
+    Storage(#[from] crate::replica::StorageError),
+
+    #[error("frontend: {0}")]
+    Frontend(#[from] crate::frontend::FrontendError),
+
+    #[error("a task stopped unexpectedly: {0}")]
+    Task(#[from] tokio::task::JoinError),
+
     #[error("rendering YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),
 

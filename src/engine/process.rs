@@ -48,10 +48,11 @@ async fn start_fuse(engine: &Arc<Engine>, config: &EngineConfig) -> Result<FuseF
     options.dev_dir.clone_from(&config.dev_dir);
     let (engine, volume) = (Arc::clone(engine), config.volume.clone());
     let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || FuseFrontend::start(engine, &volume, &options, runtime))
-        .await
-        .map_err(|e| Error::Config(format!("starting the frontend: {e}")))?
-        .map_err(|e| Error::Config(format!("FUSE frontend: {e}")))
+    let frontend = tokio::task::spawn_blocking(move || {
+        FuseFrontend::start(engine, &volume, &options, runtime)
+    })
+    .await??;
+    Ok(frontend)
 }
 
 /// Runs the engine until `shutdown` completes.
@@ -78,9 +79,7 @@ pub async fn run(config: EngineConfig, shutdown: impl Future<Output = ()>) -> Re
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
             .await?;
         if let Some(frontend) = frontend {
-            let stopped = tokio::task::spawn_blocking(move || frontend.stop())
-                .await
-                .map_err(|e| Error::Config(format!("stopping the frontend: {e}")))?;
+            let stopped = tokio::task::spawn_blocking(move || frontend.stop()).await?;
             match stopped {
                 Ok(outcome) => info!(?outcome, "frontend stopped"),
                 Err(error) => warn!(%error, "frontend did not stop cleanly"),

@@ -76,8 +76,8 @@ pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> R
         }
         let store = Arc::try_unwrap(store);
         match store {
-            Ok(store) => store.close().map_err(storage)?,
-            Err(store) => store.flush().map_err(storage)?,
+            Ok(store) => store.close()?,
+            Err(store) => store.flush()?,
         }
         info!("replica stopped");
         Ok(())
@@ -86,14 +86,10 @@ pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> R
     .await
 }
 
-fn storage(error: StorageError) -> Error {
-    Error::Config(error.to_string())
-}
-
 fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore> {
     if config.dir.join("volume.meta").exists() {
-        let store = ReplicaStore::open(&config.dir).map_err(storage)?;
-        let size = store.size().map_err(storage)?;
+        let store = ReplicaStore::open(&config.dir)?;
+        let size = store.size()?;
         if size != config.size {
             return Err(Error::Config(format!(
                 "{} holds a {size}-byte replica, not {} bytes",
@@ -103,7 +99,7 @@ fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore> {
         }
         Ok(store)
     } else {
-        ReplicaStore::create(&config.dir, config.size).map_err(storage)
+        Ok(ReplicaStore::create(&config.dir, config.size)?)
     }
 }
 
