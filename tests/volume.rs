@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use nix::mount::{MntFlags, MsFlags};
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
-use oxhorn::protocol::control::{AddReplicaRequest, EngineStatusRequest, ReplicaMode};
+use oxhorn::protocol::control::{
+    AddReplicaRequest, EngineStatusRequest, ExpandRequest, ReplicaMode,
+};
 use oxhorn::testbed::{EngineProcess, ReplicaProcess};
 
 const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -105,6 +107,33 @@ fn check_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>) {
     }
 }
 
+/// Waits until the kernel sees the block device at `size` bytes.
+async fn until_device_size(device: &str, size: u64) {
+    let name = Path::new(device)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let sectors: u64 = std::fs::read_to_string(format!("/sys/block/{name}/size"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        if sectors * 512 == size {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{device} stayed at {} bytes",
+            sectors * 512
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn until_all_rw(control: &str, count: usize) {
     let mut client = EngineControlClient::connect(format!("http://{control}"))
         .await
@@ -185,7 +214,39 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     fsck(fstype, &device);
     let mounted = Mounted::new(Path::new(&device), &mount_point, fstype);
     check_files(&mount_point, &files);
+
+    // Online expansion: the block device grows under the mounted filesystem.
+    let before = nix::sys::statvfs::statvfs(&mount_point).unwrap().blocks();
+    let mut control = EngineControlClient::connect(format!("http://{}", engine.control))
+        .await
+        .unwrap();
+    let grown = SIZE + (64 << 20);
+    control.expand(ExpandRequest { size: grown }).await.unwrap();
+    until_device_size(&device, grown).await;
+    let mounted = match fstype {
+        // This kernel refuses ext4's online resize ioctl (EPERM): grow it
+        // unmounted; the device itself grew while mounted.
+        "ext4" => {
+            mounted.unmount();
+            // -p records the check resize2fs asks for; exit 0 means clean.
+            run("e2fsck", &["-f", "-p", &device]);
+            run("resize2fs", &[&device]);
+            Mounted::new(Path::new(&device), &mount_point, fstype)
+        }
+        _ => {
+            run("xfs_growfs", &[mount_point.to_str().unwrap()]);
+            mounted
+        }
+    };
+    let after = nix::sys::statvfs::statvfs(&mount_point).unwrap().blocks();
+    assert!(
+        after > before,
+        "filesystem did not grow: {before} -> {after} blocks"
+    );
+    files.extend(write_files(&mount_point, "grown", 4, 4));
+    check_files(&mount_point, &files);
     mounted.unmount();
+    fsck(fstype, &device);
     let status = engine.stop().unwrap();
     assert!(status.success(), "engine exit {status}:\n{}", engine.log());
     assert!(!engine.device_link.exists(), "device link left behind");

@@ -85,6 +85,8 @@ pub struct Engine {
     absent: RwLock<Vec<(String, String)>>,
     gate: tokio::sync::RwLock<()>,
     next_read: AtomicUsize,
+    /// Tells the frontend the volume grew.
+    resized: tokio::sync::watch::Sender<u64>,
     myself: Weak<Engine>,
 }
 
@@ -99,6 +101,7 @@ impl Engine {
             absent: RwLock::new(Vec::new()),
             gate: tokio::sync::RwLock::new(()),
             next_read: AtomicUsize::new(0),
+            resized: tokio::sync::watch::Sender::new(size),
             myself: myself.clone(),
         });
         let connected = join_all(addresses.iter().map(|a| Member::connect(a))).await;
@@ -321,7 +324,13 @@ impl Engine {
         })
         .await?;
         self.size.store(size, Ordering::Release);
+        self.resized.send_replace(size);
         Ok(())
+    }
+
+    /// Changes each time the volume grows, to its new size.
+    pub fn watch_size(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.resized.subscribe()
     }
 }
 

@@ -55,6 +55,18 @@ async fn start_fuse(engine: &Arc<Engine>, config: &EngineConfig) -> Result<FuseF
     Ok(frontend)
 }
 
+/// Shows the volume's new size on the block device each time it grows.
+async fn follow_size(mut size: tokio::sync::watch::Receiver<u64>, frontend: Arc<FuseFrontend>) {
+    while size.changed().await.is_ok() {
+        let frontend = Arc::clone(&frontend);
+        match tokio::task::spawn_blocking(move || frontend.refresh_size()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => warn!(%error, "the block device keeps its old size"),
+            Err(error) => warn!(%error, "resizing the block device"),
+        }
+    }
+}
+
 /// Runs the engine until `shutdown` completes.
 pub async fn run(config: EngineConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
     names::validate_dns_subdomain("volume name", &config.volume).map_err(Error::Config)?;
@@ -65,22 +77,28 @@ pub async fn run(config: EngineConfig, shutdown: impl Future<Output = ()>) -> Re
             .map_err(|e| Error::io(config.listen.to_string(), e))?;
         let engine = Engine::start(&config.volume, config.size, &config.replicas).await;
         let frontend = match config.frontend {
-            FrontendKind::Fuse => Some(start_fuse(&engine, &config).await?),
+            FrontendKind::Fuse => Some(Arc::new(start_fuse(&engine, &config).await?)),
             FrontendKind::None => None,
         };
         let endpoint = frontend
             .as_ref()
             .map(|f| f.link_path().display().to_string())
             .unwrap_or_default();
+        let resizer = frontend
+            .clone()
+            .map(|f| tokio::spawn(follow_size(engine.watch_size(), f)));
         let service = EngineControlService::new(Arc::clone(&engine), endpoint.clone());
         info!(control = %config.listen, replicas = ?config.replicas, endpoint, "engine serving");
         Server::builder()
             .add_service(EngineControlServer::new(service))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
             .await?;
-        if let Some(frontend) = frontend {
-            let stopped = tokio::task::spawn_blocking(move || frontend.stop()).await?;
-            match stopped {
+        if let Some(resizer) = resizer {
+            resizer.abort();
+            let _ = resizer.await;
+        }
+        if let Some(frontend) = frontend.and_then(Arc::into_inner) {
+            match tokio::task::spawn_blocking(move || frontend.stop()).await? {
                 Ok(outcome) => info!(?outcome, "frontend stopped"),
                 Err(error) => warn!(%error, "frontend did not stop cleanly"),
             }

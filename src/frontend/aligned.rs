@@ -21,11 +21,10 @@ const RMW_STRIPES: u64 = 64;
 /// Zeros for the partial blocks at the edges of a discarded range.
 static ZEROS: [u8; BLOCK_SIZE as usize] = [0; BLOCK_SIZE as usize];
 
-/// A [`BlockDevice`] seen as a fixed-size file: any offset and length, reads
-/// clamped at the end, writes past the end refused.
+/// A [`BlockDevice`] seen as a file of the device's current size: any offset
+/// and length, reads clamped at the end, writes past the end refused.
 pub(crate) struct AlignedIo<D> {
     device: Arc<D>,
-    size: u64,
     rmw_locks: Box<[Mutex<()>]>,
 }
 
@@ -58,22 +57,18 @@ fn to_usize(offset: u64) -> usize {
 
 impl<D: BlockDevice> AlignedIo<D> {
     pub(crate) fn new(device: Arc<D>) -> Self {
-        let size = device.size();
         let rmw_locks = (0..RMW_STRIPES).map(|_| Mutex::new(())).collect();
-        AlignedIo {
-            device,
-            size,
-            rmw_locks,
-        }
+        AlignedIo { device, rmw_locks }
     }
 
+    /// The device's size now: it grows when the volume is expanded.
     pub(crate) fn size(&self) -> u64 {
-        self.size
+        self.device.size()
     }
 
     /// Reads up to `len` bytes at `offset`; fewer at the end, none past it.
     pub(crate) async fn read(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        let end = offset.saturating_add(to_u64(len)).min(self.size);
+        let end = offset.saturating_add(to_u64(len)).min(self.size());
         if offset >= end {
             return Ok(Bytes::new());
         }
@@ -89,10 +84,11 @@ impl<D: BlockDevice> AlignedIo<D> {
         if data.is_empty() {
             return Ok(0);
         }
-        if offset >= self.size {
+        let size = self.size();
+        if offset >= size {
             return Err(errno(libc::EFBIG));
         }
-        let room = to_usize((self.size - offset).min(to_u64(data.len())));
+        let room = to_usize((size - offset).min(to_u64(data.len())));
         let data = data.slice(..room);
         if is_aligned(offset) && is_aligned(to_u64(room)) {
             self.device.write(offset, data).await?;
@@ -111,7 +107,7 @@ impl<D: BlockDevice> AlignedIo<D> {
     /// the partial blocks at the edges are overwritten with zeros. The part of
     /// the range past the end of the device is ignored.
     pub(crate) async fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        let end = offset.saturating_add(len).min(self.size);
+        let end = offset.saturating_add(len).min(self.size());
         if offset >= end {
             return Ok(());
         }

@@ -28,7 +28,7 @@ use tracing::{Span, info, info_span, warn};
 
 use super::device_link::{self, DeviceLink};
 use super::error::{FrontendError, Result};
-use super::fusefs::{FILE_NAME, VolumeFs};
+use super::fusefs::{FILE_INO, FILE_NAME, VolumeFs};
 use super::loopdev::{self, Detached, LoopDevice};
 use super::{BLOCK_SIZE, BlockDevice};
 
@@ -162,6 +162,15 @@ impl FuseFrontend {
         Ok(frontend)
     }
 
+    /// Clears what an engine that died without stopping its frontend left for
+    /// `volume`: the device link, loop devices on the dead FUSE file, and the
+    /// dead mount. [`FuseFrontend::start`] does this first too.
+    pub fn clean_up(volume: &str, options: &FuseOptions) -> Result<()> {
+        crate::names::validate_dns_subdomain("volume name", volume)
+            .map_err(FrontendError::InvalidVolume)?;
+        clean_stale(&Paths::new(options, volume)?)
+    }
+
     /// The block device: `/dev/loopN`.
     pub fn device_path(&self) -> &Path {
         &self.device_path
@@ -186,6 +195,26 @@ impl FuseFrontend {
     /// unless the kernel refused; see the warning logged at start then).
     pub fn direct_io(&self) -> bool {
         self.direct_io
+    }
+
+    /// Shows a grown volume: the kernel drops the file's cached attributes
+    /// (so it sees the device's new size) and the loop device re-reads it.
+    pub fn refresh_size(&self) -> Result<()> {
+        if let Some(session) = &self.session {
+            session
+                .notifier()
+                .inval_inode(FILE_INO, 0, 0)
+                .map_err(|e| {
+                    FrontendError::io("invalidating the size of", &self.paths.backing_file, e)
+                })?;
+        }
+        if let Some(device) = &self.loop_device {
+            device
+                .refresh_capacity()
+                .map_err(|e| FrontendError::io("resizing", &self.device_path, e))?;
+        }
+        info!(device = %self.device_path.display(), "volume size refreshed");
+        Ok(())
     }
 
     /// Removes the link, detaches the loop device and unmounts the FUSE

@@ -28,7 +28,7 @@ use super::{BLOCK_SIZE, BlockDevice};
 /// The name of the volume's file in the mount.
 pub const FILE_NAME: &str = "volume";
 
-const FILE_INO: INodeNo = INodeNo(2);
+pub(crate) const FILE_INO: INodeNo = INodeNo(2);
 
 /// Largest read or write the kernel sends in one request. 1 MiB is the
 /// kernel's default cap (`fs.fuse.max_pages_limit` = 256 pages) and large
@@ -40,8 +40,8 @@ pub const MAX_REQUEST: u32 = 1 << 20;
 /// holds 128 requests by default; matching it lets all of them through.
 const MAX_BACKGROUND: u16 = 128;
 
-/// Nothing about the two inodes ever changes while mounted, so the kernel
-/// may cache their attributes for long.
+/// The inodes' attributes change only when the volume grows, and then the
+/// frontend tells the kernel to drop them, so it may cache them for long.
 const TTL: Duration = Duration::from_secs(3600);
 
 pub(crate) struct VolumeFs<D> {
@@ -49,27 +49,29 @@ pub(crate) struct VolumeFs<D> {
     runtime: Handle,
     span: Span,
     root: FileAttr,
-    file: FileAttr,
 }
 
 impl<D: BlockDevice> VolumeFs<D> {
     pub(crate) fn new(device: Arc<D>, runtime: Handle, span: Span) -> Self {
         let io = Arc::new(AlignedIo::new(device));
         let root = attr(INodeNo::ROOT, FileType::Directory, 0o755, 0);
-        let file = attr(FILE_INO, FileType::RegularFile, 0o600, io.size());
         VolumeFs {
             io,
             runtime,
             span,
             root,
-            file,
         }
     }
 
-    fn attr_of(&self, ino: INodeNo) -> Option<&FileAttr> {
+    /// The volume file's attributes, sized as the device is now.
+    fn file_attr(&self) -> FileAttr {
+        attr(FILE_INO, FileType::RegularFile, 0o600, self.io.size())
+    }
+
+    fn attr_of(&self, ino: INodeNo) -> Option<FileAttr> {
         match ino {
-            INodeNo::ROOT => Some(&self.root),
-            FILE_INO => Some(&self.file),
+            INodeNo::ROOT => Some(self.root),
+            FILE_INO => Some(self.file_attr()),
             _ => None,
         }
     }
@@ -152,7 +154,7 @@ impl<D: BlockDevice> Filesystem for VolumeFs<D> {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if parent == INodeNo::ROOT && name == FILE_NAME {
-            reply.entry(&TTL, &self.file, Generation(0));
+            reply.entry(&TTL, &self.file_attr(), Generation(0));
         } else {
             reply.error(Errno::ENOENT);
         }
@@ -160,7 +162,7 @@ impl<D: BlockDevice> Filesystem for VolumeFs<D> {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.attr_of(ino) {
-            Some(attr) => reply.attr(&TTL, attr),
+            Some(attr) => reply.attr(&TTL, &attr),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -192,7 +194,7 @@ impl<D: BlockDevice> Filesystem for VolumeFs<D> {
         if changes_size || mode.is_some() || uid.is_some() || gid.is_some() {
             return reply.error(Errno::EPERM);
         }
-        reply.attr(&TTL, attr);
+        reply.attr(&TTL, &attr);
     }
 
     /// Direct I/O: the kernel must not cache the volume a second time (the

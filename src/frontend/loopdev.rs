@@ -56,6 +56,7 @@ const _: () = assert!(size_of::<LoopConfig>() == 304);
 nix::ioctl_none_bad!(loop_ctl_get_free, 0x4C82);
 nix::ioctl_write_ptr_bad!(loop_configure, 0x4C0A, LoopConfig);
 nix::ioctl_none_bad!(loop_clr_fd, 0x4C01);
+nix::ioctl_none_bad!(loop_set_capacity, 0x4C07);
 
 /// A loop device we bound.
 ///
@@ -115,6 +116,15 @@ impl LoopDevice {
     /// `/dev/loopN`.
     pub fn path(&self) -> PathBuf {
         device_path(self.number)
+    }
+
+    /// Makes the device take the backing file's current size (after the
+    /// volume grew). The device is opened only for the call: see the type.
+    pub fn refresh_capacity(&self) -> io::Result<()> {
+        let device = open_rw(&self.path())?;
+        // SAFETY: LOOP_SET_CAPACITY takes no argument; the fd is open.
+        unsafe { loop_set_capacity(device.as_raw_fd()) }?;
+        Ok(())
     }
 
     /// Whether the kernel does direct I/O on the backing file.

@@ -6,6 +6,7 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use super::process::Supervised;
+use crate::frontend::{FuseFrontend, FuseOptions};
 use crate::protocol::control::EngineStatusRequest;
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::{Error, Result};
@@ -155,9 +156,12 @@ impl ReplicaProcess {
     }
 }
 
-/// An `oxhorn engine` process with the FUSE frontend.
+/// An `oxhorn engine` process with the FUSE frontend. Dropping it kills the
+/// process and clears the mount and loop device a killed engine leaves.
 pub struct EngineProcess {
     process: Restartable,
+    volume: String,
+    frontend: FuseOptions,
     /// Where the device link appears.
     pub device_link: PathBuf,
     /// The control API address.
@@ -186,8 +190,12 @@ impl EngineProcess {
         ];
         args.extend(replicas.iter().map(|r| format!("--replica={r}")));
         let log = dir.join(format!("engine-{volume}.log"));
+        let mut frontend = FuseOptions::new(dir.join("run"));
+        frontend.dev_dir = dir.join("dev");
         Ok(Self {
             process: Restartable::spawn("oxhorn engine", binary, args, log)?,
+            volume: volume.to_string(),
+            frontend,
             device_link: dir.join("dev").join(volume),
             control,
         })
@@ -221,6 +229,15 @@ impl EngineProcess {
 
     pub fn log(&self) -> String {
         self.process.log()
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        self.process.kill();
+        if let Err(error) = FuseFrontend::clean_up(&self.volume, &self.frontend) {
+            eprintln!("cleaning up after engine {}: {error}", self.volume);
+        }
     }
 }
 
