@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::Connection;
 use oxhorn::protocol::control::{EngineStatus, ReplicaMode};
-use oxhorn::testbed::ReplicaProcess;
+use oxhorn::testbed::{Mounted, ReplicaProcess};
 use tempfile::TempDir;
 
 const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -376,35 +376,19 @@ async fn a_malformed_frame_closes_that_connection_only() {
     assert!(error.to_string().contains("InvalidArgument"), "{error}");
 }
 
-/// A small tmpfs, unmounted when dropped.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    fn mount(at: &Path, size: &str) -> Self {
-        std::fs::create_dir_all(at).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            at,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some(format!("size={size}").as_str()),
-        )
-        .unwrap();
-        Self(at.to_path_buf())
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 #[tokio::test]
 async fn a_full_disk_is_reported_as_enospc_and_loses_nothing() {
     let work = tempfile::tempdir().unwrap();
-    let disk = SmallDisk::mount(&work.path().join("disk"), "4m");
-    let mut replica = ReplicaProcess::spawn(Path::new(OXHORN), &disk.0.join("r0"), SIZE).unwrap();
+    // A real 4 MiB filesystem under a 64 MiB replica.
+    let disk = Mounted::new(
+        Path::new("tmpfs"),
+        &work.path().join("disk"),
+        "tmpfs",
+        Some("size=4m"),
+    )
+    .unwrap();
+    let mut replica =
+        ReplicaProcess::spawn(Path::new(OXHORN), &disk.path().join("r0"), SIZE).unwrap();
     replica.wait_serving(PATIENCE).await.unwrap();
     let engine = Engine::start("vol-full", SIZE, &[replica.address()]).await;
     until_all_rw(&engine, 1).await;

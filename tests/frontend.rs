@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nix::libc;
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MntFlags;
 use oxhorn::frontend::{
     BLOCK_SIZE, BlockDevice, FILE_NAME, FrontendError, FuseFrontend, FuseOptions, StopOutcome,
     loopdev,
 };
+use oxhorn::testbed::Mounted;
 
 const MIB: usize = 1 << 20;
 
@@ -206,34 +207,6 @@ fn init_tracing() {
                 .unwrap_or_else(|_| "oxhorn=info".into()),
         )
         .try_init();
-}
-
-/// A filesystem mounted for a test; unmounted (lazily if busy) on drop.
-struct Mounted(PathBuf);
-
-impl Mounted {
-    fn new(device: &Path, at: &Path, fstype: &str) -> Self {
-        nix::mount::mount(
-            Some(device),
-            at,
-            Some(fstype),
-            MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("mounting {} on {}: {e}", device.display(), at.display()));
-        Mounted(at.to_path_buf())
-    }
-
-    fn unmount(self) {
-        nix::mount::umount(&self.0).unwrap();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, MntFlags::MNT_DETACH);
-    }
 }
 
 /// A child process, killed on drop.
@@ -474,24 +447,24 @@ fn filesystem_survives_a_remount(volume: &str, size: usize, fstype: &str) {
             )
         })
         .collect();
-    let mounted = Mounted::new(&link, &mount_point, fstype);
+    let mounted = Mounted::new(&link, &mount_point, fstype, None).unwrap();
     for (name, data) in &files {
         fs::write(mount_point.join(name), data).unwrap();
     }
     run(&mut Command::new("sync"));
-    mounted.unmount();
+    mounted.unmount().unwrap();
 
     match fstype {
         "ext4" => run(Command::new("e2fsck").arg("-fn").arg(&link)),
         _ => run(Command::new("xfs_repair").arg("-n").arg(&link)),
     }
 
-    let mounted = Mounted::new(&link, &mount_point, fstype);
+    let mounted = Mounted::new(&link, &mount_point, fstype, None).unwrap();
     for (name, data) in &files {
         let back = fs::read(mount_point.join(name)).unwrap();
         assert!(&back == data, "{name} differs after remount");
     }
-    mounted.unmount();
+    mounted.unmount().unwrap();
 
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();

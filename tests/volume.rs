@@ -4,56 +4,20 @@
 //! the way; the filesystem must come out clean and hold every file.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::mount::{MntFlags, MsFlags};
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{
     AddReplicaRequest, EngineStatusRequest, ExpandRequest, ReplicaMode,
 };
-use oxhorn::testbed::{EngineProcess, ReplicaProcess};
+use oxhorn::testbed::{EngineProcess, Mounted, ReplicaProcess};
 
 const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
 /// xfs wants at least 300 MiB.
 const SIZE: u64 = 320 << 20;
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A mounted filesystem, lazily unmounted if the test fails first.
-struct Mounted(PathBuf);
-
-impl Mounted {
-    fn new(device: &Path, at: &Path, fstype: &str) -> Self {
-        std::fs::create_dir_all(at).unwrap();
-        nix::mount::mount(
-            Some(device),
-            at,
-            Some(fstype),
-            MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "mount {fstype} {} at {}: {e}",
-                device.display(),
-                at.display()
-            )
-        });
-        Self(at.to_path_buf())
-    }
-
-    fn unmount(self) {
-        nix::mount::umount(&self.0).unwrap();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, MntFlags::MNT_DETACH);
-    }
-}
 
 fn run(program: &str, args: &[&str]) {
     let output = Command::new(program).args(args).output().unwrap();
@@ -182,7 +146,7 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
 
     mkfs(fstype, &device);
     let mount_point = work.path().join("mnt");
-    let mounted = Mounted::new(Path::new(&device), &mount_point, fstype);
+    let mounted = Mounted::new(Path::new(&device), &mount_point, fstype, None).unwrap();
     let mut files = write_files(&mount_point, "before", 12, 1);
 
     // A replica dies while files are written; the filesystem never notices.
@@ -202,7 +166,7 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     files.extend(write_files(&mount_point, "rebuilding", 8, 3));
     until_all_rw(&engine.control, 3).await;
     check_files(&mount_point, &files);
-    mounted.unmount();
+    mounted.unmount().unwrap();
     fsck(fstype, &device);
 
     // The engine crashes; a new one serves the same data.
@@ -212,7 +176,7 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     let device = device.to_str().unwrap().to_string();
     until_all_rw(&engine.control, 3).await;
     fsck(fstype, &device);
-    let mounted = Mounted::new(Path::new(&device), &mount_point, fstype);
+    let mounted = Mounted::new(Path::new(&device), &mount_point, fstype, None).unwrap();
     check_files(&mount_point, &files);
 
     // Online expansion: the block device grows under the mounted filesystem.
@@ -227,11 +191,11 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
         // This kernel refuses ext4's online resize ioctl (EPERM): grow it
         // unmounted; the device itself grew while mounted.
         "ext4" => {
-            mounted.unmount();
+            mounted.unmount().unwrap();
             // -p records the check resize2fs asks for; exit 0 means clean.
             run("e2fsck", &["-f", "-p", &device]);
             run("resize2fs", &[&device]);
-            Mounted::new(Path::new(&device), &mount_point, fstype)
+            Mounted::new(Path::new(&device), &mount_point, fstype, None).unwrap()
         }
         _ => {
             run("xfs_growfs", &[mount_point.to_str().unwrap()]);
@@ -245,7 +209,7 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     );
     files.extend(write_files(&mount_point, "grown", 4, 4));
     check_files(&mount_point, &files);
-    mounted.unmount();
+    mounted.unmount().unwrap();
     fsck(fstype, &device);
     let status = engine.stop().unwrap();
     assert!(status.success(), "engine exit {status}:\n{}", engine.log());

@@ -152,12 +152,7 @@ fn write_json<T: Serialize>(dir: &ReplicaDir, name: &str, value: &T) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn locked() -> (tempfile::TempDir, ReplicaDir) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = ReplicaDir::lock(tmp.path()).unwrap();
-        (tmp, dir)
-    }
+    use crate::replica::testutil::locked;
 
     #[test]
     fn sizes() {

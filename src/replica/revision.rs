@@ -122,12 +122,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-
-    fn locked() -> (tempfile::TempDir, ReplicaDir) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = ReplicaDir::lock(tmp.path()).unwrap();
-        (tmp, dir)
-    }
+    use crate::replica::testutil::locked;
 
     #[test]
     fn persists_only_on_request_and_never_backwards() {

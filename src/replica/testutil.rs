@@ -14,6 +14,13 @@ pub fn new_store(blocks: u64) -> (TempDir, ReplicaStore) {
     (tmp, store)
 }
 
+/// A locked, empty replica directory in a fresh temp directory.
+pub fn locked() -> (TempDir, super::dir::ReplicaDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = super::dir::ReplicaDir::lock(tmp.path()).unwrap();
+    (tmp, dir)
+}
+
 /// `n` blocks filled with `byte`.
 pub fn blocks(byte: u8, n: usize) -> Vec<u8> {
     vec![byte; n * BS]

@@ -10,12 +10,14 @@ mod certs;
 mod controlplane;
 mod dataplane;
 mod manager;
+mod mount;
 mod namespace;
 mod process;
 
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess};
 pub use manager::ManagerProcess;
+pub use mount::Mounted;
 pub use namespace::TestNamespace;
 
 use std::path::PathBuf;
