@@ -122,7 +122,9 @@ impl ReplicaStore {
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
         let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
-        let runs: Vec<_> = layer.extents()?.overlapping(start, end).collect();
+        let mut held = ExtentSet::new();
+        layer.add_held(start, end, &mut held)?;
+        let runs: Vec<_> = held.iter().collect();
         runs.into_iter()
             .map(|(s, e)| {
                 let mut data = vec![0; buf_range(s, s, e).end];
@@ -168,7 +170,9 @@ impl ReplicaStore {
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
         let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
-        if layer.extents()?.overlapping(start, end).next().is_some() {
+        let mut held = ExtentSet::new();
+        layer.add_held(start, end, &mut held)?;
+        if !held.is_empty() {
             layer.punch(start, end)?;
         }
         for (at, data) in runs {
