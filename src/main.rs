@@ -2,17 +2,15 @@
 //! controllers), the data-plane processes it starts (replica, engine), and
 //! tooling.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use oxhorn::engine::{self, EngineConfig, FrontendKind};
+use oxhorn::engine::{self, EngineConfig};
 use oxhorn::logging::{self, LogFormat};
 use oxhorn::manager::{self, ManagerConfig};
 use oxhorn::replica::ReplicaConfig;
-use oxhorn::types::{self, DEFAULT_NAMESPACE};
+use oxhorn::types;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -38,54 +36,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the per-node daemon: CSI services, controllers, instance manager.
-    Manager {
-        /// CSI endpoint to serve on.
-        #[arg(long, env = "CSI_ENDPOINT", value_name = "unix:///PATH")]
-        csi_endpoint: String,
-        /// This node's name, as Kubernetes knows it.
-        #[arg(long, env = "NODE_ID")]
-        node_id: String,
-        /// Kubeconfig file; without it, the in-cluster service account or $KUBECONFIG.
-        #[arg(long, env = "KUBECONFIG")]
-        kubeconfig: Option<PathBuf>,
-        /// Namespace of oxhorn's objects.
-        #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
-        namespace: String,
-    },
+    Manager(ManagerConfig),
     /// Serve one replica of a volume from a directory (started by the manager).
-    Replica {
-        /// The replica's directory; created with a new replica if empty.
-        #[arg(long)]
-        dir: PathBuf,
-        /// Volume size in bytes.
-        #[arg(long)]
-        size: u64,
-        /// Data address (host:port); control listens on the next port.
-        #[arg(long)]
-        listen: SocketAddr,
-    },
+    Replica(ReplicaConfig),
     /// Replicate a volume's I/O to its replicas and expose it (started by the manager).
-    Engine {
-        #[arg(long)]
-        volume: String,
-        /// Volume size in bytes.
-        #[arg(long)]
-        size: u64,
-        /// Data address of a replica; repeat for each.
-        #[arg(long = "replica", required = true)]
-        replicas: Vec<String>,
-        #[arg(long, value_enum, default_value = "fuse")]
-        frontend: FrontendKind,
-        /// Control API address.
-        #[arg(long)]
-        listen: SocketAddr,
-        /// Where the FUSE mount lives.
-        #[arg(long, default_value = "/var/run/oxhorn")]
-        run_dir: PathBuf,
-        /// Where the device link /dev/oxhorn/<volume> is published.
-        #[arg(long, default_value = "/dev/oxhorn")]
-        dev_dir: PathBuf,
-    },
+    Engine(EngineConfig),
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Print the version.
@@ -96,47 +51,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
     let result = match cli.command {
-        Command::Manager {
-            csi_endpoint,
-            node_id,
-            kubeconfig,
-            namespace,
-        } => run_until_signal(|shutdown| {
-            manager::run(
-                ManagerConfig {
-                    csi_endpoint,
-                    node_id,
-                    kubeconfig,
-                    namespace,
-                },
-                shutdown,
-            )
-        }),
-        Command::Replica { dir, size, listen } => run_until_signal(|shutdown| {
-            oxhorn::replica::run(ReplicaConfig { dir, size, listen }, shutdown)
-        }),
-        Command::Engine {
-            volume,
-            size,
-            replicas,
-            frontend,
-            listen,
-            run_dir,
-            dev_dir,
-        } => run_until_signal(|shutdown| {
-            engine::run(
-                EngineConfig {
-                    volume,
-                    size,
-                    replicas,
-                    frontend,
-                    listen,
-                    run_dir,
-                    dev_dir,
-                },
-                shutdown,
-            )
-        }),
+        Command::Manager(config) => run_until_signal(|shutdown| manager::run(config, shutdown)),
+        Command::Replica(config) => {
+            run_until_signal(|shutdown| oxhorn::replica::run(config, shutdown))
+        }
+        Command::Engine(config) => run_until_signal(|shutdown| engine::run(config, shutdown)),
         Command::Crds => types::crds_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(Into::into),

@@ -20,16 +20,21 @@ use crate::{Error, Result, names};
 /// How long in-flight CSI calls may take to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// What a manager needs to know about its node and cluster.
-#[derive(Clone, Debug)]
+/// What a manager needs to know about its node and cluster; also the
+/// command line of `oxhorn manager`.
+#[derive(Clone, Debug, clap::Args)]
 pub struct ManagerConfig {
-    /// `unix:///path` of the CSI socket.
+    /// CSI endpoint to serve on.
+    #[arg(long, env = "CSI_ENDPOINT", value_name = "unix:///PATH")]
     pub csi_endpoint: String,
     /// This node's name, as Kubernetes knows it.
+    #[arg(long, env = "NODE_ID")]
     pub node_id: String,
-    /// A kubeconfig file; without one, in-cluster or the usual inference.
+    /// Kubeconfig file; without it, the in-cluster service account or $KUBECONFIG.
+    #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// The namespace oxhorn's objects live in.
+    /// Namespace of oxhorn's objects.
+    #[arg(long, env = "POD_NAMESPACE", default_value = crate::types::DEFAULT_NAMESPACE)]
     pub namespace: String,
 }
 

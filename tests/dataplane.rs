@@ -416,3 +416,29 @@ async fn a_full_disk_is_reported_as_enospc_and_loses_nothing() {
     drop(engine);
     replica.kill();
 }
+
+#[tokio::test]
+async fn a_cleanly_stopped_engine_restarts_without_a_rebuild() {
+    let replicas = Replicas::start(3).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    let engine = Engine::start("vol-clean", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    write_random(&engine, &model, &mut Rng(11), WHOLE, 64, 8).await;
+    engine.shut_down().await.unwrap();
+    drop(engine);
+
+    let engine = Engine::start("vol-clean", SIZE, &replicas.addresses()).await;
+    let status = engine.status().await;
+    assert_eq!(modes(&status), [ReplicaMode::Rw; 3], "{status:#?}");
+    assert!(
+        status
+            .replicas
+            .iter()
+            .all(|r| !r.rebuilding && r.last_rebuild_bytes_copied == 0)
+    );
+    assert_same(
+        &read_all(&*engine).await,
+        &model.lock().unwrap().data,
+        "volume after a clean restart",
+    );
+}

@@ -129,24 +129,31 @@ impl Engine {
 
     /// Makes the most up-to-date replicas RW, then rebuilds the rest from
     /// them. A replica marked as mid-rebuild is never trusted, whatever its
-    /// counter says.
-    fn place(&self, reachable: Vec<(Arc<Member>, ReplicaStatus)>) {
+    /// counter says. After an unclean stop, replicas with the same counter
+    /// may still differ where writes were in flight: then only one of them
+    /// (a clean one if any) becomes RW and the others are rebuilt from it.
+    fn place(&self, mut reachable: Vec<(Arc<Member>, ReplicaStatus)>) {
         let trusted = |s: &ReplicaStatus| !s.rebuilding;
         let newest = reachable
             .iter()
             .filter(|(_, s)| trusted(s))
             .map(|(_, s)| s.revision)
             .max();
+        let current = |s: &ReplicaStatus| trusted(s) && Some(s.revision) == newest;
+        let unclean = reachable.iter().any(|(_, s)| current(s) && s.dirty);
+        // Clean replicas first: they are the ones to trust.
+        reachable.sort_by_key(|(_, s)| s.dirty);
         let mut stale = Vec::new();
         for (member, status) in reachable {
             self.watch(&member);
             write(&self.members).push(member.clone());
-            if trusted(&status) && Some(status.revision) == newest {
+            let have_rw = !self.members_in(&[Mode::ReadWrite]).is_empty();
+            if current(&status) && !(unclean && have_rw) {
                 member.set_mode(Mode::ReadWrite);
                 info!(volume = %self.volume, replica = %member.address, revision = status.revision, "replica RW");
             } else {
                 member.park(&format!(
-                    "revision {} behind {newest:?} or rebuild unfinished",
+                    "revision {} (newest {newest:?}, unclean stop: {unclean}) or rebuild unfinished",
                     status.revision
                 ));
                 stale.push(member);
@@ -326,6 +333,20 @@ impl Engine {
         self.size.store(size, Ordering::Release);
         self.resized.send_replace(size);
         Ok(())
+    }
+
+    /// Stops cleanly: waits for I/O in flight, flushes, and marks the RW
+    /// replicas clean, so the next start trusts all of them without a rebuild.
+    pub async fn shut_down(&self) -> Result<(), EngineError> {
+        let _quiet = self.gate.write().await;
+        self.replicate("flush", |m| async move { m.data.flush().await })
+            .await?;
+        self.control_all("mark clean", |mut m| async move {
+            m.mark_clean(crate::protocol::control::MarkCleanRequest {})
+                .await
+                .map(drop)
+        })
+        .await
     }
 
     /// Changes each time the volume grows, to its new size.

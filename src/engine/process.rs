@@ -13,7 +13,7 @@ use tonic::transport::Server;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{Engine, EngineControlService};
-use crate::frontend::{BlockDevice, FuseFrontend, FuseOptions};
+use crate::frontend::{FuseFrontend, FuseOptions};
 use crate::protocol::control::engine_control_server::EngineControlServer;
 use crate::{Error, Result, names};
 
@@ -26,18 +26,27 @@ pub enum FrontendKind {
     None,
 }
 
-#[derive(Clone, Debug)]
+/// The command line of `oxhorn engine`.
+#[derive(Clone, Debug, clap::Args)]
 pub struct EngineConfig {
+    #[arg(long)]
     pub volume: String,
+    /// Volume size in bytes.
+    #[arg(long)]
     pub size: u64,
-    /// Data addresses of the replicas.
+    /// Data address of a replica; repeat for each.
+    #[arg(long = "replica", required = true)]
     pub replicas: Vec<String>,
+    #[arg(long, value_enum, default_value = "fuse")]
     pub frontend: FrontendKind,
     /// Control API address.
+    #[arg(long)]
     pub listen: SocketAddr,
     /// Where the FUSE mount lives.
+    #[arg(long, default_value = "/var/run/oxhorn")]
     pub run_dir: PathBuf,
-    /// Where the device link is published.
+    /// Where the device link /dev/oxhorn/<volume> is published.
+    #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
 }
 
@@ -103,8 +112,8 @@ pub async fn run(config: EngineConfig, shutdown: impl Future<Output = ()>) -> Re
                 Err(error) => warn!(%error, "frontend did not stop cleanly"),
             }
         }
-        if let Err(error) = engine.flush().await {
-            warn!(%error, "final flush failed");
+        if let Err(error) = engine.shut_down().await {
+            warn!(%error, "replicas not marked clean: the next start rebuilds all but one");
         }
         info!("engine stopped");
         Ok(())

@@ -22,8 +22,8 @@ use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
     self, ExpandRequest, LayerChunk, LayerChunksRequest, LayerChunksResponse, LayerData,
-    ReadLayerRequest, RemoveSnapshotRequest, ReplicaStatus, ReplicaStatusRequest, RevertRequest,
-    SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
+    MarkCleanRequest, ReadLayerRequest, RemoveSnapshotRequest, ReplicaStatus, ReplicaStatusRequest,
+    RevertRequest, SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
 };
 use crate::protocol::{
     self, Handler, Op, Request as DataRequest, Response as DataResponse, Status,
@@ -41,12 +41,17 @@ const SYNC_PARALLEL: usize = 8;
 const STREAM_WINDOW: Option<u32> = Some(8 << 20);
 const CONNECTION_WINDOW: Option<u32> = Some(32 << 20);
 
-#[derive(Clone, Debug)]
+/// The command line of `oxhorn replica`.
+#[derive(Clone, Debug, clap::Args)]
 pub struct ReplicaConfig {
+    /// The replica's directory; created with a new replica if empty.
+    #[arg(long)]
     pub dir: PathBuf,
-    /// Size of a new replica; an existing one must have it.
+    /// Volume size in bytes; an existing replica must have it.
+    #[arg(long)]
     pub size: u64,
-    /// Data address; control listens on the next port.
+    /// Data address (host:port); control listens on the next port.
+    #[arg(long)]
     pub listen: SocketAddr,
 }
 
@@ -205,6 +210,7 @@ impl ControlService {
                     .map(snapshot_message)
                     .collect(),
                 rebuilding: store.rebuilding()?,
+                dirty: store.dirty(),
             })
         })
         .await
@@ -270,6 +276,13 @@ impl ReplicaControl for ControlService {
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
         let size = request.into_inner().size;
         self.change(move |s| s.expand(size)).await
+    }
+
+    async fn mark_clean(
+        &self,
+        _: Request<MarkCleanRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        self.change(ReplicaStore::mark_clean).await
     }
 
     async fn set_revision(

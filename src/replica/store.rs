@@ -269,9 +269,17 @@ impl ReplicaStore {
     /// Flushes and clears the dirty flag: the persisted revision counter now
     /// matches the data exactly.
     pub fn close(self) -> Result<()> {
+        self.mark_clean()
+    }
+
+    /// Flushes and clears the dirty flag while staying open (an engine that
+    /// stopped cleanly); the next write sets it again.
+    pub fn mark_clean(&self) -> Result<()> {
         let mut state = lock::write(&self.state)?;
         self.flush_locked(&state)?;
-        state.update_meta(&self.dir, |meta| meta.dirty = false)
+        state.update_meta(&self.dir, |meta| meta.dirty = false)?;
+        self.dirty.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Persists the dirty flag before the first write after open, so that a
