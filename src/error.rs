@@ -47,6 +47,12 @@ pub enum Error {
     #[error("rendering YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),
 
+    #[error("instance manager: {0}")]
+    Instance(#[from] crate::instance::InstanceError),
+
+    #[error("controller: {0}")]
+    Controller(#[from] crate::controller::ControllerError),
+
     #[error("{0}")]
     Testbed(String),
 }

@@ -5,6 +5,9 @@
 //! - [`csi`]: the CSI gRPC services Kubernetes calls;
 //! - [`types`]: the oxhorn.io custom resources those calls create;
 //! - [`datastore`]: the shared, watched caches of those resources;
+//! - [`controller`]: the reconcilers that turn desired state into actions;
+//! - [`scheduler`]: where a volume's replicas go;
+//! - [`instance`]: the per-node processes (engines, replicas) a manager runs;
 //! - [`manager`]: the per-node daemon that wires them together;
 //! - [`engine`]: replicates a volume's I/O to its replicas;
 //! - [`protocol`]: the engine <-> replica data protocol;
@@ -12,16 +15,19 @@
 //! - [`replica`]: one copy of a volume's data on a node's disk;
 //! - [`testbed`]: a real local control plane for tests and demos.
 
+pub mod controller;
 pub mod csi;
 pub mod datastore;
 pub mod engine;
 pub mod error;
 pub mod frontend;
+pub mod instance;
 pub mod logging;
 pub mod manager;
 pub mod names;
 pub mod protocol;
 pub mod replica;
+pub mod scheduler;
 pub mod testbed;
 pub mod types;
 

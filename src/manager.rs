@@ -1,20 +1,28 @@
-//! `oxhorn manager`: the per-node daemon. It builds the shared caches and serves
-//! the CSI services on the node's socket until told to stop.
+//! `oxhorn manager`: the per-node daemon. It builds the shared caches, serves
+//! the CSI services on the node's socket, and runs the controllers and the
+//! instance manager until told to stop. The engine and replica processes it
+//! started outlive it: the next manager on the node adopts them.
 
 use std::future::Future;
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::controller::{self, NodeConfig};
 use crate::csi::proto::identity_server::IdentityServer;
 use crate::csi::{self, IdentityService};
 use crate::datastore::Datastore;
+use crate::instance::{InstanceManager, InstanceManagerConfig};
 use crate::{Error, Result, names};
 
 /// How long in-flight CSI calls may take to finish after a shutdown signal.
@@ -36,6 +44,37 @@ pub struct ManagerConfig {
     /// Namespace of oxhorn's objects.
     #[arg(long, env = "POD_NAMESPACE", default_value = crate::types::DEFAULT_NAMESPACE)]
     pub namespace: String,
+    /// The node's default disk: replica data, and the instance manager's records.
+    #[arg(long, env = "OXHORN_DATA_DIR", default_value = "/var/lib/oxhorn")]
+    pub data_dir: PathBuf,
+    /// Address this node's engines and replicas listen on and are reached at.
+    #[arg(long, env = "POD_IP")]
+    pub ip: IpAddr,
+    /// Ports handed to engines and replicas, as FIRST-LAST.
+    #[arg(long, default_value = "10000-19999", value_parser = parse_port_range)]
+    pub ports: RangeInclusive<u16>,
+    /// Seconds this manager's lease lasts without renewal; after that, other
+    /// managers take over what this node owned.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub lease_seconds: u64,
+    /// Where engines mount their FUSE files.
+    #[arg(long, default_value = "/var/run/oxhorn")]
+    pub run_dir: PathBuf,
+    /// Where engines publish /dev/oxhorn/<volume> links.
+    #[arg(long, default_value = "/dev/oxhorn")]
+    pub dev_dir: PathBuf,
+}
+
+fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {
+    let (first, last) = value
+        .split_once('-')
+        .ok_or_else(|| format!("{value:?} is not FIRST-LAST"))?;
+    let port = |p: &str| p.trim().parse::<u16>().map_err(|e| format!("{p:?}: {e}"));
+    let (first, last) = (port(first)?, port(last)?);
+    if first == 0 || last < first.saturating_add(1) {
+        return Err(format!("{value:?} must hold at least two ports, from 1 up"));
+    }
+    Ok(first..=last)
 }
 
 /// Runs the manager until `shutdown` completes.
@@ -45,10 +84,11 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
     let span = info_span!("manager", node = %config.node_id);
     async move {
         let client = kube_client(config.kubeconfig.as_deref()).await?;
-        let datastore = Datastore::start(&client, &config.namespace);
+        let datastore = Arc::new(Datastore::start(&client, &config.namespace));
         let (listener, _socket) = csi::endpoint::bind(&socket_path)?;
         info!(socket = %socket_path.display(), namespace = %config.namespace, "serving CSI");
         let identity = IdentityService::new(datastore.readiness());
+        let controllers = start_controllers(config.clone(), client, Arc::clone(&datastore));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = Server::builder()
             .add_service(IdentityServer::new(identity))
@@ -68,11 +108,63 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
                 }
             }
         }
-        info!("stopped");
+        controllers.abort();
+        info!("stopped; engines and replicas keep running");
         Ok(())
     }
     .instrument(span)
     .await
+}
+
+/// Once the caches have synced: adopts the engine and replica processes a
+/// previous manager left running, makes sure this node has its Node object,
+/// holds the node's lease and runs the controllers.
+fn start_controllers(
+    config: ManagerConfig,
+    client: Client,
+    datastore: Arc<Datastore>,
+) -> JoinHandle<()> {
+    tokio::spawn(
+        async move {
+            if let Err(error) = run_controllers(config, client, datastore).await {
+                error!(%error, "the controllers stopped");
+            }
+        }
+        .in_current_span(),
+    )
+}
+
+async fn run_controllers(
+    config: ManagerConfig,
+    client: Client,
+    datastore: Arc<Datastore>,
+) -> Result<()> {
+    datastore.wait_until_ready().await;
+    let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
+    let instances = InstanceManager::start(InstanceManagerConfig {
+        binary,
+        state_dir: config.data_dir.join("instance-manager"),
+        ip: config.ip,
+        ports: config.ports.clone(),
+        run_dir: config.run_dir.clone(),
+        dev_dir: config.dev_dir.clone(),
+    })
+    .await?;
+    let node = NodeConfig {
+        node_id: config.node_id.clone(),
+        data_dir: config.data_dir.clone(),
+    };
+    let ctx = controller::Context::new(client.clone(), datastore, node, instances);
+    controller::ensure_own_node(&ctx).await?;
+    let lease = controller::renew_lease(
+        client,
+        config.namespace.clone(),
+        config.node_id.clone(),
+        Duration::from_secs(config.lease_seconds),
+    );
+    info!("controllers running");
+    futures::join!(lease, controller::run(ctx));
+    Ok(())
 }
 
 /// A client from the given kubeconfig, or from the environment (in-cluster

@@ -54,19 +54,31 @@ fn manager_refuses(args: &[&str]) -> String {
 
 #[test]
 fn manager_refuses_bad_endpoints_and_node_ids_before_touching_anything() {
-    let stderr = manager_refuses(&["--node-id=n1", "--csi-endpoint=tcp://127.0.0.1:9000"]);
+    let stderr = manager_refuses(&[
+        "--ip=127.0.0.1",
+        "--node-id=n1",
+        "--csi-endpoint=tcp://127.0.0.1:9000",
+    ]);
     assert!(
         stderr.contains("only unix:// endpoints are supported"),
         "{stderr}"
     );
 
-    let stderr = manager_refuses(&["--node-id=n1", "--csi-endpoint=unix://relative.sock"]);
+    let stderr = manager_refuses(&[
+        "--ip=127.0.0.1",
+        "--node-id=n1",
+        "--csi-endpoint=unix://relative.sock",
+    ]);
     assert!(
         stderr.contains("the socket path must be absolute"),
         "{stderr}"
     );
 
-    let stderr = manager_refuses(&["--node-id=../etc", "--csi-endpoint=unix:///tmp/x.sock"]);
+    let stderr = manager_refuses(&[
+        "--ip=127.0.0.1",
+        "--node-id=../etc",
+        "--csi-endpoint=unix:///tmp/x.sock",
+    ]);
     assert!(
         stderr.contains("node id \"../etc\" may contain only"),
         "{stderr}"
@@ -80,6 +92,7 @@ fn manager_refuses_bad_endpoints_and_node_ids_before_touching_anything() {
 fn manager_logs_json_when_asked() {
     let stderr = manager_refuses(&[
         "--log-format=json",
+        "--ip=127.0.0.1",
         "--node-id=n1",
         "--csi-endpoint=tcp://x",
     ]);

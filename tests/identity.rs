@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use oxhorn::csi::proto::identity_client::IdentityClient;
 use oxhorn::csi::proto::plugin_capability::{self, service, volume_expansion};
 use oxhorn::csi::proto::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
-use oxhorn::testbed::{self, ManagerProcess, TestNamespace};
+use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
 use tonic::transport::Channel;
 
 const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -123,15 +123,9 @@ async fn probe_is_not_ready_while_the_api_server_is_unreachable() {
 
     let socket = dir.path().join("csi.sock");
     let log_dir = tempfile::tempdir().unwrap();
-    let mut manager = ManagerProcess::spawn_at(
-        Path::new(OXHORN),
-        &kubeconfig,
-        "node-1",
-        "default",
-        socket,
-        log_dir,
-    )
-    .unwrap();
+    let options = ManagerOptions::new(&kubeconfig, "node-1", "default");
+    let mut manager =
+        ManagerProcess::spawn_at(Path::new(OXHORN), options, socket, log_dir).unwrap();
     let mut identity = IdentityClient::new(manager.connect(START).await.unwrap());
     for _ in 0..10 {
         assert_eq!(probe(&mut identity).await, Some(false));
@@ -155,11 +149,10 @@ async fn a_restarted_manager_replaces_the_socket_a_crash_left_behind() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
     let spawn = || {
+        let options = ManagerOptions::new(control_plane.kubeconfig(), "node-1", ns.name());
         ManagerProcess::spawn_at(
             Path::new(OXHORN),
-            control_plane.kubeconfig(),
-            "node-1",
-            ns.name(),
+            options,
             socket.clone(),
             tempfile::tempdir().unwrap(),
         )

@@ -1,15 +1,22 @@
 //! The datastore: one watch per resource kind per process, feeding in-memory
-//! caches (reflector stores) that every controller and CSI service reads.
+//! caches (reflector stores) that every controller and CSI service reads, and
+//! fanning each kind's changes out to every controller that follows it.
 //! kube-runtime's watcher resumes from the last resourceVersion and re-lists
 //! when the server says it is too old, so the caches converge after any gap.
 
+mod changes;
+
+pub use changes::changed_only;
+
 use std::fmt::Debug;
+use std::hash::Hash;
 
 use futures::StreamExt;
-use k8s_openapi::NamespaceResourceScope;
-use kube::runtime::reflector::{self, Store, reflector};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::runtime::reflector::{self, ReflectHandle, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -17,14 +24,38 @@ use tracing::{Instrument, warn};
 
 use crate::types::{Engine, Node, Replica, Setting, Volume};
 
-/// Caches of every oxhorn resource in the manager's namespace. Dropping the
-/// datastore stops its watches.
+/// Changes buffered per kind until the slowest controller has seen them.
+const FANOUT_BUFFER: usize = 4096;
+
+/// One kind's cache and the handle controllers subscribe to its changes with.
+pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
+    pub store: Store<K>,
+    changes: ReflectHandle<K>,
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// A new stream of the objects that changed, starting now: every object
+    /// once after each (re)list, then each applied change.
+    pub fn subscribe(&self) -> ReflectHandle<K> {
+        self.changes.clone()
+    }
+}
+
+/// Caches of every resource the manager reads: oxhorn's in its namespace,
+/// the Kubernetes nodes, and the managers' leases. Dropping the datastore
+/// stops its watches.
 pub struct Datastore {
-    pub volumes: Store<Volume>,
-    pub engines: Store<Engine>,
-    pub replicas: Store<Replica>,
-    pub nodes: Store<Node>,
-    pub settings: Store<Setting>,
+    pub namespace: String,
+    pub volumes: Cache<Volume>,
+    pub engines: Cache<Engine>,
+    pub replicas: Cache<Replica>,
+    pub nodes: Cache<Node>,
+    pub settings: Cache<Setting>,
+    pub kube_nodes: Cache<KubeNode>,
+    pub leases: Cache<Lease>,
     ready: watch::Receiver<bool>,
     _tasks: JoinSet<()>,
 }
@@ -33,28 +64,62 @@ impl Datastore {
     /// Starts the watches in `namespace` on the current tokio runtime.
     pub fn start(client: &Client, namespace: &str) -> Self {
         let mut tasks = JoinSet::new();
-        let volumes = cache::<Volume>(&mut tasks, client, namespace);
-        let engines = cache::<Engine>(&mut tasks, client, namespace);
-        let replicas = cache::<Replica>(&mut tasks, client, namespace);
-        let nodes = cache::<Node>(&mut tasks, client, namespace);
-        let settings = cache::<Setting>(&mut tasks, client, namespace);
+        let volumes = cache::<Volume>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
+        let engines = cache::<Engine>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
+        let replicas = cache::<Replica>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
+        let nodes = cache::<Node>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
+        let settings = cache::<Setting>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
+        let kube_nodes = cache::<KubeNode>(
+            &mut tasks,
+            Api::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let leases = cache::<Lease>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default().labels(crate::controller::LEASE_SELECTOR),
+        );
 
         let (ready_tx, ready) = watch::channel(false);
         let waits = (
-            volumes.clone(),
-            engines.clone(),
-            replicas.clone(),
-            nodes.clone(),
-            settings.clone(),
+            volumes.store.clone(),
+            engines.store.clone(),
+            replicas.store.clone(),
+            nodes.store.clone(),
+            settings.store.clone(),
+            kube_nodes.store.clone(),
+            leases.store.clone(),
         );
         tasks.spawn(async move {
-            let (v, e, r, n, s) = waits;
+            let (v, e, r, n, s, k, l) = waits;
             let synced = futures::try_join!(
                 v.wait_until_ready(),
                 e.wait_until_ready(),
                 r.wait_until_ready(),
                 n.wait_until_ready(),
                 s.wait_until_ready(),
+                k.wait_until_ready(),
+                l.wait_until_ready(),
             );
             if synced.is_ok() {
                 tracing::info!("caches synced");
@@ -62,11 +127,14 @@ impl Datastore {
             }
         });
         Self {
+            namespace: namespace.to_owned(),
             volumes,
             engines,
             replicas,
             nodes,
             settings,
+            kube_nodes,
+            leases,
             ready,
             _tasks: tasks,
         }
@@ -76,31 +144,40 @@ impl Datastore {
     pub fn readiness(&self) -> watch::Receiver<bool> {
         self.ready.clone()
     }
+
+    /// Waits until every cache has completed its first list.
+    pub async fn wait_until_ready(&self) {
+        let mut ready = self.readiness();
+        // The sender lives in a task owned by self, so it cannot go away first.
+        let _ = ready.wait_for(|ready| *ready).await;
+    }
 }
 
-/// Starts a reflector for `K` and returns its store. Watch errors (the API
-/// server restarting, RBAC not yet granted) are logged and retried with backoff.
-fn cache<K>(tasks: &mut JoinSet<()>, client: &Client, namespace: &str) -> Store<K>
+/// Starts a shared reflector for `K` and returns its cache. Watch errors (the
+/// API server restarting, RBAC not yet granted) are logged and retried with
+/// backoff. managedFields are dropped: nothing reads them and they are often
+/// the larger half of an object.
+fn cache<K>(tasks: &mut JoinSet<()>, api: Api<K>, config: watcher::Config) -> Cache<K>
 where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
 {
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    let (reader, writer) = reflector::store();
+    let (store, writer) = reflector::store_shared(FANOUT_BUFFER);
+    let changes = writer
+        .subscribe()
+        .expect("a store made by store_shared always has a dispatcher");
     let kind = K::kind(&());
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .for_each(|event| {
-            if let Err(error) = event {
-                warn!(%error, "watch failed; retrying");
-            }
-            futures::future::ready(())
-        });
+    let stream = reflector(
+        writer,
+        watcher(api, config).modify(|object: &mut K| object.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .for_each(|event| {
+        if let Err(error) = event {
+            warn!(%error, "watch failed; retrying");
+        }
+        futures::future::ready(())
+    });
     tasks.spawn(stream.instrument(tracing::info_span!("watch", %kind)));
-    reader
+    Cache { store, changes }
 }

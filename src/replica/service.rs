@@ -92,20 +92,28 @@ pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> R
 }
 
 fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore> {
-    if config.dir.join("volume.meta").exists() {
-        let store = ReplicaStore::open(&config.dir)?;
-        let size = store.size()?;
-        if size != config.size {
-            return Err(Error::Config(format!(
-                "{} holds a {size}-byte replica, not {} bytes",
-                config.dir.display(),
-                config.size
-            )));
-        }
-        Ok(store)
-    } else {
-        Ok(ReplicaStore::create(&config.dir, config.size)?)
+    if !config.dir.join("volume.meta").exists() {
+        return Ok(ReplicaStore::create(&config.dir, config.size)?);
     }
+    let store = ReplicaStore::open(&config.dir)?;
+    let size = store.size()?;
+    if size > config.size {
+        return Err(Error::Config(format!(
+            "{} holds a {size}-byte replica; it cannot shrink to {} bytes",
+            config.dir.display(),
+            config.size
+        )));
+    }
+    // The volume grew while this replica was stopped.
+    if size < config.size {
+        info!(
+            from = size,
+            to = config.size,
+            "expanding the replica to the volume's size"
+        );
+        store.expand(config.size)?;
+    }
+    Ok(store)
 }
 
 /// Runs blocking store work off the async threads.

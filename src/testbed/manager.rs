@@ -1,22 +1,52 @@
-//! An `oxhorn manager` process playing one node against a control plane.
+//! An `oxhorn manager` process playing one node against a control plane,
+//! with its own data dir, address and FUSE/device dirs, and the Kubernetes
+//! Node object a kubelet would have registered.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{Node as KubeNode, NodeCondition, NodeStatus};
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
-use super::ControlPlane;
 use super::process::Supervised;
 use crate::csi;
 use crate::{Error, Result};
 
+/// How a test node's manager runs.
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    pub node_id: String,
+    pub namespace: String,
+    pub kubeconfig: PathBuf,
+    /// The node's address: each test node has its own 127.x.y.z.
+    pub ip: IpAddr,
+    pub lease_seconds: u64,
+}
+
+impl ManagerOptions {
+    pub fn new(kubeconfig: &Path, node_id: &str, namespace: &str) -> Self {
+        Self {
+            node_id: node_id.to_owned(),
+            namespace: namespace.to_owned(),
+            kubeconfig: kubeconfig.to_owned(),
+            ip: IpAddr::from([127, 0, 0, 1]),
+            lease_seconds: 15,
+        }
+    }
+}
+
 pub struct ManagerProcess {
     process: Supervised,
+    options: ManagerOptions,
     socket: PathBuf,
-    // Holds the socket and the log; removed after the process is gone.
-    _dir: TempDir,
+    // Holds the socket, the log and the node's data; removed after the
+    // processes are gone.
+    dir: TempDir,
 }
 
 impl ManagerProcess {
@@ -24,54 +54,69 @@ impl ManagerProcess {
     /// `namespace`, serving CSI on a socket in a fresh directory.
     pub fn spawn(
         binary: &Path,
-        control_plane: &ControlPlane,
+        control_plane: &super::ControlPlane,
         node_id: &str,
         namespace: &str,
     ) -> Result<Self> {
+        let options = ManagerOptions::new(control_plane.kubeconfig(), node_id, namespace);
+        Self::start(binary, options)
+    }
+
+    /// Starts a manager with `options` in a fresh directory.
+    pub fn start(binary: &Path, options: ManagerOptions) -> Result<Self> {
         let dir = tempfile::Builder::new()
-            .prefix(&format!("oxhorn-{node_id}-"))
+            .prefix(&format!("oxhorn-{}-", options.node_id))
             .tempdir()
             .map_err(|e| Error::io(std::env::temp_dir(), e))?;
         let socket = dir.path().join("csi.sock");
-        Self::spawn_at(
-            binary,
-            control_plane.kubeconfig(),
-            node_id,
-            namespace,
-            socket,
-            dir,
-        )
+        Self::spawn_at(binary, options, socket, dir)
     }
 
-    /// Like [`ManagerProcess::spawn`], with the socket at `socket` and the log
-    /// in `dir`, against the cluster in `kubeconfig`.
+    /// Like [`ManagerProcess::start`], with the socket at `socket` and
+    /// everything else in `dir`.
     pub fn spawn_at(
         binary: &Path,
-        kubeconfig: &Path,
-        node_id: &str,
-        namespace: &str,
+        options: ManagerOptions,
         socket: PathBuf,
         dir: TempDir,
     ) -> Result<Self> {
-        let mut command = Command::new(binary);
-        command
-            .arg("manager")
-            .arg(format!("--csi-endpoint=unix://{}", socket.display()))
-            .arg(format!("--node-id={node_id}"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg(format!("--namespace={namespace}"));
-        let process =
-            Supervised::spawn("oxhorn manager", command, &dir.path().join("manager.log"))?;
+        let process = spawn_process(binary, &options, &socket, dir.path())?;
         Ok(Self {
             process,
+            options,
             socket,
-            _dir: dir,
+            dir,
         })
     }
 
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.options.node_id
+    }
+
+    /// The node's default disk.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Where this node's engines publish device links.
+    pub fn dev_dir(&self) -> PathBuf {
+        self.dir.path().join("dev")
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.data_dir().join("instance-manager")
     }
 
     /// The manager's output so far.
@@ -105,13 +150,126 @@ impl ManagerProcess {
         self.process.wait(timeout)
     }
 
-    /// Kills the process with SIGKILL, as a crash would.
+    /// Kills the manager with SIGKILL, as a crash would. The engines and
+    /// replicas it started keep running.
     pub fn kill(&mut self) {
         self.process.kill();
+    }
+
+    /// The node loses power: the manager and every process it started die.
+    pub fn power_off(&mut self) {
+        self.process.kill();
+        self.kill_instances();
+    }
+
+    /// Starts the manager again in the same directory (after kill/power_off).
+    pub fn restart(&mut self, binary: &Path) -> Result<()> {
+        self.process.kill();
+        self.process = spawn_process(binary, &self.options, &self.socket, self.dir.path())?;
+        Ok(())
     }
 
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
         self.process.terminate(timeout)
+    }
+
+    fn kill_instances(&self) {
+        if !self.state_dir().exists() {
+            return;
+        }
+        if let Err(error) =
+            crate::instance::kill_recorded(&self.state_dir(), &self.run_dir(), &self.dev_dir())
+        {
+            eprintln!("{}: stopping its processes: {error}", self.options.node_id);
+        }
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        self.power_off();
+    }
+}
+
+fn spawn_process(
+    binary: &Path,
+    options: &ManagerOptions,
+    socket: &Path,
+    dir: &Path,
+) -> Result<Supervised> {
+    let mut command = Command::new(binary);
+    command
+        .arg("manager")
+        .arg(format!("--csi-endpoint=unix://{}", socket.display()))
+        .arg(format!("--node-id={}", options.node_id))
+        .arg("--kubeconfig")
+        .arg(&options.kubeconfig)
+        .arg(format!("--namespace={}", options.namespace))
+        .arg(format!("--ip={}", options.ip))
+        .arg(format!("--lease-seconds={}", options.lease_seconds))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .arg("--dev-dir")
+        .arg(dir.join("dev"));
+    Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
+}
+
+/// Registers a Kubernetes Node as a kubelet would, Ready, with `labels`.
+/// Replaces one left by an earlier run.
+pub async fn register_kube_node(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Result<()> {
+    let api: Api<KubeNode> = Api::all(client.clone());
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    let mut node = KubeNode::default();
+    node.metadata.name = Some(name.to_owned());
+    node.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    );
+    api.create(&PostParams::default(), &node).await?;
+    set_kube_node_ready(client, name, true).await
+}
+
+/// Sets the Kubernetes Node's Ready condition, as the node lifecycle
+/// controller does when a kubelet stops reporting.
+pub async fn set_kube_node_ready(client: &Client, name: &str, ready: bool) -> Result<()> {
+    let api: Api<KubeNode> = Api::all(client.clone());
+    let status = NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            reason: Some(
+                if ready {
+                    "KubeletReady"
+                } else {
+                    "NodeStatusUnknown"
+                }
+                .into(),
+            ),
+            ..NodeCondition::default()
+        }]),
+        ..NodeStatus::default()
+    };
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Removes a Kubernetes Node registered by [`register_kube_node`].
+pub async fn delete_kube_node(client: &Client, name: &str) -> Result<()> {
+    let api: Api<KubeNode> = Api::all(client.clone());
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error.into()),
     }
 }

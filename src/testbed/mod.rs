@@ -16,7 +16,9 @@ mod process;
 
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess};
-pub use manager::ManagerProcess;
+pub use manager::{
+    ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,
+};
 pub use mount::Mounted;
 pub use namespace::TestNamespace;
 

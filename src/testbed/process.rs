@@ -46,6 +46,10 @@ impl Supervised {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// An error if the process has exited, with the end of its log.
     pub fn check_running(&mut self) -> Result<()> {
         match self.child.try_wait() {

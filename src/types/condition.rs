@@ -34,3 +34,65 @@ pub struct Condition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
+
+impl Condition {
+    /// Whether the condition of `type_` in `conditions` is True.
+    pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+        Self::status_of(conditions, type_) == ConditionStatus::True
+    }
+
+    /// The status of the condition of `type_`, Unknown when absent.
+    pub fn status_of(conditions: &[Condition], type_: &str) -> ConditionStatus {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map_or(ConditionStatus::Unknown, |c| c.status)
+    }
+
+    /// Sets the condition of `type_`, keeping its lastTransitionTime unless
+    /// the status flips. Returns whether the status flipped, which is when a
+    /// user wants an Event.
+    pub fn set(
+        conditions: &mut Vec<Condition>,
+        type_: &str,
+        status: ConditionStatus,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> bool {
+        let message = message.into();
+        let now = || Some(Time(jiff::Timestamp::now()));
+        match conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(existing) => {
+                let flipped = existing.status != status;
+                if flipped {
+                    existing.last_transition_time = now();
+                }
+                existing.status = status;
+                existing.reason = reason.to_owned();
+                existing.message = message;
+                flipped
+            }
+            None => {
+                conditions.push(Condition {
+                    type_: type_.to_owned(),
+                    status,
+                    reason: reason.to_owned(),
+                    message,
+                    last_transition_time: now(),
+                    observed_generation: None,
+                });
+                true
+            }
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(value: bool) -> Self {
+        if value {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        }
+    }
+}

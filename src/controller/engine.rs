@@ -1,0 +1,273 @@
+//! Engine controller: the manager of the node a volume is attached to runs
+//! its `oxhorn engine` process, keeps the engine's replica set equal to
+//! spec.replicaAddressMap (adding a replica starts its rebuild), grows it to
+//! spec.volumeSize, and polls the engine into status every few seconds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{Instrument, info, info_span};
+
+use super::replica::{announce, reflect};
+use super::{Context, ControllerError, release, replace_status};
+use crate::engine::FrontendKind;
+use crate::instance::{InstanceKind, InstanceRequest};
+use crate::protocol::control::engine_control_client::EngineControlClient;
+use crate::protocol::control::{
+    self, AddReplicaRequest, EngineStatusRequest, ExpandRequest, RemoveReplicaRequest,
+};
+use crate::types::{
+    DesireState, Engine, EngineStatus, InstanceState, RebuildStatus, ReplicaMode, SnapshotInfo,
+};
+
+/// How often a running engine is polled into its status.
+const POLL: Duration = Duration::from_secs(2);
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    if idle(&engine) {
+        return Ok(Action::await_change());
+    }
+    let Some(engine) = ctx.claim(&*engine).await? else {
+        return Ok(Action::await_change());
+    };
+    let span = info_span!("engine", engine = %engine.name_any(), volume = %engine.spec.instance.volume_name, node = %engine.spec.instance.node_id);
+    async move {
+        let here = engine.spec.instance.node_id == ctx.node_id;
+        if engine.metadata.deletion_timestamp.is_some() {
+            if here {
+                ctx.instances.stop(&engine.name_any()).await?;
+            }
+            release(&ctx.api::<Engine>(), &engine).await?;
+            return Ok(Action::await_change());
+        }
+        let mut status = engine.status.clone().unwrap_or_default();
+        let action = if here {
+            run_here(&ctx, &engine, &mut status).await?
+        } else {
+            // Not on this node: either nowhere yet, or on a node that is
+            // down, whose process nobody can see.
+            if status.instance.current_state != InstanceState::Stopped {
+                status.instance.current_state = InstanceState::Unknown;
+            }
+            Action::await_change()
+        };
+        let before = engine
+            .status
+            .as_ref()
+            .map_or(InstanceState::Stopped, |s| s.instance.current_state);
+        announce(&ctx, &engine, before, status.instance.current_state).await;
+        if engine.status.as_ref() != Some(&status) {
+            let mut updated = engine.clone();
+            updated.status = Some(status);
+            replace_status(&ctx.api::<Engine>(), &updated).await?;
+        }
+        Ok(action)
+    }
+    .instrument(span)
+    .await
+}
+
+/// An engine that never ran and should not: nothing to claim or report, so
+/// a detached volume's engine costs no write.
+fn idle(engine: &Engine) -> bool {
+    let never_ran = engine
+        .status
+        .as_ref()
+        .is_none_or(|s| s.instance.current_state == InstanceState::Stopped && !s.instance.started);
+    engine.metadata.deletion_timestamp.is_none()
+        && engine.spec.instance.desire_state == DesireState::Stopped
+        && never_ran
+}
+
+async fn run_here(
+    ctx: &Context,
+    engine: &Engine,
+    status: &mut EngineStatus,
+) -> Result<Action, ControllerError> {
+    let name = engine.name_any();
+    if engine.spec.instance.desire_state == DesireState::Stopped
+        || engine.spec.replica_address_map.is_empty()
+    {
+        if ctx.instances.get(&name).is_some() {
+            ctx.instances.stop(&name).await?;
+            info!("engine process stopped");
+        }
+        *status = EngineStatus {
+            instance: status.instance.clone(),
+            ..EngineStatus::default()
+        };
+        status.instance.current_state = InstanceState::Stopped;
+        status.instance.started = false;
+        return Ok(Action::await_change());
+    }
+    let request = InstanceRequest {
+        name,
+        kind: InstanceKind::Engine {
+            volume: engine.spec.instance.volume_name.clone(),
+            size: engine.spec.instance.volume_size.unsigned_abs(),
+            replicas: engine.spec.replica_address_map.values().cloned().collect(),
+            frontend: FrontendKind::Fuse,
+        },
+    };
+    let info = ctx.instances.ensure_running(request)?;
+    reflect(&mut status.instance, &info);
+    if info.state != InstanceState::Running {
+        return Ok(Action::requeue(POLL));
+    }
+    let address = format!("{}:{}", info.ip, info.port);
+    let mut client = connect(engine, &address).await?;
+    let observed = converge(engine, &mut client).await?;
+    fill_status(engine, &observed, status);
+    Ok(Action::requeue(POLL))
+}
+
+async fn connect(
+    engine: &Engine,
+    address: &str,
+) -> Result<EngineControlClient<Channel>, ControllerError> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|source| ControllerError::EngineConnect {
+            engine: engine.name_any(),
+            address: address.to_owned(),
+            source,
+        })?
+        .connect_timeout(CONTROL_TIMEOUT)
+        .timeout(CONTROL_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| ControllerError::EngineConnect {
+            engine: engine.name_any(),
+            address: address.to_owned(),
+            source,
+        })?;
+    Ok(EngineControlClient::new(channel))
+}
+
+/// Brings the running engine to the spec: replicas added (and rebuilt) or
+/// removed, size grown. Returns the engine's status afterwards.
+async fn converge(
+    engine: &Engine,
+    client: &mut EngineControlClient<Channel>,
+) -> Result<control::EngineStatus, ControllerError> {
+    let failed = |status: tonic::Status| ControllerError::EngineControl {
+        engine: engine.name_any(),
+        status: Box::new(status),
+    };
+    let mut observed = client
+        .status(EngineStatusRequest {})
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let wanted: BTreeSet<&String> = engine.spec.replica_address_map.values().collect();
+    let present: BTreeSet<String> = observed
+        .replicas
+        .iter()
+        .map(|r| r.address.clone())
+        .collect();
+    for address in present.iter().filter(|a| !wanted.contains(a)) {
+        info!(replica = %address, "removing replica from the engine");
+        observed = client
+            .remove_replica(RemoveReplicaRequest {
+                address: address.clone(),
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+    }
+    for address in wanted.iter().filter(|a| !present.contains(a.as_str())) {
+        info!(replica = %address, "adding replica to the engine; it rebuilds");
+        observed = client
+            .add_replica(AddReplicaRequest {
+                address: (*address).clone(),
+            })
+            .await
+            .map_err(failed)?
+            .into_inner();
+    }
+    let size = engine.spec.instance.volume_size.unsigned_abs();
+    if observed.size < size {
+        info!(from = observed.size, to = size, "expanding the volume");
+        observed = client
+            .expand(ExpandRequest { size })
+            .await
+            .map_err(failed)?
+            .into_inner();
+    }
+    Ok(observed)
+}
+
+/// Translates what the engine reports into the Engine's status, naming
+/// replicas by object name rather than address.
+fn fill_status(engine: &Engine, observed: &control::EngineStatus, status: &mut EngineStatus) {
+    let names: BTreeMap<&str, &str> = engine
+        .spec
+        .replica_address_map
+        .iter()
+        .map(|(name, address)| (address.as_str(), name.as_str()))
+        .collect();
+    status.endpoint.clone_from(&observed.endpoint);
+    status.current_size = i64::try_from(observed.size).unwrap_or(i64::MAX);
+    status.current_replica_address_map.clear();
+    status.replica_mode_map.clear();
+    status.rebuild_status.clear();
+    for replica in &observed.replicas {
+        let Some(name) = names.get(replica.address.as_str()) else {
+            continue;
+        };
+        status
+            .current_replica_address_map
+            .insert((*name).to_owned(), replica.address.clone());
+        status
+            .replica_mode_map
+            .insert((*name).to_owned(), mode(replica.mode()));
+        if replica.rebuilding {
+            let progress = (replica.rebuild_bytes_done * 100)
+                .checked_div(replica.rebuild_bytes_total)
+                .unwrap_or(0);
+            status.rebuild_status.insert(
+                replica.address.clone(),
+                RebuildStatus {
+                    is_rebuilding: true,
+                    progress: i32::try_from(progress.min(100)).unwrap_or(100),
+                    state: "in_progress".into(),
+                    error: String::new(),
+                    from_replica_address: String::new(),
+                },
+            );
+        }
+    }
+    status.snapshots = observed
+        .snapshots
+        .iter()
+        .map(|s| {
+            let created = jiff::Timestamp::from_second(s.created_unix)
+                .ok()
+                .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+            let info = SnapshotInfo {
+                name: s.name.clone(),
+                parent: s.parent.clone(),
+                children: Vec::new(),
+                created,
+                user_created: s.user_created,
+                removed: false,
+                size: i64::try_from(s.size).unwrap_or(i64::MAX),
+                labels: s.labels.clone().into_iter().collect(),
+            };
+            (s.name.clone(), info)
+        })
+        .collect();
+}
+
+fn mode(mode: control::ReplicaMode) -> ReplicaMode {
+    match mode {
+        control::ReplicaMode::Rw => ReplicaMode::ReadWrite,
+        control::ReplicaMode::Wo => ReplicaMode::WriteOnly,
+        control::ReplicaMode::Err | control::ReplicaMode::Unspecified => ReplicaMode::Error,
+    }
+}

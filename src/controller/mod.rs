@@ -1,0 +1,537 @@
+//! The embedded controllers. Every manager runs all of them; for each object
+//! exactly one manager acts (see [`ownership`]). A reconcile reads the shared
+//! caches, works on a copy, and writes status once at the end, only when it
+//! changed; a conflict means the cache was stale or another manager won, and
+//! the object is looked at again when its newer version arrives.
+
+mod engine;
+mod lease;
+mod node;
+pub mod ownership;
+mod replica;
+pub mod settings;
+mod volume;
+
+pub use lease::renew_lease;
+pub use node::ensure_own_node;
+pub use ownership::{LEASE_SELECTOR, Liveness, lease_name};
+pub use settings::Settings;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+use tracing::{debug, info, warn};
+
+use crate::datastore::{Datastore, changed_only};
+use crate::instance::{InstanceError, InstanceManager};
+use crate::types::{Engine, Node, Replica, Volume};
+use ownership::Owned;
+
+/// Finalizer oxhorn puts on its objects so their data and processes are
+/// cleaned up before they go.
+pub const FINALIZER: &str = "oxhorn.io/cleanup";
+
+/// Longest a reconcile waits for the caches to show its own earlier writes.
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often availability of nodes is re-evaluated: lease expiry makes no
+/// watch event, so it has to be looked at.
+const LIVENESS_POLL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("instance manager: {0}")]
+    Instance(#[from] InstanceError),
+    #[error("engine {engine}: {status}")]
+    EngineControl {
+        engine: String,
+        status: Box<tonic::Status>,
+    },
+    #[error("engine {engine} control at {address}: {source}")]
+    EngineConnect {
+        engine: String,
+        address: String,
+        source: tonic::transport::Error,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encoding status: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl ControllerError {
+    /// Another writer changed the object since the cache saw it.
+    fn is_conflict(&self) -> bool {
+        matches!(self, ControllerError::Kube(kube::Error::Api(status)) if status.code == 409)
+    }
+}
+
+/// What this node's manager is and where its pieces are.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: String,
+    /// Directory of the node's default disk.
+    pub data_dir: PathBuf,
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    pub client: Client,
+    pub ds: Arc<Datastore>,
+    pub node_id: String,
+    pub node: NodeConfig,
+    pub liveness: Liveness,
+    pub instances: Arc<InstanceManager>,
+    /// Objects this manager created that its caches may not show yet.
+    pub expected: Expectations,
+    recorder: Recorder,
+}
+
+/// Writes a controller made to objects it does not own (a volume's engine
+/// and replicas), kept until the caches show them. A reconcile that runs on
+/// a cache lagging behind its own writes would otherwise decide again from
+/// the old state: create the same replicas twice, or place a replica again
+/// and lose the race with its own earlier write.
+#[derive(Default)]
+pub struct Expectations(Mutex<HashMap<String, Vec<Expected>>>);
+
+struct Expected {
+    /// When the write was made: a write the cache never shows (its watch
+    /// broken for good) is given up on after EXPECTATION_TIMEOUT.
+    at: std::time::Instant,
+    name: String,
+    /// The resourceVersion the write replaced; `None` for a creation.
+    replaced: Option<String>,
+}
+
+impl Expectations {
+    /// `owner` created the object `name`.
+    pub fn created(&self, owner: &str, name: String) {
+        self.push(
+            owner,
+            Expected {
+                at: std::time::Instant::now(),
+                name,
+                replaced: None,
+            },
+        );
+    }
+
+    /// `owner` wrote `before`, which became `after`. A write that changed
+    /// nothing keeps the resourceVersion and is not waited for.
+    pub fn changed<K: Resource>(&self, owner: &str, before: &K, after: &K) {
+        let replaced = before.resource_version();
+        if replaced == after.resource_version() {
+            return;
+        }
+        self.push(
+            owner,
+            Expected {
+                at: std::time::Instant::now(),
+                name: before.name_any(),
+                replaced,
+            },
+        );
+    }
+
+    /// Whether the cache shows every write of `owner`; forgets those it
+    /// shows. `version` gives an object's resourceVersion in the cache.
+    pub fn satisfied(&self, owner: &str, version: impl Fn(&str) -> Option<String>) -> bool {
+        let mut table = self.lock();
+        let Some(pending) = table.get_mut(owner) else {
+            return true;
+        };
+        pending.retain(|expected| {
+            if expected.at.elapsed() > EXPECTATION_TIMEOUT {
+                warn!(owner, object = %expected.name, "the cache never showed a write; deciding without it");
+                return false;
+            }
+            match (&expected.replaced, version(&expected.name)) {
+                (None, seen) => seen.is_none(),
+                (Some(replaced), Some(seen)) => *replaced == seen,
+                // Deleted since: nothing left to wait for.
+                (Some(_), None) => false,
+            }
+        });
+        if pending.is_empty() {
+            table.remove(owner);
+            return true;
+        }
+        false
+    }
+
+    fn push(&self, owner: &str, expected: Expected) {
+        self.lock()
+            .entry(owner.to_owned())
+            .or_default()
+            .push(expected);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<Expected>>> {
+        // The table stays consistent whatever panicked while holding it.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        ds: Arc<Datastore>,
+        node: NodeConfig,
+        instances: Arc<InstanceManager>,
+    ) -> Arc<Self> {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "oxhorn-manager".into(),
+                instance: Some(node.node_id.clone()),
+            },
+        );
+        Arc::new(Self {
+            liveness: Liveness::new(&ds),
+            node_id: node.node_id.clone(),
+            client,
+            ds,
+            node,
+            instances,
+            expected: Expectations::default(),
+            recorder,
+        })
+    }
+
+    /// The settings in effect now.
+    pub fn settings(&self) -> Settings {
+        Settings::read(&self.ds.settings.store, &self.ds.namespace)
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.ds.namespace)
+    }
+
+    /// Publishes a Kubernetes Event about `object`. Events are best effort:
+    /// failing to record one never fails a reconcile.
+    pub async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            debug!(%error, reason, "event not recorded");
+        }
+    }
+
+    /// Claims `object` for this manager when it is responsible for it: returns
+    /// the object as it is after the claim, or `None` when another manager
+    /// acts on it (including when another claimed it first).
+    async fn claim<K>(&self, object: &K) -> Result<Option<K>, ControllerError>
+    where
+        K: Owned
+            + Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Debug,
+    {
+        let (preferred, current) = (object.preferred_owner(), object.current_owner());
+        if !self
+            .liveness
+            .is_responsible_for(&self.node_id, preferred, current)
+        {
+            return Ok(None);
+        }
+        if current == self.node_id {
+            return Ok(Some(object.clone()));
+        }
+        let mut claimed = object.clone();
+        claimed.set_owner(&self.node_id);
+        match replace_status(&self.api::<K>(), &claimed).await {
+            Ok(written) => {
+                info!(kind = %K::kind(&()), name = %object.name_any(), from = current, "took ownership");
+                Ok(Some(written))
+            }
+            Err(error) if error.is_conflict() => {
+                debug!(name = %object.name_any(), "another manager claimed it first");
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Writes `object`'s status, guarded by its resourceVersion.
+pub async fn replace_status<K>(api: &Api<K>, object: &K) -> Result<K, ControllerError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    Ok(api
+        .replace_status(&object.name_any(), &PostParams::default(), object)
+        .await?)
+}
+
+/// Merge-patches `object` with `patch`, guarded by the object's
+/// resourceVersion so that a decision made on a stale copy fails as a conflict.
+pub async fn patch_guarded<K>(
+    api: &Api<K>,
+    object: &K,
+    mut patch: serde_json::Value,
+) -> Result<K, ControllerError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    patch["metadata"]["resourceVersion"] = object.resource_version().into();
+    Ok(api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?)
+}
+
+/// Lets `object` go: removes oxhorn's finalizer. Gone already is fine.
+pub async fn release<K>(api: &Api<K>, object: &K) -> Result<(), ControllerError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let remaining: Vec<&String> = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .collect();
+    let patch = serde_json::json!({ "metadata": { "finalizers": remaining } });
+    match patch_guarded(api, object, patch).await {
+        Err(ControllerError::Kube(kube::Error::Api(status))) if status.code == 404 => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// Deletes `object` unless it is already going. Gone already is fine.
+pub async fn delete<K>(api: &Api<K>, object: &K) -> Result<(), ControllerError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    if object.meta().deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    match api
+        .delete(&object.name_any(), &DeleteParams::default())
+        .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        other => other.map(drop).map_err(Into::into),
+    }
+}
+
+/// Retries soon after a conflict, later after anything else.
+fn error_policy<K>(object: Arc<K>, error: &ControllerError, _ctx: Arc<Context>) -> Action
+where
+    K: Resource,
+{
+    if error.is_conflict() {
+        debug!(name = %object.name_any(), "conflict; looking again");
+        return Action::requeue(Duration::from_millis(500));
+    }
+    warn!(name = %object.name_any(), %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(3))
+}
+
+/// Watches node availability and sends `()` each time the set of available
+/// nodes changes, so every object whose owner may have changed is looked at
+/// again. Subscribe once per controller.
+fn watch_liveness(liveness: Liveness) -> broadcast::Sender<()> {
+    let (tx, _) = broadcast::channel(4);
+    let sender = tx.clone();
+    tokio::spawn(async move {
+        let mut last = liveness.up_nodes();
+        let mut tick = tokio::time::interval(LIVENESS_POLL);
+        loop {
+            tick.tick().await;
+            let now = liveness.up_nodes();
+            if now != last {
+                info!(up = ?now, was = ?last, "node availability changed");
+                last = now;
+                // No receiver yet is fine: controllers start from a full list.
+                let _ = sender.send(());
+            }
+        }
+    });
+    tx
+}
+
+fn liveness_changes(changes: &broadcast::Sender<()>) -> impl Stream<Item = ()> + Send + use<> {
+    tokio_stream::wrappers::BroadcastStream::new(changes.subscribe())
+        .filter_map(|r| futures::future::ready(r.ok()))
+}
+
+/// Refers to the object named like each instance whose process state
+/// changed. Engines and replicas never share a name, so the controller of the
+/// other kind finds no such object and ignores it.
+fn instance_changes<K>(
+    instances: &InstanceManager,
+    ns: &str,
+) -> impl Stream<Item = ObjectRef<K>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + 'static,
+{
+    let ns = ns.to_owned();
+    tokio_stream::wrappers::BroadcastStream::new(instances.subscribe()).filter_map(move |r| {
+        futures::future::ready(r.ok().map(|name| ObjectRef::new(name.as_str()).within(&ns)))
+    })
+}
+
+/// The replicas on `node`: what a node change may affect.
+fn replicas_on(replicas: &Store<Replica>, node: &str) -> Vec<ObjectRef<Replica>> {
+    replicas
+        .state()
+        .iter()
+        .filter(|r| r.spec.instance.node_id == node)
+        .map(|r| ObjectRef::from_obj(&**r))
+        .collect()
+}
+
+/// Runs every controller until the future is dropped. Call after the caches
+/// have synced, so that no decision is made on a partial view.
+pub async fn run(ctx: Arc<Context>) {
+    let ns = ctx.ds.namespace.clone();
+    let ds = Arc::clone(&ctx.ds);
+    let liveness = watch_liveness(ctx.liveness.clone());
+    let by_volume = {
+        let ns = ns.clone();
+        move |volume: &str| Some(ObjectRef::<Volume>::new(volume).within(&ns))
+    };
+
+    let volumes = {
+        let (on_replica, on_engine) = (by_volume.clone(), by_volume.clone());
+        Controller::for_shared_stream(
+            changed_only(ds.volumes.subscribe()),
+            ds.volumes.store.clone(),
+        )
+        .watches_shared_stream(
+            changed_only(ds.replicas.subscribe()),
+            move |r: Arc<Replica>| on_replica(&r.spec.instance.volume_name),
+        )
+        .watches_shared_stream(
+            changed_only(ds.engines.subscribe()),
+            move |e: Arc<Engine>| on_engine(&e.spec.instance.volume_name),
+        )
+        .reconcile_all_on(liveness_changes(&liveness))
+        .run(volume::reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|_| futures::future::ready(()))
+    };
+
+    let engines = Controller::for_shared_stream(
+        changed_only(ds.engines.subscribe()),
+        ds.engines.store.clone(),
+    )
+    .reconcile_on(instance_changes(&ctx.instances, &ns))
+    .reconcile_all_on(liveness_changes(&liveness))
+    .run(engine::reconcile, error_policy, Arc::clone(&ctx))
+    .for_each(|_| futures::future::ready(()));
+
+    let replicas = Controller::for_shared_stream(
+        changed_only(ds.replicas.subscribe()),
+        ds.replicas.store.clone(),
+    )
+    .reconcile_on(instance_changes(&ctx.instances, &ns))
+    .watches_shared_stream(changed_only(ds.nodes.subscribe()), {
+        let replicas = ds.replicas.store.clone();
+        move |node: Arc<Node>| replicas_on(&replicas, &node.name_any())
+    })
+    .reconcile_all_on(liveness_changes(&liveness))
+    .run(replica::reconcile, error_policy, Arc::clone(&ctx))
+    .for_each(|_| futures::future::ready(()));
+
+    let nodes =
+        Controller::for_shared_stream(changed_only(ds.nodes.subscribe()), ds.nodes.store.clone())
+            .reconcile_all_on(liveness_changes(&liveness))
+            .run(node::reconcile, error_policy, Arc::clone(&ctx))
+            .for_each(|_| futures::future::ready(()));
+
+    let settings = Controller::for_shared_stream(
+        changed_only(ds.settings.subscribe()),
+        ds.settings.store.clone(),
+    )
+    .reconcile_all_on(liveness_changes(&liveness))
+    .run(settings::reconcile, error_policy, Arc::clone(&ctx))
+    .for_each(|_| futures::future::ready(()));
+
+    futures::join!(volumes, engines, replicas, nodes, settings);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(name: &str, version: &str) -> Replica {
+        let mut replica: Replica = serde_json::from_value(serde_json::json!({
+            "apiVersion": "oxhorn.io/v1beta1", "kind": "Replica",
+            "metadata": {"name": name, "resourceVersion": version},
+            "spec": {"volumeName": "v", "volumeSize": 4096}
+        }))
+        .unwrap();
+        replica.metadata.resource_version = Some(version.into());
+        replica
+    }
+
+    #[test]
+    fn a_creation_is_awaited_until_the_cache_has_the_object() {
+        let expected = Expectations::default();
+        expected.created("v", "v-r-1".into());
+        assert!(!expected.satisfied("v", |_| None));
+        assert!(expected.satisfied("v", |_| Some("7".into())));
+        // Forgotten once seen.
+        assert!(expected.satisfied("v", |_| None));
+    }
+
+    #[test]
+    fn a_change_is_awaited_until_the_cache_moves_past_the_replaced_version() {
+        let expected = Expectations::default();
+        expected.changed("v", &replica("v-r-1", "5"), &replica("v-r-1", "6"));
+        assert!(!expected.satisfied("v", |_| Some("5".into())));
+        assert!(expected.satisfied("v", |_| Some("9".into())));
+        expected.changed("v", &replica("v-r-1", "9"), &replica("v-r-1", "10"));
+        assert!(expected.satisfied("v", |_| None), "deleted since the write");
+    }
+
+    #[test]
+    fn a_write_that_changed_nothing_is_not_awaited() {
+        let expected = Expectations::default();
+        expected.changed("v", &replica("v-r-1", "5"), &replica("v-r-1", "5"));
+        assert!(expected.satisfied("v", |_| Some("5".into())));
+    }
+
+    #[test]
+    fn owners_wait_only_for_their_own_writes() {
+        let expected = Expectations::default();
+        expected.created("v", "v-r-1".into());
+        assert!(expected.satisfied("w", |_| None));
+    }
+}

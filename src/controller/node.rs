@@ -1,0 +1,317 @@
+//! Node controller: a node's manager measures its disks (statfs) and keeps
+//! its Node object's conditions current; when a node's manager is gone, the
+//! manager that took the Node over marks it not Ready, so nothing is
+//! scheduled there.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use tracing::{info, warn};
+
+use super::{Context, ControllerError, replace_status};
+use crate::types::{Condition, ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
+
+/// Free space changes without any event: measure this often.
+const MEASURE_EVERY: Duration = Duration::from_secs(10);
+/// The disk a node gets when its Node object is first created.
+pub const DEFAULT_DISK: &str = "default-disk";
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+const REGION_LABEL: &str = "topology.kubernetes.io/region";
+
+/// Creates this node's Node object with its default disk when it has none.
+pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {
+    let api: Api<Node> = ctx.api();
+    if api.get_opt(&ctx.node_id).await?.is_some() {
+        return Ok(());
+    }
+    let data_dir = &ctx.node.data_dir;
+    std::fs::create_dir_all(data_dir).map_err(|source| ControllerError::Io {
+        path: data_dir.clone(),
+        source,
+    })?;
+    let disk = DiskSpec {
+        path: data_dir.display().to_string(),
+        allow_scheduling: true,
+        storage_reserved: 0,
+        tags: Vec::new(),
+    };
+    let node = Node::new(
+        &ctx.node_id,
+        NodeSpec {
+            disks: BTreeMap::from([(DEFAULT_DISK.to_owned(), disk)]),
+            allow_scheduling: true,
+            tags: Vec::new(),
+        },
+    );
+    match api.create(&PostParams::default(), &node).await {
+        Ok(_) => info!(disk = %data_dir.display(), "created this node's Node object"),
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => return Err(error.into()),
+    }
+    Ok(())
+}
+
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let Some(node) = ctx.claim(&*node).await? else {
+        return Ok(Action::await_change());
+    };
+    let name = node.name_any();
+    let mut status = node.status.clone().unwrap_or_default();
+    let action = if name == ctx.node_id {
+        observe_own(&ctx, &node, &mut status);
+        Action::requeue(MEASURE_EVERY)
+    } else {
+        observe_taken_over(&ctx, &name, &mut status);
+        Action::await_change()
+    };
+    let old = node.status.clone().unwrap_or_default();
+    announce_transitions(&ctx, &node, &old, &status).await;
+    if old != status {
+        let mut updated = node.clone();
+        updated.status = Some(status);
+        replace_status(&ctx.api::<Node>(), &updated).await?;
+    }
+    Ok(action)
+}
+
+/// This manager's own node: disks measured, Ready from the Kubernetes node.
+fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
+    let kube_node = ctx
+        .ds
+        .kube_nodes
+        .store
+        .get(&ObjectRef::<KubeNode>::new(&ctx.node_id));
+    let label = |key: &str| {
+        kube_node
+            .as_ref()
+            .and_then(|n| n.labels().get(key).cloned())
+            .unwrap_or_default()
+    };
+    status.zone = label(ZONE_LABEL);
+    status.region = label(REGION_LABEL);
+    status.disk_status = measure_disks(ctx, node, status);
+
+    match ctx.liveness.down(&ctx.node_id) {
+        None => Condition::set(
+            &mut status.conditions,
+            "Ready",
+            ConditionStatus::True,
+            "NodeUp",
+            "the node and its manager are up",
+        ),
+        Some(down) => Condition::set(
+            &mut status.conditions,
+            "Ready",
+            ConditionStatus::False,
+            down.reason(),
+            down.message(&ctx.node_id),
+        ),
+    };
+    let schedulable_disks = status
+        .disk_status
+        .values()
+        .filter(|d| Condition::is_true(&d.conditions, "Schedulable"))
+        .count();
+    let (schedulable, reason, message) = if !node.spec.allow_scheduling {
+        (
+            false,
+            "SchedulingDisabled",
+            "spec.allowScheduling is false".to_owned(),
+        )
+    } else if schedulable_disks == 0 {
+        (
+            false,
+            "NoSchedulableDisk",
+            "no disk of this node can take replicas".to_owned(),
+        )
+    } else {
+        (
+            true,
+            "Schedulable",
+            format!("{schedulable_disks} disk(s) can take replicas"),
+        )
+    };
+    Condition::set(
+        &mut status.conditions,
+        "Schedulable",
+        schedulable.into(),
+        reason,
+        message,
+    );
+}
+
+/// A node whose manager is gone: not Ready, so nothing is placed there.
+fn observe_taken_over(ctx: &Context, name: &str, status: &mut NodeStatus) {
+    let (ready, reason, message) = match ctx.liveness.down(name) {
+        Some(down) => (ConditionStatus::False, down.reason(), down.message(name)),
+        // Up again: its own manager takes the node back and says more.
+        None => (
+            ConditionStatus::True,
+            "NodeUp",
+            "the node and its manager are up".to_owned(),
+        ),
+    };
+    Condition::set(&mut status.conditions, "Ready", ready, reason, message);
+    if ready == ConditionStatus::False {
+        Condition::set(
+            &mut status.conditions,
+            "Schedulable",
+            ConditionStatus::False,
+            reason,
+            "the node is not Ready",
+        );
+    }
+}
+
+/// Each disk's space and conditions. Two disks on one filesystem would count
+/// its space twice: the second one is not Ready.
+fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<String, DiskStatus> {
+    let minimal_available = ctx.settings().scheduler.minimal_available_percentage;
+    let mut seen_fsids = HashSet::new();
+    let mut measured = BTreeMap::new();
+    for (name, disk) in &node.spec.disks {
+        let mut disk_status = status.disk_status.get(name).cloned().unwrap_or_default();
+        match statfs(Path::new(&disk.path)) {
+            Ok(space) if !seen_fsids.insert(space.fsid.clone()) => {
+                disk_status.fsid = space.fsid;
+                Condition::set(
+                    &mut disk_status.conditions,
+                    "Ready",
+                    ConditionStatus::False,
+                    "DuplicateFilesystem",
+                    format!(
+                        "{} is on a filesystem another disk of this node already uses",
+                        disk.path
+                    ),
+                );
+            }
+            Ok(space) => {
+                disk_status.storage_available = space.available;
+                disk_status.storage_maximum = space.maximum;
+                disk_status.storage_scheduled = scheduled_on(ctx, &space.fsid);
+                disk_status.fsid = space.fsid;
+                Condition::set(
+                    &mut disk_status.conditions,
+                    "Ready",
+                    ConditionStatus::True,
+                    "DiskReady",
+                    format!("{} is mounted and readable", disk.path),
+                );
+            }
+            Err(error) => {
+                warn!(disk = name, path = disk.path, %error, "disk cannot be measured");
+                Condition::set(
+                    &mut disk_status.conditions,
+                    "Ready",
+                    ConditionStatus::False,
+                    "DiskUnreadable",
+                    format!("{}: {error}", disk.path),
+                );
+            }
+        }
+        let floor = disk_status
+            .storage_maximum
+            .saturating_mul(i64::try_from(minimal_available).unwrap_or(100))
+            / 100;
+        let (schedulable, reason, message) =
+            if !Condition::is_true(&disk_status.conditions, "Ready") {
+                (false, "DiskNotReady", "the disk is not Ready".to_owned())
+            } else if !disk.allow_scheduling {
+                (
+                    false,
+                    "SchedulingDisabled",
+                    "allowScheduling is false".to_owned(),
+                )
+            } else if disk_status.storage_available <= floor {
+                (
+                    false,
+                    "DiskPressure",
+                    format!(
+                        "{} bytes free, at or below the {minimal_available}% that must stay free",
+                        disk_status.storage_available
+                    ),
+                )
+            } else {
+                (true, "DiskSchedulable", String::new())
+            };
+        Condition::set(
+            &mut disk_status.conditions,
+            "Schedulable",
+            schedulable.into(),
+            reason,
+            message,
+        );
+        measured.insert(name.clone(), disk_status);
+    }
+    measured
+}
+
+/// Bytes promised to this node's replicas on the filesystem `fsid`.
+fn scheduled_on(ctx: &Context, fsid: &str) -> i64 {
+    ctx.ds
+        .replicas
+        .store
+        .state()
+        .iter()
+        .filter(|r| r.spec.instance.node_id == ctx.node_id && r.spec.disk_id == fsid)
+        .map(|r| r.spec.instance.volume_size)
+        .sum()
+}
+
+struct Space {
+    available: i64,
+    maximum: i64,
+    fsid: String,
+}
+
+/// Free and total bytes of the filesystem holding `path`, and its device
+/// number as the filesystem's id on this node.
+fn statfs(path: &Path) -> std::io::Result<Space> {
+    let fs = nix::sys::statvfs::statvfs(path)?;
+    let device = nix::sys::stat::stat(path)?.st_dev;
+    let bytes =
+        |blocks: u64| i64::try_from(blocks.saturating_mul(fs.fragment_size())).unwrap_or(i64::MAX);
+    Ok(Space {
+        available: bytes(fs.blocks_available()),
+        maximum: bytes(fs.blocks()),
+        fsid: format!("{device:x}"),
+    })
+}
+
+/// An Event for each node condition that flipped.
+async fn announce_transitions(ctx: &Context, node: &Node, old: &NodeStatus, new: &NodeStatus) {
+    for condition in &new.conditions {
+        let before = Condition::status_of(&old.conditions, &condition.type_);
+        if before == condition.status {
+            continue;
+        }
+        let type_ = if condition.status == ConditionStatus::True {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        let reason = if condition.reason.is_empty() {
+            condition.type_.clone()
+        } else {
+            condition.reason.clone()
+        };
+        ctx.event(
+            node,
+            type_,
+            &reason,
+            format!(
+                "{} is now {:?}: {}",
+                condition.type_, condition.status, condition.message
+            ),
+        )
+        .await;
+    }
+}
