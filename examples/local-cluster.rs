@@ -103,6 +103,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         &[
             &format!("if={}", data.path().display()),
             &format!("of={}", device.display()),
+            "bs=4096",
             "oflag=direct",
             "conv=fsync,notrunc",
             "status=none",

@@ -522,6 +522,33 @@ async fn racing_managers_act_exactly_once_per_object() {
             .map(|v| v.unwrap().status.unwrap().owner_id)
             .collect();
     eprintln!("volumes owned by {owners:?}");
+
+    // Attaching to the node that does not own the volume hands ownership
+    // over; the new owner must not add replicas it does not see yet.
+    for name in &names[..2] {
+        let owner = cluster.volume(name).await.unwrap().status.unwrap().owner_id;
+        let other = cluster
+            .nodes
+            .iter()
+            .map(|n| n.node_id().to_owned())
+            .find(|n| *n != owner)
+            .unwrap();
+        cluster.attach(name, &other).await;
+        let volume = cluster.volume(name).await.unwrap();
+        assert_eq!(
+            volume.status.unwrap().owner_id,
+            other,
+            "{name}: ownership follows the attachment"
+        );
+        let replicas = cluster.replicas_of(name).await;
+        assert_eq!(
+            replicas.len(),
+            2,
+            "{name} after the hand-over: {:?}",
+            replicas.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+        );
+        cluster.detach(name).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -29,12 +29,22 @@ const RESYNC: Duration = Duration::from_secs(60);
 const SOON: Duration = Duration::from_secs(2);
 
 pub async fn reconcile(volume: Arc<Volume>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let previous_owner = volume
+        .status
+        .as_ref()
+        .map(|s| s.owner_id.clone())
+        .unwrap_or_default();
     let Some(volume) = ctx.claim(&*volume).await? else {
         return Ok(Action::await_change());
     };
     let span = info_span!("volume", volume = %volume.name_any(), node = %volume.spec.node_id);
     async move {
         let mut pass = Pass::new(&ctx, volume);
+        if !previous_owner.is_empty() && previous_owner != ctx.node_id {
+            // Taken over: this manager's caches may not show yet what the
+            // previous owner just created. Read from the API server.
+            pass.read_fresh().await?;
+        }
         let action = pass.run().await?;
         pass.finish().await?;
         Ok(action)
@@ -89,6 +99,35 @@ impl<'a> Pass<'a> {
         self.volume.name_any()
     }
 
+    /// Replaces the cached engine and replicas with the API server's.
+    async fn read_fresh(&mut self) -> Result<(), ControllerError> {
+        let name = self.name();
+        let of_volume = |volume: &str| *volume == name;
+        let replicas = self
+            .ctx
+            .api::<Replica>()
+            .list(&ListParams::default())
+            .await?;
+        self.replicas = replicas
+            .items
+            .into_iter()
+            .filter(|r| of_volume(&r.spec.instance.volume_name))
+            .map(Arc::new)
+            .collect();
+        self.replicas.sort_by_key(|r| r.name_any());
+        let engines = self
+            .ctx
+            .api::<Engine>()
+            .list(&ListParams::default())
+            .await?;
+        self.engine = engines
+            .items
+            .into_iter()
+            .find(|e| of_volume(&e.spec.instance.volume_name))
+            .map(Arc::new);
+        Ok(())
+    }
+
     fn wait_at_most(&mut self, wait: Duration) {
         self.next = self.next.min(wait.max(Duration::from_millis(500)));
     }
@@ -121,6 +160,7 @@ impl<'a> Pass<'a> {
         };
         self.track_replica_health(&engine).await?;
         self.replenish().await?;
+        self.trim_surplus().await?;
         self.schedule().await?;
         self.remove_stale().await?;
         if self.volume.spec.node_id.is_empty() {
@@ -371,6 +411,37 @@ impl<'a> Pass<'a> {
             let created = Arc::new(created);
             all_replicas.push(Arc::clone(&created));
             self.replicas.push(created);
+        }
+        Ok(())
+    }
+
+    /// Deletes replicas beyond numberOfReplicas (two managers that both
+    /// believed they owned the volume for a moment, or a lowered count): the
+    /// unplaced ones first, then those the engine does not use.
+    async fn trim_surplus(&mut self) -> Result<(), ControllerError> {
+        let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
+        let in_engine = |r: &Replica| {
+            self.engine
+                .as_ref()
+                .is_some_and(|e| e.spec.replica_address_map.contains_key(&r.name_any()))
+        };
+        let mut surplus: Vec<Arc<Replica>> =
+            self.healthy().filter(|r| !in_engine(r)).cloned().collect();
+        let healthy = self.healthy().count();
+        if healthy <= wanted {
+            return Ok(());
+        }
+        // Unplaced first, then stopped ones.
+        surplus.sort_by_key(|r| {
+            (
+                !r.spec.instance.node_id.is_empty(),
+                replica_address(r).is_some(),
+            )
+        });
+        for replica in surplus.into_iter().take(healthy - wanted) {
+            info!(replica = %replica.name_any(), "removing a replica beyond numberOfReplicas");
+            delete(&self.ctx.api::<Replica>(), &*replica).await?;
+            self.replicas.retain(|r| r.name_any() != replica.name_any());
         }
         Ok(())
     }
