@@ -156,12 +156,13 @@ async fn run_controllers(
     };
     let ctx = controller::Context::new(client.clone(), datastore, node, instances);
     controller::ensure_own_node(&ctx).await?;
-    let lease = controller::renew_lease(
+    let lease = controller::hold_lease(
         client,
         config.namespace.clone(),
         config.node_id.clone(),
         Duration::from_secs(config.lease_seconds),
-    );
+    )
+    .await?;
     info!("controllers running");
     futures::join!(lease, controller::run(ctx));
     Ok(())

@@ -21,7 +21,8 @@ use crate::protocol::control::{
     self, AddReplicaRequest, EngineStatusRequest, ExpandRequest, RemoveReplicaRequest,
 };
 use crate::types::{
-    DesireState, Engine, EngineStatus, InstanceState, RebuildStatus, ReplicaMode, SnapshotInfo,
+    Condition, ConditionStatus, DesireState, Engine, EngineStatus, Frontend, InstanceState,
+    RebuildStatus, ReplicaMode, SnapshotInfo,
 };
 
 /// How often a running engine is polled into its status.
@@ -103,6 +104,18 @@ async fn run_here(
         };
         status.instance.current_state = InstanceState::Stopped;
         status.instance.started = false;
+        return Ok(Action::await_change());
+    }
+    if engine.spec.frontend == Frontend::Iscsi {
+        // Not built yet: say so rather than expose the volume another way.
+        status.instance.current_state = InstanceState::Error;
+        Condition::set(
+            &mut status.instance.conditions,
+            "FrontendReady",
+            ConditionStatus::False,
+            "FrontendUnsupported",
+            "the iscsi frontend is not available yet; use fuse",
+        );
         return Ok(Action::await_change());
     }
     let request = InstanceRequest {

@@ -12,24 +12,30 @@ use tracing::{info, warn};
 
 use super::lease_name;
 
-/// Renews this node's lease every third of `duration`, forever. Renewal
-/// failures are logged and retried on the next tick: when they last longer
-/// than `duration`, other managers rightly consider this one gone.
-pub async fn renew_lease(client: Client, namespace: String, node: String, duration: Duration) {
+/// Takes this node's lease, then returns the task that renews it every third
+/// of `duration`, forever. Taking it before the controllers start keeps the
+/// other managers from seeing this node as down meanwhile. Renewal failures
+/// are logged and retried on the next tick: when they last longer than
+/// `duration`, other managers rightly consider this one gone.
+pub async fn hold_lease(
+    client: Client,
+    namespace: String,
+    node: String,
+    duration: Duration,
+) -> Result<impl Future<Output = ()>, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client, &namespace);
-    let mut tick = tokio::time::interval(duration / 3);
-    let mut renewed_once = false;
-    loop {
+    renew(&api, &node, duration).await?;
+    info!(lease = %lease_name(&node), ?duration, "manager lease held");
+    Ok(async move {
+        let mut tick = tokio::time::interval(duration / 3);
         tick.tick().await;
-        match renew(&api, &node, duration).await {
-            Ok(()) if !renewed_once => {
-                info!(lease = %lease_name(&node), ?duration, "manager lease held");
-                renewed_once = true;
+        loop {
+            tick.tick().await;
+            if let Err(error) = renew(&api, &node, duration).await {
+                warn!(%error, "renewing the manager lease");
             }
-            Ok(()) => {}
-            Err(error) => warn!(%error, "renewing the manager lease"),
         }
-    }
+    })
 }
 
 async fn renew(api: &Api<Lease>, node: &str, duration: Duration) -> Result<(), kube::Error> {

@@ -12,7 +12,7 @@ mod replica;
 pub mod settings;
 mod volume;
 
-pub use lease::renew_lease;
+pub use lease::hold_lease;
 pub use node::ensure_own_node;
 pub use ownership::{LEASE_SELECTOR, Liveness, lease_name};
 pub use settings::Settings;
