@@ -116,6 +116,12 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
     .await
 }
 
+/// Where the instance manager of a node whose default disk is `data_dir`
+/// keeps its records and logs.
+pub fn instance_state_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("instance-manager")
+}
+
 /// Once the caches have synced: adopts the engine and replica processes a
 /// previous manager left running, makes sure this node has its Node object,
 /// holds the node's lease and runs the controllers.
@@ -143,7 +149,7 @@ async fn run_controllers(
     let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
     let instances = InstanceManager::start(InstanceManagerConfig {
         binary,
-        state_dir: config.data_dir.join("instance-manager"),
+        state_dir: instance_state_dir(&config.data_dir),
         ip: config.ip,
         ports: config.ports.clone(),
         run_dir: config.run_dir.clone(),

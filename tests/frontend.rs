@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nix::libc;
-use nix::mount::MntFlags;
 use oxhorn::frontend::{
     BLOCK_SIZE, BlockDevice, FILE_NAME, FrontendError, FuseFrontend, FuseOptions, StopOutcome,
     loopdev,
 };
-use oxhorn::testbed::Mounted;
+use oxhorn::testbed::{self, Mounted, loop_devices_under, mounts_under};
 
 const MIB: usize = 1 << 20;
 
@@ -187,15 +186,7 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let root = self.path();
-        for number in loop_devices_under(&root) {
-            let _ = loopdev::detach_number(number);
-        }
-        let mut mounts = mounts_under(&root);
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-        for mount in mounts {
-            let _ = nix::mount::umount2(&mount, MntFlags::MNT_DETACH);
-        }
+        testbed::release_under(&self.path());
     }
 }
 
@@ -217,34 +208,6 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Never panics: also used while unwinding.
-fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|mount| mount.starts_with(root))
-        .collect()
-}
-
-/// Never panics: also used while unwinding.
-fn loop_devices_under(root: &Path) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|name| name.strip_prefix("loop")?.parse().ok())
-        .filter(|&number| {
-            loopdev::backing_file(number)
-                .ok()
-                .flatten()
-                .is_some_and(|file| file.starts_with(root))
-        })
-        .collect()
 }
 
 fn loop_number(device: &Path) -> u32 {

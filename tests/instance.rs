@@ -12,17 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::mount::MntFlags;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use oxhorn::engine::FrontendKind;
-use oxhorn::frontend::loopdev;
 use oxhorn::instance::{
     InstanceError, InstanceInfo, InstanceKind, InstanceManager, InstanceManagerConfig,
     InstanceRequest, kill_recorded,
 };
 use oxhorn::protocol::control::EngineStatusRequest;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
+use oxhorn::testbed::{self, loop_devices_under, mounts_under};
 use oxhorn::types::InstanceState;
 
 const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -125,12 +124,7 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = kill_recorded(&self.state_dir(), &self.run_dir(), &self.dev_dir());
         // Belt and braces, should an engine have escaped its record.
-        for number in loop_devices_under(&self.root) {
-            let _ = loopdev::detach_number(number);
-        }
-        for mount in mounts_under(&self.root) {
-            let _ = nix::mount::umount2(&mount, MntFlags::MNT_DETACH);
-        }
+        testbed::release_under(&self.root);
     }
 }
 
@@ -142,36 +136,6 @@ fn init_tracing() {
                 .unwrap_or_else(|_| "oxhorn=info".into()),
         )
         .try_init();
-}
-
-/// Mount points under `root`, deepest first. Never panics: used in Drop.
-fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    let mut mounts: Vec<PathBuf> = fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|mount| mount.starts_with(root))
-        .collect();
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
-    mounts
-}
-
-/// Loop devices backed by files under `root`. Never panics: used in Drop.
-fn loop_devices_under(root: &Path) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|name| name.strip_prefix("loop")?.parse().ok())
-        .filter(|&number| {
-            loopdev::backing_file(number)
-                .ok()
-                .flatten()
-                .is_some_and(|file| file.starts_with(root))
-        })
-        .collect()
 }
 
 /// Polls the instance until `done` holds for its info.

@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{Instrument, info, info_span};
 
-use super::replica::{announce, reflect};
+use super::process::{announce, never_ran, reflect};
 use super::{Context, ControllerError, release, replace_status};
 use crate::engine::FrontendKind;
 use crate::instance::{InstanceKind, InstanceRequest};
@@ -38,7 +38,7 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
     };
     let span = info_span!("engine", engine = %engine.name_any(), volume = %engine.spec.instance.volume_name, node = %engine.spec.instance.node_id);
     async move {
-        let here = engine.spec.instance.node_id == ctx.node_id;
+        let here = engine.spec.instance.node_id == ctx.node.node_id;
         if engine.metadata.deletion_timestamp.is_some() {
             if here {
                 ctx.instances.stop(&engine.name_any()).await?;
@@ -76,13 +76,9 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
 /// An engine that never ran and should not: nothing to claim or report, so
 /// a detached volume's engine costs no write.
 fn idle(engine: &Engine) -> bool {
-    let never_ran = engine
-        .status
-        .as_ref()
-        .is_none_or(|s| s.instance.current_state == InstanceState::Stopped && !s.instance.started);
     engine.metadata.deletion_timestamp.is_none()
         && engine.spec.instance.desire_state == DesireState::Stopped
-        && never_ran
+        && never_ran(engine.status.as_ref().map(|s| &s.instance))
 }
 
 async fn run_here(

@@ -8,6 +8,7 @@ mod engine;
 mod lease;
 mod node;
 pub mod ownership;
+mod process;
 mod replica;
 pub mod settings;
 mod volume;
@@ -97,7 +98,6 @@ pub struct NodeConfig {
 pub struct Context {
     pub client: Client,
     pub ds: Arc<Datastore>,
-    pub node_id: String,
     pub node: NodeConfig,
     pub liveness: Liveness,
     pub instances: Arc<InstanceManager>,
@@ -208,7 +208,6 @@ impl Context {
         );
         Arc::new(Self {
             liveness: Liveness::new(&ds),
-            node_id: node.node_id.clone(),
             client,
             ds,
             node,
@@ -263,15 +262,15 @@ impl Context {
         let (preferred, current) = (object.preferred_owner(), object.current_owner());
         if !self
             .liveness
-            .is_responsible_for(&self.node_id, preferred, current)
+            .is_responsible_for(&self.node.node_id, preferred, current)
         {
             return Ok(None);
         }
-        if current == self.node_id {
+        if current == self.node.node_id {
             return Ok(Some(object.clone()));
         }
         let mut claimed = object.clone();
-        claimed.set_owner(&self.node_id);
+        claimed.set_owner(&self.node.node_id);
         match replace_status(&self.api::<K>(), &claimed).await {
             Ok(written) => {
                 info!(kind = %K::kind(&()), name = %object.name_any(), from = current, "took ownership");

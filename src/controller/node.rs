@@ -17,6 +17,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Context, ControllerError, replace_status};
+use crate::scheduler::promised_bytes;
 use crate::types::{Condition, ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
 
 /// Free space changes without any event: measure this often.
@@ -29,7 +30,7 @@ const REGION_LABEL: &str = "topology.kubernetes.io/region";
 /// Creates this node's Node object with its default disk when it has none.
 pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {
     let api: Api<Node> = ctx.api();
-    if api.get_opt(&ctx.node_id).await?.is_some() {
+    if api.get_opt(&ctx.node.node_id).await?.is_some() {
         return Ok(());
     }
     let data_dir = &ctx.node.data_dir;
@@ -44,7 +45,7 @@ pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {
         tags: Vec::new(),
     };
     let node = Node::new(
-        &ctx.node_id,
+        &ctx.node.node_id,
         NodeSpec {
             disks: BTreeMap::from([(DEFAULT_DISK.to_owned(), disk)]),
             allow_scheduling: true,
@@ -65,7 +66,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Con
     };
     let name = node.name_any();
     let mut status = node.status.clone().unwrap_or_default();
-    let action = if name == ctx.node_id {
+    let action = if name == ctx.node.node_id {
         observe_own(&ctx, &node, &mut status);
         Action::requeue(MEASURE_EVERY)
     } else {
@@ -88,7 +89,7 @@ fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
         .ds
         .kube_nodes
         .store
-        .get(&ObjectRef::<KubeNode>::new(&ctx.node_id));
+        .get(&ObjectRef::<KubeNode>::new(&ctx.node.node_id));
     let label = |key: &str| {
         kube_node
             .as_ref()
@@ -99,7 +100,7 @@ fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
     status.region = label(REGION_LABEL);
     status.disk_status = measure_disks(ctx, node, status);
 
-    match ctx.liveness.down(&ctx.node_id) {
+    match ctx.liveness.down(&ctx.node.node_id) {
         None => Condition::set(
             &mut status.conditions,
             "Ready",
@@ -112,7 +113,7 @@ fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
             "Ready",
             ConditionStatus::False,
             down.reason(),
-            down.message(&ctx.node_id),
+            down.message(&ctx.node.node_id),
         ),
     };
     let schedulable_disks = status
@@ -175,6 +176,8 @@ fn observe_taken_over(ctx: &Context, name: &str, status: &mut NodeStatus) {
 /// its space twice: the second one is not Ready.
 fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<String, DiskStatus> {
     let minimal_available = ctx.settings().scheduler.minimal_available_percentage;
+    let replicas = ctx.ds.replicas.store.state();
+    let promised = promised_bytes(&replicas);
     let mut seen_fsids = HashSet::new();
     let mut measured = BTreeMap::new();
     for (name, disk) in &node.spec.disks {
@@ -196,7 +199,9 @@ fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<St
             Ok(space) => {
                 disk_status.storage_available = space.available;
                 disk_status.storage_maximum = space.maximum;
-                disk_status.storage_scheduled = scheduled_on(ctx, &space.fsid);
+                let scheduled = promised.get(&(ctx.node.node_id.as_str(), space.fsid.as_str()));
+                disk_status.storage_scheduled =
+                    scheduled.map_or(0, |b| i64::try_from(*b).unwrap_or(i64::MAX));
                 disk_status.fsid = space.fsid;
                 Condition::set(
                     &mut disk_status.conditions,
@@ -252,18 +257,6 @@ fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<St
         measured.insert(name.clone(), disk_status);
     }
     measured
-}
-
-/// Bytes promised to this node's replicas on the filesystem `fsid`.
-fn scheduled_on(ctx: &Context, fsid: &str) -> i64 {
-    ctx.ds
-        .replicas
-        .store
-        .state()
-        .iter()
-        .filter(|r| r.spec.instance.node_id == ctx.node_id && r.spec.disk_id == fsid)
-        .map(|r| r.spec.instance.volume_size)
-        .sum()
 }
 
 struct Space {

@@ -10,8 +10,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::process::{announce, never_ran, reflect};
 use super::{Context, ControllerError, release, replace_status};
-use crate::instance::{InstanceInfo, InstanceKind, InstanceRequest};
+use crate::instance::{InstanceKind, InstanceRequest};
 use crate::types::{DesireState, InstanceState, InstanceStatus, Replica};
 
 /// Where a replica's data lives on its disk.
@@ -43,7 +44,7 @@ pub async fn reconcile(
             return clean_up(&ctx, &replica).await;
         }
         let mut status = replica.status.clone().unwrap_or_default();
-        if replica.spec.instance.node_id == ctx.node_id {
+        if replica.spec.instance.node_id == ctx.node.node_id {
             run_here(&ctx, &replica, &mut status).await?;
         } else if !replica.spec.instance.node_id.is_empty() {
             // Taken over from a node that is down: nobody can say how its
@@ -71,12 +72,9 @@ pub async fn reconcile(
 /// write per replica of every detached volume.
 fn idle(replica: &Replica) -> bool {
     let spec = &replica.spec.instance;
-    let never_ran = replica
-        .status
-        .as_ref()
-        .is_none_or(|s| s.current_state == InstanceState::Stopped && !s.started);
     replica.metadata.deletion_timestamp.is_none()
-        && (spec.node_id.is_empty() || (spec.desire_state == DesireState::Stopped && never_ran))
+        && (spec.node_id.is_empty()
+            || (spec.desire_state == DesireState::Stopped && never_ran(replica.status.as_ref())))
 }
 
 /// Starts or stops this node's process as desired and reports it.
@@ -116,53 +114,10 @@ async fn run_here(
     Ok(())
 }
 
-/// An Event when a process starts running or fails.
-pub async fn announce<K>(ctx: &Context, object: &K, before: InstanceState, now: InstanceState)
-where
-    K: kube::Resource<DynamicType = ()>,
-{
-    if before == now {
-        return;
-    }
-    let name = object.meta().name.clone().unwrap_or_default();
-    let process = ctx.instances.get(&name);
-    match now {
-        InstanceState::Running => {
-            let pid = process.and_then(|p| p.pid).unwrap_or_default();
-            ctx.event(
-                object,
-                EventType::Normal,
-                "Running",
-                format!("process {pid} runs on {}", ctx.node_id),
-            )
-            .await;
-        }
-        InstanceState::Error => {
-            let why = process.map(|p| p.message).unwrap_or_default();
-            ctx.event(
-                object,
-                EventType::Warning,
-                "ProcessFailed",
-                format!("the process on {} failed: {why}", ctx.node_id),
-            )
-            .await;
-        }
-        _ => {}
-    }
-}
-
-/// Copies what the instance manager knows of a process into status.
-pub fn reflect(status: &mut InstanceStatus, info: &InstanceInfo) {
-    status.current_state = info.state;
-    status.ip = info.ip.to_string();
-    status.port = i32::from(info.port);
-    status.started |= info.state == InstanceState::Running;
-}
-
 /// The replica is being deleted: stop its process, remove its data, let it go.
 async fn clean_up(ctx: &Context, replica: &Replica) -> Result<Action, ControllerError> {
     let node = &replica.spec.instance.node_id;
-    if node == &ctx.node_id {
+    if node == &ctx.node.node_id {
         ctx.instances.stop(&replica.name_any()).await?;
         if let Some(dir) = data_dir(replica) {
             match std::fs::remove_dir_all(&dir) {

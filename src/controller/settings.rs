@@ -170,7 +170,7 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
     let writer = ctx.liveness.up_nodes().into_iter().next();
-    if writer.as_deref() != Some(ctx.node_id.as_str()) {
+    if writer.as_deref() != Some(ctx.node.node_id.as_str()) {
         return Ok(Action::await_change());
     }
     let status = match validate(&setting.name_any(), &setting.spec.value) {

@@ -15,7 +15,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{Context, ControllerError, FINALIZER, delete, patch_guarded, release, replace_status};
+use super::{
+    Context, ControllerError, FINALIZER, Settings, delete, patch_guarded, release, replace_status,
+};
 use crate::scheduler::{self, Cluster};
 use crate::types::{
     Condition, ConditionStatus, DesireState, Engine, EngineSpec, InstanceSpec, InstanceState,
@@ -40,7 +42,7 @@ pub async fn reconcile(volume: Arc<Volume>, ctx: Arc<Context>) -> Result<Action,
     let span = info_span!("volume", volume = %volume.name_any(), node = %volume.spec.node_id);
     async move {
         let mut pass = Pass::new(&ctx, volume);
-        if !previous_owner.is_empty() && previous_owner != ctx.node_id {
+        if !previous_owner.is_empty() && previous_owner != ctx.node.node_id {
             // Taken over: this manager's caches may not show yet what the
             // previous owner just created. Read from the API server.
             pass.read_fresh().await?;
@@ -61,6 +63,8 @@ struct Pass<'a> {
     status: VolumeStatus,
     engine: Option<Arc<Engine>>,
     replicas: Vec<Arc<Replica>>,
+    /// The settings, read once so that one pass decides on one view of them.
+    settings: Settings,
     /// Shortest wait a time-based rule asked for.
     next: Duration,
 }
@@ -91,6 +95,7 @@ impl<'a> Pass<'a> {
             status,
             engine,
             replicas,
+            settings: ctx.settings(),
             next: RESYNC,
         }
     }
@@ -382,7 +387,7 @@ impl<'a> Pass<'a> {
         if healthy == 0 && self.failed().next().is_some() {
             return Ok(());
         }
-        let wait = self.ctx.settings().replenishment_wait;
+        let wait = self.settings.replenishment_wait;
         let youngest_failure = self.failed().filter_map(|r| failed_for(r)).min();
         if let Some(failed_for) = youngest_failure
             && failed_for < wait
@@ -490,12 +495,11 @@ impl<'a> Pass<'a> {
             replicas: all_replicas,
             node_up: &node_up,
         };
-        let settings = self.ctx.settings().scheduler;
         scheduler::schedule(
             &cluster,
             &self.volume,
             &siblings,
-            &settings,
+            &self.settings.scheduler,
             &mut fastrand::Rng::new(),
         )
     }
@@ -705,7 +709,7 @@ impl<'a> Pass<'a> {
     async fn salvage(&mut self, engine: &Engine) -> Result<(), ControllerError> {
         if self.healthy().next().is_some()
             || self.failed().next().is_none()
-            || !self.ctx.settings().auto_salvage
+            || !self.settings.auto_salvage
         {
             return Ok(());
         }

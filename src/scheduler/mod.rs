@@ -449,7 +449,7 @@ fn disks_with_room<'a>(
 /// Bytes promised to replicas, by (node, disk fsid). Computed from the
 /// replicas themselves because a disk's status.storage_scheduled lags behind
 /// replicas scheduled moments ago, which would let two volumes overfill a disk.
-fn promised_bytes(replicas: &[Arc<Replica>]) -> HashMap<(&str, &str), i128> {
+pub fn promised_bytes(replicas: &[Arc<Replica>]) -> HashMap<(&str, &str), i128> {
     let mut promised: HashMap<(&str, &str), i128> = HashMap::new();
     for r in replicas {
         let key = (r.spec.instance.node_id.as_str(), r.spec.disk_id.as_str());
@@ -560,9 +560,7 @@ fn zone(node: &Node) -> &str {
 
 /// Whether condition `type_` is known to be False; Unknown or absent is not.
 fn is_false(conditions: &[Condition], type_: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == ConditionStatus::False)
+    Condition::status_of(conditions, type_) == ConditionStatus::False
 }
 
 fn has_all(tags: &[String], wanted: &[String]) -> bool {

@@ -116,7 +116,7 @@ impl ManagerProcess {
     }
 
     fn state_dir(&self) -> PathBuf {
-        self.data_dir().join("instance-manager")
+        crate::manager::instance_state_dir(&self.data_dir())
     }
 
     /// The manager's output so far.

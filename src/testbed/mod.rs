@@ -19,7 +19,7 @@ pub use dataplane::{EngineProcess, ReplicaProcess};
 pub use manager::{
     ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,
 };
-pub use mount::Mounted;
+pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
 
 use std::path::PathBuf;

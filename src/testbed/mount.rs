@@ -46,3 +46,47 @@ impl Drop for Mounted {
         let _ = nix::mount::umount2(&self.0, MntFlags::MNT_DETACH);
     }
 }
+
+/// Mount points under `root`, deepest first. Never panics: also used while
+/// unwinding.
+pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    let mut mounts: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|mount| mount.starts_with(root))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+    mounts
+}
+
+/// Loop devices backed by files under `root`. Never panics: also used while
+/// unwinding.
+pub fn loop_devices_under(root: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|name| name.strip_prefix("loop")?.parse().ok())
+        .filter(|&number| {
+            crate::frontend::loopdev::backing_file(number)
+                .ok()
+                .flatten()
+                .is_some_and(|file| file.starts_with(root))
+        })
+        .collect()
+}
+
+/// Detaches every loop device backed under `root` and unmounts (lazily)
+/// everything mounted under it: what a failed test may leave. Best effort,
+/// never panics.
+pub fn release_under(root: &Path) {
+    for number in loop_devices_under(root) {
+        let _ = crate::frontend::loopdev::detach_number(number);
+    }
+    for mount in mounts_under(root) {
+        let _ = nix::mount::umount2(&mount, MntFlags::MNT_DETACH);
+    }
+}
