@@ -63,6 +63,15 @@ pub struct ManagerConfig {
     /// Where engines publish /dev/oxhorn/<volume> links.
     #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
+    /// The host's /proc (mounted into the container): host operations (mkfs,
+    /// mount, resize) then run in the host's mount and network namespaces.
+    /// Without it they run in the manager's own.
+    #[arg(long, env = "OXHORN_HOST_PROC")]
+    pub host_proc: Option<PathBuf>,
+    /// Most volumes this node takes, told to Kubernetes' scheduler through
+    /// NodeGetInfo; 0 means no limit.
+    #[arg(long, default_value_t = 0)]
+    pub max_volumes: i64,
 }
 
 fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {

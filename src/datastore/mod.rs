@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{Instrument, warn};
 
-use crate::types::{Engine, Node, Replica, Setting, Volume};
+use crate::types::{Engine, Node, Replica, Setting, Snapshot, Volume};
 
 /// Changes buffered per kind until the slowest controller has seen them.
 const FANOUT_BUFFER: usize = 4096;
@@ -54,6 +54,7 @@ pub struct Datastore {
     pub replicas: Cache<Replica>,
     pub nodes: Cache<Node>,
     pub settings: Cache<Setting>,
+    pub snapshots: Cache<Snapshot>,
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
     ready: watch::Receiver<bool>,
@@ -89,6 +90,11 @@ impl Datastore {
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default(),
         );
+        let snapshots = cache::<Snapshot>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
         let kube_nodes = cache::<KubeNode>(
             &mut tasks,
             Api::all(client.clone()),
@@ -107,17 +113,19 @@ impl Datastore {
             replicas.store.clone(),
             nodes.store.clone(),
             settings.store.clone(),
+            snapshots.store.clone(),
             kube_nodes.store.clone(),
             leases.store.clone(),
         );
         tasks.spawn(async move {
-            let (v, e, r, n, s, k, l) = waits;
+            let (v, e, r, n, s, sn, k, l) = waits;
             let synced = futures::try_join!(
                 v.wait_until_ready(),
                 e.wait_until_ready(),
                 r.wait_until_ready(),
                 n.wait_until_ready(),
                 s.wait_until_ready(),
+                sn.wait_until_ready(),
                 k.wait_until_ready(),
                 l.wait_until_ready(),
             );
@@ -133,6 +141,7 @@ impl Datastore {
             replicas,
             nodes,
             settings,
+            snapshots,
             kube_nodes,
             leases,
             ready,

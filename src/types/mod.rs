@@ -12,6 +12,7 @@ mod instance;
 mod node;
 mod replica;
 mod setting;
+mod snapshot;
 mod volume;
 
 pub use condition::{Condition, ConditionStatus};
@@ -20,6 +21,7 @@ pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
 pub use node::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
+pub use snapshot::{Snapshot, SnapshotSpec, SnapshotStatus};
 pub use volume::{
     AccessMode, DataLocality, Frontend, ReplicaAutoBalance, Robustness, Volume, VolumeSpec,
     VolumeState, VolumeStatus,
@@ -42,6 +44,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Replica::crd(),
         Node::crd(),
         Setting::crd(),
+        Snapshot::crd(),
     ]
 }
 

@@ -93,6 +93,13 @@ pub struct VolumeSpec {
     pub replica_auto_balance: ReplicaAutoBalance,
     #[serde(default)]
     pub access_mode: AccessMode,
+    /// What fills a new volume before first use: `snapshot/<Snapshot name>`
+    /// (a restore or, for a clone, a snapshot of the source volume); empty
+    /// for a zeroed volume. It cannot change.
+    #[serde(default)]
+    #[schemars(regex(pattern = r"^$|^snapshot/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("the data source of a volume cannot change"))]
+    pub data_source: String,
 }
 
 fn default_replicas() -> i32 {

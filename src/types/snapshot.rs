@@ -1,0 +1,78 @@
+//! Snapshot: a point-in-time copy of a volume's data, kept in each of its
+//! replicas as a read-only layer of the same name. The CSI controller creates
+//! one per CSI snapshot; the volume's owner takes and removes the data-plane
+//! snapshot and reports here whether it is ready.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Condition;
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "oxhorn.io",
+    version = "v1beta1",
+    kind = "Snapshot",
+    namespaced,
+    status = "SnapshotStatus",
+    shortname = "oxs",
+    category = "oxhorn",
+    doc = "A point-in-time copy of a volume, held by every replica of the volume.",
+    printcolumn(
+        name = "Volume",
+        type_ = "string",
+        json_path = ".spec.volume",
+        description = "the volume the snapshot is of"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "boolean",
+        json_path = ".status.readyToUse",
+        description = "taken on the replicas, usable as a data source"
+    ),
+    printcolumn(
+        name = "Size",
+        type_ = "integer",
+        json_path = ".status.size",
+        description = "the volume's size when the snapshot was taken"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+/// Which volume to snapshot. The object's name is the data-plane snapshot's name.
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotSpec {
+    /// The volume to snapshot; it cannot change.
+    #[schemars(length(min = 1))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("the volume of a snapshot cannot change"))]
+    pub volume: String,
+}
+
+/// Observed state, written only by the manager owning the volume.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The manager (node id) acting on the snapshot: the volume's owner.
+    #[serde(default, rename = "ownerID")]
+    pub owner_id: String,
+    /// The snapshot exists on the volume's replicas.
+    #[serde(default)]
+    pub ready_to_use: bool,
+    /// When the data-plane snapshot was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_time: Option<Time>,
+    /// The volume's size in bytes when the snapshot was taken.
+    #[serde(default)]
+    pub size: i64,
+    /// Why the snapshot could not be taken or removed, if it could not.
+    #[serde(default)]
+    pub error: String,
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
