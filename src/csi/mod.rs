@@ -3,9 +3,12 @@
 
 pub mod client;
 pub mod endpoint;
+pub mod guard;
 mod identity;
+mod node;
 
 pub use identity::IdentityService;
+pub use node::{NodeService, NodeServiceConfig};
 
 /// Code generated from csi-proto/csi.proto (CSI v1.12).
 pub mod proto {
