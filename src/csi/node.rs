@@ -588,24 +588,20 @@ impl NodeService {
         path: &Path,
         device: Option<&(PathBuf, DeviceNumber)>,
     ) -> NodeResult<Published> {
-        let not_found = |why: &str| {
-            NodeError::NotFound(format!("{} {why} of volume {volume_id}", path.display()))
-        };
+        let not_found = |why: &str| NodeError::NotFound(format!("{} {why}", path.display()));
         if !path.exists() {
-            return Err(not_found("does not exist: it is not a path"));
+            return Err(not_found("does not exist"));
         }
-        let entry = self
-            .host
-            .mount_at(path)?
-            .ok_or_else(|| not_found("is not a mount"))?;
+        let not_ours = || not_found(&format!("is not a mount of volume {volume_id}"));
+        let entry = self.host.mount_at(path)?.ok_or_else(not_ours)?;
         if let Some(number) = device::block_device_number(path)? {
             return match device {
-                Some((_, ours)) if *ours != number => Err(not_found("is not the device")),
+                Some((_, ours)) if *ours != number => Err(not_ours()),
                 _ => Ok(Published::Block),
             };
         }
         match device {
-            Some((_, ours)) if *ours != entry.device => Err(not_found("is not a mount")),
+            Some((_, ours)) if *ours != entry.device => Err(not_ours()),
             _ => Ok(Published::Filesystem),
         }
     }
@@ -642,7 +638,7 @@ impl NodeService {
                 req.volume_id
             )));
         }
-        if let (Published::Filesystem, false) = (kind, block) {
+        if matches!(kind, Published::Filesystem) && !block {
             self.grow_filesystem(&device, path).await?;
         }
         Ok(i64::try_from(size).unwrap_or(i64::MAX))

@@ -215,9 +215,9 @@ async fn capabilities_are_what_works() {
         .capabilities;
     let kinds: Vec<rpc::Type> = caps
         .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(node_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type()),
-            None => None,
+        .filter_map(|c| {
+            let node_service_capability::Type::Rpc(rpc) = c.r#type.as_ref()?;
+            Some(rpc.r#type())
         })
         .collect();
     assert_eq!(
