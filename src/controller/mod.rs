@@ -4,6 +4,7 @@
 //! changed; a conflict means the cache was stale or another manager won, and
 //! the object is looked at again when its newer version arrives.
 
+mod control;
 mod engine;
 mod lease;
 mod node;
@@ -11,6 +12,7 @@ pub mod ownership;
 mod process;
 mod replica;
 pub mod settings;
+mod snapshot;
 mod volume;
 
 pub use lease::hold_lease;
@@ -39,7 +41,7 @@ use tracing::{debug, info, warn};
 
 use crate::datastore::{Datastore, changed_only};
 use crate::instance::{InstanceError, InstanceManager};
-use crate::types::{Engine, Node, Replica, Volume};
+use crate::types::{Engine, Node, Replica, Snapshot, Volume};
 use ownership::Owned;
 
 /// Finalizer oxhorn puts on its objects so their data and processes are
@@ -70,6 +72,18 @@ pub enum ControllerError {
         address: String,
         source: tonic::transport::Error,
     },
+    #[error("{target} control at {address}: {}", .status.message())]
+    DataPlane {
+        target: String,
+        address: String,
+        status: Box<tonic::Status>,
+    },
+    #[error("{target} control at {address}: {source}")]
+    DataPlaneConnect {
+        target: String,
+        address: String,
+        source: tonic::transport::Error,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -83,6 +97,15 @@ impl ControllerError {
     /// Another writer changed the object since the cache saw it.
     fn is_conflict(&self) -> bool {
         matches!(self, ControllerError::Kube(kube::Error::Api(status)) if status.code == 409)
+    }
+
+    /// A data-plane process refused or could not be reached: worth reporting
+    /// in the object's status and retrying, not failing the whole pass.
+    fn is_data_plane(&self) -> bool {
+        matches!(
+            self,
+            ControllerError::DataPlane { .. } | ControllerError::DataPlaneConnect { .. }
+        )
     }
 }
 
@@ -416,6 +439,32 @@ fn replicas_on(replicas: &Store<Replica>, node: &str) -> Vec<ObjectRef<Replica>>
         .collect()
 }
 
+/// The volumes a snapshot change concerns: its own volume, whose owner takes
+/// and removes it, and the volumes filling from it, which wait for it.
+fn snapshot_concerns(volumes: &Store<Volume>, snapshot: &Snapshot) -> Vec<ObjectRef<Volume>> {
+    let ns = snapshot.namespace().unwrap_or_default();
+    let source = volume::data_source_of(&snapshot.name_any());
+    volumes
+        .state()
+        .iter()
+        .filter(|v| v.spec.data_source == source)
+        .map(|v| ObjectRef::from_obj(&**v))
+        .chain([ObjectRef::new(&snapshot.spec.volume).within(&ns)])
+        .collect()
+}
+
+/// The volume whose snapshot `volume` fills from: its replicas are the
+/// source, so it must see how the filling goes.
+fn filled_from(
+    snapshots: &Store<Snapshot>,
+    ns: &str,
+    volume: &Volume,
+) -> Option<ObjectRef<Volume>> {
+    let name = volume::source_snapshot(volume)?;
+    let snapshot = snapshots.get(&ObjectRef::new(name).within(ns))?;
+    Some(ObjectRef::new(&snapshot.spec.volume).within(ns))
+}
+
 /// Runs every controller until the future is dropped. Call after the caches
 /// have synced, so that no decision is made on a partial view.
 pub async fn run(ctx: Arc<Context>) {
@@ -429,6 +478,8 @@ pub async fn run(ctx: Arc<Context>) {
 
     let volumes = {
         let (on_replica, on_engine) = (by_volume.clone(), by_volume.clone());
+        let (volume_store, snapshot_store) = (ds.volumes.store.clone(), ds.snapshots.store.clone());
+        let ns_ = ns.clone();
         Controller::for_shared_stream(
             changed_only(ds.volumes.subscribe()),
             ds.volumes.store.clone(),
@@ -440,6 +491,14 @@ pub async fn run(ctx: Arc<Context>) {
         .watches_shared_stream(
             changed_only(ds.engines.subscribe()),
             move |e: Arc<Engine>| on_engine(&e.spec.instance.volume_name),
+        )
+        .watches_shared_stream(
+            changed_only(ds.snapshots.subscribe()),
+            move |s: Arc<Snapshot>| snapshot_concerns(&volume_store, &s),
+        )
+        .watches_shared_stream(
+            changed_only(ds.volumes.subscribe()),
+            move |v: Arc<Volume>| filled_from(&snapshot_store, &ns_, &v),
         )
         .reconcile_all_on(liveness_changes(&liveness))
         .run(volume::reconcile, error_policy, Arc::clone(&ctx))
@@ -482,7 +541,15 @@ pub async fn run(ctx: Arc<Context>) {
     .run(settings::reconcile, error_policy, Arc::clone(&ctx))
     .for_each(|_| futures::future::ready(()));
 
-    futures::join!(volumes, engines, replicas, nodes, settings);
+    let snapshots = Controller::for_shared_stream(
+        changed_only(ds.snapshots.subscribe()),
+        ds.snapshots.store.clone(),
+    )
+    .reconcile_all_on(liveness_changes(&liveness))
+    .run(snapshot::reconcile, error_policy, Arc::clone(&ctx))
+    .for_each(|_| futures::future::ready(()));
+
+    futures::join!(volumes, engines, replicas, nodes, settings, snapshots);
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::datastore::Datastore;
-use crate::types::{Engine, Node, Replica, Volume};
+use crate::types::{Engine, Node, Replica, Snapshot, Volume};
 
 /// Label every manager lease carries, so the lease cache holds only those.
 pub const LEASE_SELECTOR: &str = "oxhorn.io/lease=manager";
@@ -193,6 +193,21 @@ impl Owned for Engine {
 impl Owned for Replica {
     fn preferred_owner(&self) -> &str {
         &self.spec.instance.node_id
+    }
+    fn current_owner(&self) -> &str {
+        self.status.as_ref().map_or("", |s| &s.owner_id)
+    }
+    fn set_owner(&mut self, node: &str) {
+        self.status.get_or_insert_default().owner_id = node.to_owned();
+    }
+}
+
+/// The owner of a snapshot's volume acts on it through the volume; this
+/// ownership is only for a snapshot whose volume does not exist, which no
+/// node prefers: its current owner keeps it while up, else anyone claims it.
+impl Owned for Snapshot {
+    fn preferred_owner(&self) -> &str {
+        ""
     }
     fn current_owner(&self) -> &str {
         self.status.as_ref().map_or("", |s| &s.owner_id)

@@ -1,7 +1,15 @@
 //! Volume controller: a volume's owner creates its Engine and Replicas,
 //! places the replicas, attaches and detaches, tracks replica failures,
 //! replaces replicas that stay failed, salvages a volume whose replicas all
-//! failed, grows the volume, and removes everything when it is deleted.
+//! failed, grows the volume, takes and removes its snapshots, fills a new
+//! volume from a snapshot before it first attaches, and removes everything
+//! when it is deleted.
+
+mod fill;
+mod snapshots;
+
+use fill::Filling;
+pub use fill::{data_source_of, source_snapshot};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +29,7 @@ use super::{
 use crate::scheduler::{self, Cluster};
 use crate::types::{
     Condition, ConditionStatus, DesireState, Engine, EngineSpec, InstanceSpec, InstanceState,
-    Replica, ReplicaMode, ReplicaSpec, Robustness, Volume, VolumeState, VolumeStatus,
+    Replica, ReplicaMode, ReplicaSpec, Robustness, Snapshot, Volume, VolumeState, VolumeStatus,
 };
 
 /// Longest a volume goes unlooked-at: time-based rules (stale replicas,
@@ -63,6 +71,8 @@ struct Pass<'a> {
     status: VolumeStatus,
     engine: Option<Arc<Engine>>,
     replicas: Vec<Arc<Replica>>,
+    /// The volume's Snapshots.
+    snapshots: Vec<Arc<Snapshot>>,
     /// The settings, read once so that one pass decides on one view of them.
     settings: Settings,
     /// Shortest wait a time-based rule asked for.
@@ -88,6 +98,15 @@ impl<'a> Pass<'a> {
             .filter(|r| r.spec.instance.volume_name == name)
             .collect();
         replicas.sort_by_key(|r| r.name_any());
+        let mut snapshots: Vec<_> = ctx
+            .ds
+            .snapshots
+            .store
+            .state()
+            .into_iter()
+            .filter(|s| s.spec.volume == name)
+            .collect();
+        snapshots.sort_by_key(|s| s.name_any());
         let status = volume.status.clone().unwrap_or_default();
         Self {
             ctx,
@@ -95,6 +114,7 @@ impl<'a> Pass<'a> {
             status,
             engine,
             replicas,
+            snapshots,
             settings: ctx.settings(),
             next: RESYNC,
         }
@@ -160,6 +180,7 @@ impl<'a> Pass<'a> {
             )
             .await?;
         }
+        self.adopt_snapshots().await?;
         let Some(engine) = self.ensure_engine().await? else {
             return Ok(Action::requeue(SOON));
         };
@@ -168,11 +189,15 @@ impl<'a> Pass<'a> {
         self.trim_surplus().await?;
         self.schedule().await?;
         self.remove_stale().await?;
-        if self.volume.spec.node_id.is_empty() {
-            self.detach(&engine).await?;
+        // A volume attaches only once it holds its data source's data.
+        let filling = self.fill().await?;
+        if self.volume.spec.node_id.is_empty() || filling != Filling::Done {
+            let busy = filling == Filling::Copying || self.snapshot_work();
+            self.detach(&engine, busy).await?;
         } else {
             self.attach(&engine).await?;
         }
+        self.reconcile_snapshots(&engine).await?;
         self.salvage(&engine).await?;
         self.observe(&engine);
         Ok(Action::requeue(self.next))
@@ -223,6 +248,8 @@ impl<'a> Pass<'a> {
     /// and remove the data), then lets the volume go.
     async fn delete_all(&mut self) -> Result<Action, ControllerError> {
         self.status.state = VolumeState::Deleting;
+        self.drop_clone_source().await?;
+        self.release_snapshots().await?;
         if let Some(engine) = &self.engine {
             delete(&self.ctx.api::<Engine>(), &**engine).await?;
         }
@@ -676,8 +703,10 @@ impl<'a> Pass<'a> {
         Ok(())
     }
 
-    /// Stops the engine, then the replicas.
-    async fn detach(&mut self, engine: &Engine) -> Result<(), ControllerError> {
+    /// Stops the engine, then the replicas, unless the data plane has work
+    /// for them (`busy`: a snapshot to take or remove, a fill): then the
+    /// usable replicas run without an engine.
+    async fn detach(&mut self, engine: &Engine, busy: bool) -> Result<(), ControllerError> {
         if engine.spec.instance.desire_state != DesireState::Stopped {
             self.set_engine(engine, json!({"spec": {"desireState": "stopped"}}))
                 .await?;
@@ -688,9 +717,14 @@ impl<'a> Pass<'a> {
             self.wait_at_most(SOON);
             return Ok(());
         }
+        let usable: Vec<String> = self.usable().iter().map(|r| r.name_any()).collect();
         for replica in self.replicas.clone() {
-            self.set_replica_desire(&replica, DesireState::Stopped)
-                .await?;
+            let desire = if busy && usable.contains(&replica.name_any()) {
+                DesireState::Running
+            } else {
+                DesireState::Stopped
+            };
+            self.set_replica_desire(&replica, desire).await?;
         }
         // Grow stopped replicas with the volume: they take the size at start.
         if engine.spec.instance.volume_size != self.volume.spec.size {

@@ -1,0 +1,103 @@
+//! Clients of the data plane's control APIs for the volume controller's
+//! snapshot and fill work. Calls are bounded so that a hung process fails a
+//! pass instead of stalling the volume for good; a fill's copy is not.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use tonic::transport::{Channel, Endpoint};
+
+use super::ControllerError;
+use crate::protocol::control::engine_control_client::EngineControlClient;
+use crate::protocol::control::replica_control_client::ReplicaControlClient;
+use crate::types::{Engine, InstanceState, Replica};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Taking or removing a snapshot flushes, and removing one merges its data
+/// into its child: seconds, not milliseconds, on a large volume.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A replica's control address: the port after its data port, while its
+/// process runs.
+pub fn replica_control_address(replica: &Replica) -> Option<String> {
+    let status = replica.status.as_ref()?;
+    let port = u16::try_from(status.port).ok()?;
+    let control = crate::protocol::control_port(port)?;
+    (status.current_state == InstanceState::Running && !status.ip.is_empty() && port > 0)
+        .then(|| format!("{}:{control}", status.ip))
+}
+
+/// The engine's control address, while its process runs.
+pub fn engine_control_address(engine: &Engine) -> Option<String> {
+    let status = &engine.status.as_ref()?.instance;
+    (status.current_state == InstanceState::Running && !status.ip.is_empty() && status.port > 0)
+        .then(|| format!("{}:{}", status.ip, status.port))
+}
+
+/// A connected control client of one data-plane process, with its name and
+/// address for errors.
+pub struct Control<C> {
+    pub client: C,
+    target: String,
+    address: String,
+}
+
+impl<C> Control<C> {
+    /// Turns a refusal into an error naming the process.
+    pub fn failed(&self, status: tonic::Status) -> ControllerError {
+        ControllerError::DataPlane {
+            target: self.target.clone(),
+            address: self.address.clone(),
+            status: Box::new(status),
+        }
+    }
+}
+
+/// The control API of `replica`'s process at `address`; `timeout` bounds
+/// each call (None for a streamed copy).
+pub async fn replica(
+    replica: &Replica,
+    address: &str,
+    timeout: Option<Duration>,
+) -> Result<Control<ReplicaControlClient<Channel>>, ControllerError> {
+    let target = format!("replica {}", replica.name_any());
+    let channel = connect(&target, address, timeout).await?;
+    Ok(Control {
+        client: ReplicaControlClient::new(channel),
+        target,
+        address: address.to_owned(),
+    })
+}
+
+/// The control API of `engine`'s process at `address`.
+pub async fn engine(
+    engine: &Engine,
+    address: &str,
+) -> Result<Control<EngineControlClient<Channel>>, ControllerError> {
+    let target = format!("engine {}", engine.name_any());
+    let channel = connect(&target, address, Some(CALL_TIMEOUT)).await?;
+    Ok(Control {
+        client: EngineControlClient::new(channel),
+        target,
+        address: address.to_owned(),
+    })
+}
+
+async fn connect(
+    target: &str,
+    address: &str,
+    timeout: Option<Duration>,
+) -> Result<Channel, ControllerError> {
+    let failed = |source| ControllerError::DataPlaneConnect {
+        target: target.to_owned(),
+        address: address.to_owned(),
+        source,
+    };
+    let mut endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(failed)?
+        .connect_timeout(CONNECT_TIMEOUT);
+    if let Some(timeout) = timeout {
+        endpoint = endpoint.timeout(timeout);
+    }
+    endpoint.connect().await.map_err(failed)
+}

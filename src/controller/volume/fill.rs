@@ -1,0 +1,309 @@
+//! Filling a new volume from a snapshot (a restore, or a clone through a
+//! snapshot of the source volume) before it first attaches. Each of the new
+//! volume's replicas copies, from a running replica of the source volume,
+//! the snapshot chain up to and including the snapshot; the copies are then
+//! given one revision and marked clean, so the first engine start trusts
+//! all of them alike. A replica added later is rebuilt by the engine.
+//!
+//! The volume's `Filled` condition tells how it goes: False with reason
+//! WaitingForSource, SourceNotFound, SourceTooLarge, Filling or FillFailed,
+//! then True with reason Filled. A volume without a data source has none.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use tracing::{info, warn};
+
+use super::super::control::{self, CALL_TIMEOUT};
+use super::super::{ControllerError, delete};
+use super::{Pass, SOON};
+use crate::protocol::control::{
+    MarkCleanRequest, ReplicaStatusRequest, SetRevisionRequest, Snapshot as Layer, SyncFromRequest,
+};
+use crate::types::{Condition, ConditionStatus, Replica, Snapshot, Volume};
+
+/// The volume's condition saying whether it holds its data source's data.
+pub const FILLED: &str = "Filled";
+/// Label on a Snapshot made only to clone a volume: the clone it is for.
+/// The clone deletes it once filled (or when deleted first).
+pub const CLONE_FOR: &str = "oxhorn.io/clone-for";
+
+/// The name of the Snapshot a volume fills from, if it has a data source.
+pub fn source_snapshot(volume: &Volume) -> Option<&str> {
+    volume.spec.data_source.strip_prefix("snapshot/")
+}
+
+/// The dataSource of a volume filled from the snapshot `name`.
+pub fn data_source_of(name: &str) -> String {
+    format!("snapshot/{name}")
+}
+
+/// Whether the volume holds its data source's data, as last written.
+pub fn is_filled(volume: &Volume) -> bool {
+    source_snapshot(volume).is_none()
+        || volume
+            .status
+            .as_ref()
+            .is_some_and(|s| Condition::is_true(&s.conditions, FILLED))
+}
+
+/// Where filling stands after a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filling {
+    /// The volume holds its data source's data (or has none).
+    Done,
+    /// Under way, or about to be: the volume's replicas must run.
+    Copying,
+    /// Waiting for the source to exist or be ready: nothing to run for.
+    Blocked,
+}
+
+/// A pass's step of filling.
+enum Step {
+    Done,
+    /// Not yet: reason and message for the condition.
+    Waiting(&'static str, String),
+}
+
+/// Reasons to wait that need no replica of the volume to run.
+const BLOCKED: [&str; 3] = ["SourceNotFound", "WaitingForSource", "SourceTooLarge"];
+
+impl Pass<'_> {
+    /// Whether the volume holds its data source's data, as this pass sees it.
+    pub(super) fn holds_its_data(&self) -> bool {
+        source_snapshot(&self.volume).is_none()
+            || Condition::is_true(&self.status.conditions, FILLED)
+    }
+
+    /// Fills the volume from its data source if it is not filled yet, and
+    /// says where that stands: a volume attaches only once it is Done.
+    pub(super) async fn fill(&mut self) -> Result<Filling, ControllerError> {
+        let Some(source) = source_snapshot(&self.volume).map(str::to_owned) else {
+            return Ok(Filling::Done);
+        };
+        if self.holds_its_data() {
+            self.drop_clone_source().await?;
+            return Ok(Filling::Done);
+        }
+        let step = match self.fill_from(&source).await {
+            Err(error) if error.is_data_plane() => {
+                warn!(%error, "filling failed; retrying");
+                Step::Waiting("FillFailed", error.to_string())
+            }
+            other => other?,
+        };
+        match step {
+            Step::Done => {
+                info!(snapshot = %source, "filled from the snapshot");
+                let message = format!("holds the data of snapshot {source}");
+                Condition::set(
+                    &mut self.status.conditions,
+                    FILLED,
+                    ConditionStatus::True,
+                    "Filled",
+                    message.clone(),
+                );
+                self.ctx
+                    .event(&self.volume, EventType::Normal, "Filled", message)
+                    .await;
+                self.drop_clone_source().await?;
+                Ok(Filling::Done)
+            }
+            Step::Waiting(reason, message) => {
+                self.wait_at_most(SOON);
+                Condition::set(
+                    &mut self.status.conditions,
+                    FILLED,
+                    ConditionStatus::False,
+                    reason,
+                    message,
+                );
+                if BLOCKED.contains(&reason) {
+                    Ok(Filling::Blocked)
+                } else {
+                    Ok(Filling::Copying)
+                }
+            }
+        }
+    }
+
+    async fn fill_from(&mut self, name: &str) -> Result<Step, ControllerError> {
+        let namespace = &self.ctx.ds.namespace;
+        let found = ObjectRef::new(name).within(namespace);
+        let Some(snapshot) = self.ctx.ds.snapshots.store.get(&found) else {
+            let message = format!("snapshot {name} does not exist");
+            return Ok(Step::Waiting("SourceNotFound", message));
+        };
+        let status = snapshot.status.clone().unwrap_or_default();
+        if !status.ready_to_use {
+            let message = format!("snapshot {name} is not ready yet");
+            return Ok(Step::Waiting("WaitingForSource", message));
+        }
+        if status.size > self.volume.spec.size {
+            let message = format!(
+                "snapshot {name} holds {} bytes, more than the volume's {}",
+                status.size, self.volume.spec.size
+            );
+            return Ok(Step::Waiting("SourceTooLarge", message));
+        }
+        let Some((address, layers)) = self.source_replica(&snapshot).await else {
+            let message = format!(
+                "waiting for a running replica of volume {} holding snapshot {name}",
+                snapshot.spec.volume
+            );
+            return Ok(Step::Waiting("WaitingForSource", message));
+        };
+        let targets = self.running_replicas();
+        if targets.is_empty() {
+            let message = "waiting for the volume's replicas to run".to_owned();
+            return Ok(Step::Waiting("Filling", message));
+        }
+        for (replica, target) in &targets {
+            copy_layers(replica, target, &address, &layers).await?;
+        }
+        settle(&targets).await?;
+        Ok(Step::Done)
+    }
+
+    /// The volume's usable replicas with their control addresses, once
+    /// every one of them whose node is up runs; empty until then.
+    fn running_replicas(&self) -> Vec<(Arc<Replica>, String)> {
+        let usable: Vec<Arc<Replica>> = self
+            .usable()
+            .into_iter()
+            .filter(|r| self.ctx.liveness.is_up(&r.spec.instance.node_id))
+            .collect();
+        let running: Vec<(Arc<Replica>, String)> = usable
+            .iter()
+            .filter_map(|r| control::replica_control_address(r).map(|a| (Arc::clone(r), a)))
+            .collect();
+        if running.len() < usable.len() {
+            return Vec::new();
+        }
+        running
+    }
+
+    /// A running, healthy replica of the snapshot's volume whose chain holds
+    /// the snapshot: its control address and its chain up to and including
+    /// the snapshot, oldest first.
+    async fn source_replica(&self, snapshot: &Snapshot) -> Option<(String, Vec<Layer>)> {
+        let name = snapshot.name_any();
+        let candidates: Vec<(Arc<Replica>, String)> = self
+            .ctx
+            .ds
+            .replicas
+            .store
+            .state()
+            .into_iter()
+            .filter(|r| r.spec.instance.volume_name == snapshot.spec.volume)
+            .filter(|r| r.spec.failed_at.is_none() && r.metadata.deletion_timestamp.is_none())
+            .filter_map(|r| control::replica_control_address(&r).map(|a| (r, a)))
+            .collect();
+        for (replica, address) in candidates {
+            let chain = match chain_of(&replica, &address).await {
+                Ok(chain) => chain,
+                Err(error) => {
+                    warn!(%error, "source replica not usable");
+                    continue;
+                }
+            };
+            if let Some(at) = chain.iter().position(|l| l.name == name) {
+                return Some((address, chain[..=at].to_vec()));
+            }
+        }
+        None
+    }
+
+    /// Deletes the snapshot the volume was cloned through: it was made for
+    /// this volume alone.
+    pub(super) async fn drop_clone_source(&self) -> Result<(), ControllerError> {
+        let Some(name) = source_snapshot(&self.volume) else {
+            return Ok(());
+        };
+        let found = ObjectRef::new(name).within(&self.ctx.ds.namespace);
+        let Some(snapshot) = self.ctx.ds.snapshots.store.get(&found) else {
+            return Ok(());
+        };
+        let for_me = snapshot.labels().get(CLONE_FOR) == Some(&self.name());
+        if for_me && snapshot.metadata.deletion_timestamp.is_none() {
+            info!(snapshot = %name, "deleting the snapshot this clone was made through");
+            delete(&self.ctx.api::<Snapshot>(), &*snapshot).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn chain_of(replica: &Replica, address: &str) -> Result<Vec<Layer>, ControllerError> {
+    let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
+    let status = control
+        .client
+        .status(ReplicaStatusRequest {})
+        .await
+        .map_err(|e| control.failed(e))?;
+    Ok(status.into_inner().snapshots)
+}
+
+/// Makes `replica`'s chain equal to `layers` of the source replica at
+/// `source`. Only chunks that differ are copied, so a retry after a failure
+/// costs what was left.
+async fn copy_layers(
+    replica: &Replica,
+    address: &str,
+    source: &str,
+    layers: &[Layer],
+) -> Result<(), ControllerError> {
+    info!(replica = %replica.name_any(), %source, layers = layers.len(), "copying the snapshot chain");
+    // No deadline: the copy takes as long as the data does.
+    let mut control = control::replica(replica, address, None).await?;
+    let request = SyncFromRequest {
+        source: source.to_owned(),
+        layers: layers.to_vec(),
+    };
+    let mut progress = control
+        .client
+        .sync_from(request)
+        .await
+        .map_err(|e| control.failed(e))?
+        .into_inner();
+    let mut copied = 0;
+    while let Some(step) = progress.message().await.map_err(|e| control.failed(e))? {
+        copied = step.bytes_copied;
+    }
+    info!(replica = %replica.name_any(), copied, "snapshot chain copied");
+    Ok(())
+}
+
+/// Gives the filled replicas one revision counter and marks them clean:
+/// they hold the same data, and the first engine start must trust each of
+/// them rather than pick one and rebuild the others.
+async fn settle(replicas: &[(Arc<Replica>, String)]) -> Result<(), ControllerError> {
+    let mut controls = Vec::new();
+    let mut revision = 0;
+    for (replica, address) in replicas {
+        let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
+        let status = control
+            .client
+            .status(ReplicaStatusRequest {})
+            .await
+            .map_err(|e| control.failed(e))?
+            .into_inner();
+        revision = revision.max(status.revision);
+        controls.push(control);
+    }
+    for control in &mut controls {
+        let request = SetRevisionRequest { revision };
+        control
+            .client
+            .set_revision(request)
+            .await
+            .map_err(|e| control.failed(e))?;
+        control
+            .client
+            .mark_clean(MarkCleanRequest {})
+            .await
+            .map_err(|e| control.failed(e))?;
+    }
+    Ok(())
+}

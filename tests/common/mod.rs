@@ -1,0 +1,298 @@
+//! What the integration tests with several `oxhorn manager` nodes share: a
+//! cluster of managers in a test namespace, and raw device I/O with dd.
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
+use oxhorn::types::*;
+use serde_json::json;
+
+pub const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+pub const MIB: i64 = 1 << 20;
+pub const PATIENCE: Duration = Duration::from_secs(90);
+/// Short enough that a test sees a lost manager's lease expire quickly.
+pub const LEASE_SECONDS: u64 = 5;
+
+/// A few nodes, each a manager process, in one test namespace.
+pub struct Cluster {
+    // Dropped first: the nodes power off before the namespace is purged.
+    pub nodes: Vec<ManagerProcess>,
+    pub client: Client,
+    pub ns: TestNamespace,
+}
+
+impl Cluster {
+    pub async fn start(prefix: &str, count: usize) -> Self {
+        static SUBNET: AtomicU8 = AtomicU8::new(1);
+        let control_plane = testbed::shared();
+        let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
+        let client = control_plane.client().unwrap();
+        let subnet = SUBNET.fetch_add(1, Ordering::Relaxed);
+        // The test machine's disk is shared and may be fuller than the
+        // default 25% free that replicas need.
+        let settings: Api<Setting> = Api::namespaced(client.clone(), ns.name());
+        let minimal = Setting::new(
+            "storage-minimal-available-percentage",
+            SettingSpec { value: "1".into() },
+        );
+        settings
+            .create(&PostParams::default(), &minimal)
+            .await
+            .unwrap();
+        let mut nodes = Vec::new();
+        for i in 1..=count {
+            let name = format!("{}-n{i}", ns.name());
+            testbed::register_kube_node(&client, &name, &[])
+                .await
+                .unwrap();
+            let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
+            options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
+            options.lease_seconds = LEASE_SECONDS;
+            nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
+        }
+        let cluster = Self { nodes, client, ns };
+        cluster.until_nodes_schedulable().await;
+        cluster
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.ns.name())
+    }
+
+    pub fn node(&self, name: &str) -> &ManagerProcess {
+        self.nodes.iter().find(|n| n.node_id() == name).unwrap()
+    }
+
+    pub fn node_mut(&mut self, name: &str) -> &mut ManagerProcess {
+        self.nodes.iter_mut().find(|n| n.node_id() == name).unwrap()
+    }
+
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("==== {} ====\n{}", n.node_id(), n.log()))
+            .collect()
+    }
+
+    pub async fn set(&self, key: &str, value: &str) {
+        let setting = Setting::new(
+            key,
+            SettingSpec {
+                value: value.into(),
+            },
+        );
+        self.api::<Setting>()
+            .create(&PostParams::default(), &setting)
+            .await
+            .unwrap();
+    }
+
+    pub async fn until_nodes_schedulable(&self) {
+        let names: Vec<String> = self.nodes.iter().map(|n| n.node_id().to_owned()).collect();
+        self.until("every node Ready and Schedulable", || async {
+            let nodes = self.api::<Node>().list(&Default::default()).await.ok()?;
+            let ready = names.iter().all(|name| {
+                nodes.items.iter().any(|n| {
+                    n.name_any() == *name
+                        && n.status.as_ref().is_some_and(|s| {
+                            Condition::is_true(&s.conditions, "Ready")
+                                && Condition::is_true(&s.conditions, "Schedulable")
+                        })
+                })
+            });
+            ready.then_some(())
+        })
+        .await;
+    }
+
+    /// Polls `check` until it returns Some, failing the test with the
+    /// managers' logs after PATIENCE.
+    pub async fn until<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn create_volume(&self, name: &str, size: i64, replicas: i32) {
+        let volume = Volume::new(
+            name,
+            serde_json::from_value(json!({"size": size, "numberOfReplicas": replicas})).unwrap(),
+        );
+        self.api::<Volume>()
+            .create(&PostParams::default(), &volume)
+            .await
+            .unwrap();
+    }
+
+    pub async fn volume(&self, name: &str) -> Option<Volume> {
+        self.api::<Volume>().get_opt(name).await.unwrap()
+    }
+
+    pub async fn replicas_of(&self, volume: &str) -> Vec<Replica> {
+        let all = self
+            .api::<Replica>()
+            .list(&Default::default())
+            .await
+            .unwrap();
+        all.items
+            .into_iter()
+            .filter(|r| r.spec.instance.volume_name == volume)
+            .collect()
+    }
+
+    pub async fn engine_of(&self, volume: &str) -> Option<Engine> {
+        let all = self
+            .api::<Engine>()
+            .list(&Default::default())
+            .await
+            .unwrap();
+        all.items
+            .into_iter()
+            .find(|e| e.spec.instance.volume_name == volume)
+    }
+
+    pub async fn patch_volume(&self, name: &str, patch: serde_json::Value) {
+        self.api::<Volume>()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    pub async fn until_volume(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&VolumeStatus) -> bool,
+    ) -> Volume {
+        self.until(what, || async {
+            let volume = self.volume(name).await?;
+            volume.status.as_ref().is_some_and(&check).then_some(volume)
+        })
+        .await
+    }
+
+    /// Attaches `volume` to `node` and returns its device path.
+    pub async fn attach(&self, volume: &str, node: &str) -> String {
+        self.patch_volume(volume, json!({"spec": {"nodeID": node}}))
+            .await;
+        self.until_volume(volume, "the volume attached", |s| {
+            s.state == VolumeState::Attached
+        })
+        .await;
+        let engine = self.engine_of(volume).await.unwrap();
+        engine.status.unwrap().endpoint
+    }
+
+    pub async fn detach(&self, volume: &str) {
+        self.patch_volume(volume, json!({"spec": {"nodeID": ""}}))
+            .await;
+        self.until_volume(volume, "the volume detached", |s| {
+            s.state == VolumeState::Detached
+        })
+        .await;
+    }
+
+    /// Deletes the volume and waits until its objects are gone.
+    pub async fn delete_volume(&self, volume: &str) {
+        self.api::<Volume>()
+            .delete(volume, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.until("the volume and its engine and replicas gone", || async {
+            let gone = self.volume(volume).await.is_none()
+                && self.engine_of(volume).await.is_none()
+                && self.replicas_of(volume).await.is_empty();
+            gone.then_some(())
+        })
+        .await;
+    }
+}
+
+pub fn dd(args: &[&str]) {
+    let output = Command::new("dd")
+        .args(args)
+        .arg("status=none")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "dd {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Writes `len` bytes of a seeded pattern at the start of `device`, bypassing
+/// the page cache, and returns them.
+pub fn write_pattern(device: &str, len: usize, seed: u64) -> Vec<u8> {
+    write_pattern_at(device, 0, len, seed)
+}
+
+/// Writes `len` bytes of a seeded pattern `offset_mib` MiB into `device`,
+/// bypassing the page cache, and returns them.
+pub fn write_pattern_at(device: &str, offset_mib: usize, len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 56) as u8
+        })
+        .collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &data).unwrap();
+    let input = format!("if={}", file.path().display());
+    dd(&[
+        &input,
+        &format!("of={device}"),
+        "bs=1M",
+        &format!("seek={offset_mib}"),
+        "oflag=direct",
+        "conv=fsync,notrunc",
+    ]);
+    data
+}
+
+/// Reads `len` bytes from the start of `device`, bypassing the page cache.
+pub fn read_device(device: &str, len: usize) -> Vec<u8> {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let count = format!("count={}", len >> 20);
+    dd(&[
+        &format!("if={device}"),
+        &format!("of={}", file.path().display()),
+        "bs=1M",
+        "iflag=direct",
+        &count,
+    ]);
+    std::fs::read(file.path()).unwrap()
+}
+
+pub fn replica_dir(node: &ManagerProcess, replica: &Replica) -> PathBuf {
+    node.data_dir()
+        .join("replicas")
+        .join(&replica.spec.data_directory_name)
+}
