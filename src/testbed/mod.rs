@@ -13,6 +13,7 @@ mod manager;
 mod mount;
 mod namespace;
 mod process;
+pub mod sidecars;
 
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess};

@@ -1,0 +1,630 @@
+//! A volume's life through Kubernetes' own CSI machinery: the real
+//! csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter,
+//! snapshot-controller and kube-controller-manager's PersistentVolume
+//! controllers drive three `oxhorn manager` nodes. The test plays the two
+//! parts that need a real node: the attach-detach controller (it creates the
+//! VolumeAttachment) and the kubelet (it stages, publishes and expands
+//! through node-1's CSI socket). What a user notices: a claim gets a bound
+//! volume with its replicas on distinct nodes, a pod's files land on it, it
+//! grows, a snapshot restores the files into a new claim, and deleting it all
+//! leaves nothing behind.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Debug;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Client, Resource, ResourceExt};
+use oxhorn::csi::DRIVER_NAME;
+use oxhorn::csi::proto::node_client::NodeClient;
+use oxhorn::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+use oxhorn::csi::proto::{
+    CapacityRange, NodeExpandVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
+    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+};
+use oxhorn::testbed::sidecars::{self, Sidecars};
+use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
+use oxhorn::types::{Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+
+const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+const MIB: i64 = 1 << 20;
+const PATIENCE: Duration = Duration::from_secs(120);
+const NODES: u8 = 3;
+/// Where the volumes attach: the node whose socket the sidecars use.
+const NODE: &str = "node-1";
+const STORAGE_CLASS: &str = "oxhorn-two-replicas";
+const SNAPSHOT_CLASS: &str = "oxhorn-snapshots";
+const FILE: &str = "hello.txt";
+const CONTENT: &[u8] = b"written through a PVC\n";
+
+/// The kubelet's part on node-1: NodeStage/NodePublish/NodeExpand through
+/// the node plugin, into directories under a temp dir whose mounts are
+/// released when this drops, before the engines behind them stop.
+struct Kubelet {
+    node: NodeClient<Channel>,
+    dir: TempDir,
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        testbed::release_under(self.dir.path());
+    }
+}
+
+/// A volume staged and published on node-1, as for a pod.
+struct Published {
+    volume_id: String,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+impl Kubelet {
+    fn capability() -> VolumeCapability {
+        VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: "ext4".into(),
+                ..MountVolume::default()
+            })),
+            access_mode: Some(AccessMode {
+                mode: access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }
+    }
+
+    /// Stages and publishes the volume of `pv`, attached by `attachment`.
+    async fn publish(&mut self, pv: &PersistentVolume, attachment: &VolumeAttachment) -> Published {
+        let csi = pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
+        let volume_id = csi.volume_handle.clone();
+        let volume_context: HashMap<String, String> = csi
+            .volume_attributes
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let publish_context: HashMap<String, String> = attachment
+            .status
+            .as_ref()
+            .and_then(|s| s.attachment_metadata.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        // As the kubelet does: it makes the staging dir and the target's
+        // parent; the plugin makes the target.
+        let pod_dir = self.dir.path().join(pv.name_any());
+        let staging = pod_dir.join("globalmount");
+        let target = pod_dir.join("pod").join("mount");
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        self.node
+            .node_stage_volume(NodeStageVolumeRequest {
+                volume_id: volume_id.clone(),
+                publish_context: publish_context.clone(),
+                staging_target_path: staging.display().to_string(),
+                volume_capability: Some(Self::capability()),
+                volume_context: volume_context.clone(),
+                ..NodeStageVolumeRequest::default()
+            })
+            .await
+            .unwrap_or_else(|status| panic!("NodeStageVolume {volume_id}: {status:?}"));
+        self.node
+            .node_publish_volume(NodePublishVolumeRequest {
+                volume_id: volume_id.clone(),
+                publish_context,
+                staging_target_path: staging.display().to_string(),
+                target_path: target.display().to_string(),
+                volume_capability: Some(Self::capability()),
+                volume_context,
+                ..NodePublishVolumeRequest::default()
+            })
+            .await
+            .unwrap_or_else(|status| panic!("NodePublishVolume {volume_id}: {status:?}"));
+        Published {
+            volume_id,
+            staging,
+            target,
+        }
+    }
+
+    /// Grows the filesystem of a published volume to `bytes`.
+    async fn expand(&mut self, published: &Published, bytes: i64) -> Result<(), tonic::Status> {
+        self.node
+            .node_expand_volume(NodeExpandVolumeRequest {
+                volume_id: published.volume_id.clone(),
+                volume_path: published.target.display().to_string(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                staging_target_path: published.staging.display().to_string(),
+                volume_capability: Some(Self::capability()),
+                ..NodeExpandVolumeRequest::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn unpublish(&mut self, published: Published) {
+        let volume_id = published.volume_id;
+        self.node
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: volume_id.clone(),
+                target_path: published.target.display().to_string(),
+            })
+            .await
+            .unwrap_or_else(|status| panic!("NodeUnpublishVolume {volume_id}: {status:?}"));
+        self.node
+            .node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: volume_id.clone(),
+                staging_target_path: published.staging.display().to_string(),
+            })
+            .await
+            .unwrap_or_else(|status| panic!("NodeUnstageVolume {volume_id}: {status:?}"));
+    }
+}
+
+/// Three nodes, the sidecars on node-1's socket, oxhorn's objects in one
+/// namespace and the users' claims in another.
+struct Cluster {
+    // Dropped in this order: mounts, then the sidecars, then the nodes, then
+    // the namespaces.
+    kubelet: Kubelet,
+    sidecars: Sidecars,
+    nodes: Vec<ManagerProcess>,
+    client: Client,
+    users: TestNamespace,
+    ns: TestNamespace,
+    started: Instant,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let started = Instant::now();
+        let control_plane = testbed::shared();
+        sidecars::apply_snapshot_crds(control_plane).await.unwrap();
+        let ns = TestNamespace::create(control_plane, "oxhorn")
+            .await
+            .unwrap();
+        let users = TestNamespace::create(control_plane, "users").await.unwrap();
+        let client = control_plane.client().unwrap();
+        // This machine's disk is fuller than the default 25% free that
+        // replicas need.
+        let minimal = Setting::new(
+            "storage-minimal-available-percentage",
+            SettingSpec { value: "1".into() },
+        );
+        Api::<Setting>::namespaced(client.clone(), ns.name())
+            .create(&PostParams::default(), &minimal)
+            .await
+            .unwrap();
+        let mut nodes = Vec::new();
+        for i in 1..=NODES {
+            let name = format!("node-{i}");
+            testbed::register_kube_node(&client, &name, &[])
+                .await
+                .unwrap();
+            sidecars::register_csi_node(&client, &name).await.unwrap();
+            let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
+            options.ip = IpAddr::from([127, 0, 30, i]);
+            nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
+        }
+        let socket = nodes[0].connect(PATIENCE).await.unwrap();
+        let sidecars = Sidecars::start(control_plane.kubeconfig(), nodes[0].socket()).unwrap();
+        let kubelet = Kubelet {
+            node: NodeClient::new(socket),
+            dir: tempfile::Builder::new()
+                .prefix("oxhorn-kubelet-")
+                .tempdir()
+                .unwrap(),
+        };
+        let cluster = Self {
+            kubelet,
+            sidecars,
+            nodes,
+            client,
+            users,
+            ns,
+            started,
+        };
+        cluster.report("cluster and sidecars started");
+        cluster
+    }
+
+    fn report(&self, what: &str) {
+        eprintln!("[{:>6.1?}] {what}", self.started.elapsed());
+    }
+
+    fn oxhorn<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.ns.name())
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), self.users.name())
+    }
+
+    fn snapshots(&self) -> Api<DynamicObject> {
+        let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
+        Api::namespaced_with(self.client.clone(), self.users.name(), &resource)
+    }
+
+    fn logs(&self) -> String {
+        let managers: String = self
+            .nodes
+            .iter()
+            .map(|n| format!("==== {} ====\n{}\n", n.node_id(), tail(&n.log(), 40)))
+            .collect();
+        format!("{}{managers}", self.sidecars.logs(40))
+    }
+
+    /// Polls `check` until it returns Some; fails the test with the logs
+    /// after PATIENCE, or at once when a sidecar exits.
+    async fn until<T, F, Fut>(&mut self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let step = Instant::now();
+        let deadline = step + PATIENCE;
+        loop {
+            if let Some(value) = check().await {
+                eprintln!(
+                    "[{:>6.1?}] {what} after {:.1?}",
+                    self.started.elapsed(),
+                    step.elapsed()
+                );
+                return value;
+            }
+            if let Err(e) = self.sidecars.check_running() {
+                panic!("waiting for {what}: {e}\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn create_storage_classes(&self) {
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": STORAGE_CLASS},
+            "provisioner": DRIVER_NAME,
+            "parameters": {"numberOfReplicas": "2", "staleReplicaTimeout": "30"},
+            "allowVolumeExpansion": true,
+        }))
+        .unwrap();
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+        let resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
+        let snapshot_class = DynamicObject::new(SNAPSHOT_CLASS, &resource)
+            .data(json!({"driver": DRIVER_NAME, "deletionPolicy": "Delete"}));
+        Api::<DynamicObject>::all_with(self.client.clone(), &resource)
+            .create(&PostParams::default(), &snapshot_class)
+            .await
+            .unwrap();
+    }
+
+    /// Claims `size` of the storage class, from `data_source` if any, and
+    /// returns the PersistentVolume it is bound to.
+    async fn claim(
+        &mut self,
+        name: &str,
+        size: &str,
+        data_source: Option<serde_json::Value>,
+    ) -> PersistentVolume {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": STORAGE_CLASS,
+                "resources": {"requests": {"storage": size}},
+                "dataSource": data_source,
+            },
+        }))
+        .unwrap();
+        let claims = self.claims();
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+        let volume_name = self
+            .until(&format!("PVC {name} bound"), || async {
+                let claim = claims.get(name).await.ok()?;
+                let bound = claim.status.as_ref()?.phase.as_deref() == Some("Bound");
+                bound.then_some(claim.spec?.volume_name?)
+            })
+            .await;
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        pvs.get(&volume_name).await.unwrap()
+    }
+
+    /// Attaches the volume of `pv` to node-1 as the attach-detach controller
+    /// would, and waits for csi-attacher to report it attached.
+    async fn attach(&mut self, pv: &PersistentVolume) -> VolumeAttachment {
+        let name = attachment_name(pv);
+        let attachment: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "attacher": DRIVER_NAME,
+                "nodeName": NODE,
+                "source": {"persistentVolumeName": pv.name_any()},
+            },
+        }))
+        .unwrap();
+        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        attachments
+            .create(&PostParams::default(), &attachment)
+            .await
+            .unwrap();
+        self.until(&format!("{} attached to {NODE}", pv.name_any()), || async {
+            let attachment = attachments.get(&name).await.ok()?;
+            let attached = attachment.status.as_ref()?.attached;
+            attached.then_some(attachment)
+        })
+        .await
+    }
+
+    async fn detach(&mut self, pv: &PersistentVolume) {
+        let name = attachment_name(pv);
+        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        attachments
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.until(&format!("{} detached", pv.name_any()), || async {
+            attachments
+                .get_opt(&name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// The oxhorn Volume behind `pv`, once its replicas are placed: their
+    /// nodes.
+    async fn replica_nodes(&mut self, pv: &PersistentVolume) -> (Volume, Vec<String>) {
+        let volume_id = volume_id(pv);
+        let volumes = self.oxhorn::<Volume>();
+        let replicas = self.oxhorn::<Replica>();
+        self.until(
+            &format!("Volume {volume_id} has its replicas placed"),
+            || async {
+                let volume = volumes.get_opt(&volume_id).await.ok()??;
+                let nodes: Vec<String> = replicas
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|r| r.spec.instance.volume_name == volume_id)
+                    .map(|r| r.spec.instance.node_id)
+                    .collect();
+                let placed = nodes.len() == volume.spec.number_of_replicas as usize
+                    && nodes.iter().all(|n| !n.is_empty());
+                placed.then_some((volume, nodes))
+            },
+        )
+        .await
+    }
+
+    /// Every PV and VolumeSnapshotContent, and every oxhorn object: what
+    /// must be gone once the claims and snapshots are.
+    async fn leftovers(&self) -> Vec<String> {
+        let contents = snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents");
+        [
+            names(Api::<PersistentVolume>::all(self.client.clone())).await,
+            names(Api::<DynamicObject>::all_with(
+                self.client.clone(),
+                &contents,
+            ))
+            .await,
+            names(self.oxhorn::<Volume>()).await,
+            names(self.oxhorn::<Engine>()).await,
+            names(self.oxhorn::<Replica>()).await,
+            names(self.oxhorn::<Snapshot>()).await,
+        ]
+        .concat()
+    }
+}
+
+/// Every object of `api`, as kind/name.
+async fn names<K>(api: Api<K>) -> Vec<String>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .iter()
+        .map(|o| format!("{}/{}", list.types.kind.trim_end_matches("List"), o.name_any()))
+        .collect()
+}
+
+fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind);
+    ApiResource::from_gvk_with_plural(&gvk, plural)
+}
+
+fn attachment_name(pv: &PersistentVolume) -> String {
+    format!("{}-{NODE}", pv.name_any())
+}
+
+fn volume_id(pv: &PersistentVolume) -> String {
+    let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+    csi.map(|c| c.volume_handle.clone()).unwrap_or_default()
+}
+
+fn capacity(pv: &PersistentVolume) -> i64 {
+    let capacity = pv.spec.as_ref().and_then(|s| s.capacity.as_ref());
+    capacity.and_then(|c| c.get("storage")).map_or(0, bytes)
+}
+
+/// A storage quantity in bytes: plain, or with a binary suffix.
+fn bytes(quantity: &Quantity) -> i64 {
+    let text = quantity.0.as_str();
+    let suffixes = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)];
+    for (suffix, shift) in suffixes {
+        if let Some(number) = text.strip_suffix(suffix) {
+            return number.parse::<i64>().unwrap() << shift;
+        }
+    }
+    text.parse().unwrap()
+}
+
+/// The size of the filesystem mounted at `path`.
+fn filesystem_size(path: &Path) -> i64 {
+    let stat = nix::sys::statvfs::statvfs(path).unwrap();
+    (stat.blocks() * stat.fragment_size()) as i64
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Writes the file through the mount and makes it durable on the volume.
+fn write_file(dir: &Path) {
+    let path = dir.join(FILE);
+    std::fs::write(&path, CONTENT).unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let root = std::fs::File::open(dir).unwrap();
+    nix::unistd::syncfs(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted() {
+    let mut cluster = Cluster::start().await;
+    cluster.create_storage_classes().await;
+
+    // Provision: a bound PV whose volume has two replicas on distinct nodes.
+    let pv = cluster.claim("data", "64Mi", None).await;
+    assert_eq!(capacity(&pv), 64 * MIB, "the PV has the claimed size");
+    let (volume, nodes) = cluster.replica_nodes(&pv).await;
+    assert_eq!(volume.spec.number_of_replicas, 2, "from the StorageClass");
+    let distinct: BTreeSet<&String> = nodes.iter().collect();
+    assert_eq!(distinct.len(), 2, "replicas on distinct nodes: {nodes:?}");
+
+    // Attach and mount on node-1, as for a pod; the file reads back.
+    let attachment = cluster.attach(&pv).await;
+    let published = cluster.kubelet.publish(&pv, &attachment).await;
+    cluster.report("staged and published on node-1");
+    write_file(&published.target);
+    assert_eq!(std::fs::read(published.target.join(FILE)).unwrap(), CONTENT);
+
+    // Expand: the resizer grows the volume, the kubelet its filesystem.
+    let before = filesystem_size(&published.target);
+    let grow = json!({"spec": {"resources": {"requests": {"storage": "96Mi"}}}});
+    cluster
+        .claims()
+        .patch("data", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
+    let pv_name = pv.name_any();
+    cluster
+        .until("the PV grown to 96Mi", || async {
+            let pv = pvs.get(&pv_name).await.ok()?;
+            (capacity(&pv) == 96 * MIB).then_some(())
+        })
+        .await;
+    let mut failures = Vec::new();
+    match cluster.kubelet.expand(&published, 96 * MIB).await {
+        Ok(()) => {
+            let after = filesystem_size(&published.target);
+            cluster.report(&format!("filesystem grown from {before} to {after} bytes"));
+            if after < before + 24 * MIB {
+                failures.push(format!(
+                    "the filesystem did not grow: {before} -> {after} bytes"
+                ));
+            }
+        }
+        // Reported at the end: the snapshot steps still tell something.
+        Err(status) => {
+            let failure = format!("NodeExpandVolume (online ext4 grow) failed: {status:?}");
+            eprintln!("FAILED: {failure}");
+            failures.push(failure);
+        }
+    }
+
+    // Snapshot, and restore it into a new claim that holds the file.
+    let snapshot = DynamicObject::new(
+        "data-snap",
+        &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
+    )
+    .data(json!({"spec": {
+        "volumeSnapshotClassName": SNAPSHOT_CLASS,
+        "source": {"persistentVolumeClaimName": "data"},
+    }}));
+    let snapshots = cluster.snapshots();
+    snapshots
+        .create(&PostParams::default(), &snapshot)
+        .await
+        .unwrap();
+    cluster
+        .until("VolumeSnapshot readyToUse", || async {
+            let snapshot = snapshots.get("data-snap").await.ok()?;
+            let ready = snapshot.data.pointer("/status/readyToUse")?.as_bool()?;
+            ready.then_some(())
+        })
+        .await;
+    let source = json!({
+        "apiGroup": "snapshot.storage.k8s.io",
+        "kind": "VolumeSnapshot",
+        "name": "data-snap",
+    });
+    let restored_pv = cluster.claim("restored", "96Mi", Some(source)).await;
+    let restored_attachment = cluster.attach(&restored_pv).await;
+    let restored = cluster
+        .kubelet
+        .publish(&restored_pv, &restored_attachment)
+        .await;
+    assert_eq!(
+        std::fs::read(restored.target.join(FILE)).unwrap(),
+        CONTENT,
+        "the restored claim holds the file written before the snapshot"
+    );
+    cluster.report("the restored claim holds the file");
+
+    // Delete it all: nothing of the driver's or oxhorn's is left.
+    cluster.kubelet.unpublish(restored).await;
+    cluster.kubelet.unpublish(published).await;
+    cluster.detach(&restored_pv).await;
+    cluster.detach(&pv).await;
+    snapshots
+        .delete("data-snap", &DeleteParams::default())
+        .await
+        .unwrap();
+    let claims = cluster.claims();
+    for claim in ["restored", "data"] {
+        claims
+            .delete(claim, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let deleted = Instant::now();
+    let mut left = Vec::new();
+    while deleted.elapsed() < PATIENCE {
+        left = cluster.leftovers().await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(left.is_empty(), "left behind: {left:?}\n{}", cluster.logs());
+    cluster.report("every PV, VolumeSnapshotContent and oxhorn object gone");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
