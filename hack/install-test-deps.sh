@@ -89,6 +89,18 @@ module_dir() {
 	(cd / && go mod download -json "$1@$2") | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'
 }
 
+# Module zips leave nested modules out: a `replace M => ./dir` pointing at one
+# gets M at the same version from the proxy (external-snapshotter's client).
+fill_nested_modules() { # WORK VERSION
+	local work=$1 version=$2 module dir
+	sed -n 's|^replace \([^ ]*\) => \(\./[^ ]*\)$|\1 \2|p' "$work/go.mod" |
+		while read -r module dir; do
+			[ -e "$work/$dir" ] && continue
+			mkdir -p "$work/$dir"
+			cp -r "$(module_dir "$module" "$version")/." "$work/$dir"
+		done
+}
+
 # build_commands MODULE VERSION CMD...: builds each ./cmd/CMD of the module.
 # The sidecars' go.mod files have replace directives, which `go install
 # pkg@version` refuses; building inside a writable copy of the module honours
@@ -102,10 +114,12 @@ build_commands() {
 	[ ${#missing[@]} -eq 0 ] && return
 	src=$(module_dir "$module" "$version")
 	# Under the cache, so a failed build's copy is replaced by the next run.
-	work=$cache/src/$(basename "$src")
+	work=$cache/src/${module//\//_}@$version
 	rm -rf "$work"
 	mkdir -p "$work"
 	cp -r "$src/." "$work"
+	chmod -R u+w "$work"
+	fill_nested_modules "$work" "$version"
 	chmod -R u+w "$work"
 	for cmd in "${missing[@]}"; do
 		log "go build $cmd $version (minutes on a cold cache)"
@@ -114,6 +128,7 @@ build_commands() {
 		stamp "$cmd" "$version"
 	done
 	rm -rf "$work"
+	rmdir "$cache/src" 2>/dev/null || true
 }
 
 build_sidecars() {

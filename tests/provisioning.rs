@@ -9,10 +9,10 @@
 //! grows, a snapshot restores the files into a new claim, and deleting it all
 //! leaves nothing behind.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -23,19 +23,12 @@ use kube::api::{
 };
 use kube::{Client, Resource, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::csi::proto::node_client::NodeClient;
-use oxhorn::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
-use oxhorn::csi::proto::{
-    CapacityRange, NodeExpandVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
-    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
-};
+use oxhorn::testbed::kubelet::{self, Kubelet};
 use oxhorn::testbed::sidecars::{self, Sidecars};
 use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
 use oxhorn::types::{Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tempfile::TempDir;
-use tonic::transport::Channel;
 
 const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
 const MIB: i64 = 1 << 20;
@@ -47,131 +40,6 @@ const STORAGE_CLASS: &str = "oxhorn-two-replicas";
 const SNAPSHOT_CLASS: &str = "oxhorn-snapshots";
 const FILE: &str = "hello.txt";
 const CONTENT: &[u8] = b"written through a PVC\n";
-
-/// The kubelet's part on node-1: NodeStage/NodePublish/NodeExpand through
-/// the node plugin, into directories under a temp dir whose mounts are
-/// released when this drops, before the engines behind them stop.
-struct Kubelet {
-    node: NodeClient<Channel>,
-    dir: TempDir,
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        testbed::release_under(self.dir.path());
-    }
-}
-
-/// A volume staged and published on node-1, as for a pod.
-struct Published {
-    volume_id: String,
-    staging: PathBuf,
-    target: PathBuf,
-}
-
-impl Kubelet {
-    fn capability() -> VolumeCapability {
-        VolumeCapability {
-            access_type: Some(AccessType::Mount(MountVolume {
-                fs_type: "ext4".into(),
-                ..MountVolume::default()
-            })),
-            access_mode: Some(AccessMode {
-                mode: access_mode::Mode::SingleNodeWriter as i32,
-            }),
-        }
-    }
-
-    /// Stages and publishes the volume of `pv`, attached by `attachment`.
-    async fn publish(&mut self, pv: &PersistentVolume, attachment: &VolumeAttachment) -> Published {
-        let csi = pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
-        let volume_id = csi.volume_handle.clone();
-        let volume_context: HashMap<String, String> = csi
-            .volume_attributes
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        let publish_context: HashMap<String, String> = attachment
-            .status
-            .as_ref()
-            .and_then(|s| s.attachment_metadata.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        // As the kubelet does: it makes the staging dir and the target's
-        // parent; the plugin makes the target.
-        let pod_dir = self.dir.path().join(pv.name_any());
-        let staging = pod_dir.join("globalmount");
-        let target = pod_dir.join("pod").join("mount");
-        std::fs::create_dir_all(&staging).unwrap();
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        self.node
-            .node_stage_volume(NodeStageVolumeRequest {
-                volume_id: volume_id.clone(),
-                publish_context: publish_context.clone(),
-                staging_target_path: staging.display().to_string(),
-                volume_capability: Some(Self::capability()),
-                volume_context: volume_context.clone(),
-                ..NodeStageVolumeRequest::default()
-            })
-            .await
-            .unwrap_or_else(|status| panic!("NodeStageVolume {volume_id}: {status:?}"));
-        self.node
-            .node_publish_volume(NodePublishVolumeRequest {
-                volume_id: volume_id.clone(),
-                publish_context,
-                staging_target_path: staging.display().to_string(),
-                target_path: target.display().to_string(),
-                volume_capability: Some(Self::capability()),
-                volume_context,
-                ..NodePublishVolumeRequest::default()
-            })
-            .await
-            .unwrap_or_else(|status| panic!("NodePublishVolume {volume_id}: {status:?}"));
-        Published {
-            volume_id,
-            staging,
-            target,
-        }
-    }
-
-    /// Grows the filesystem of a published volume to `bytes`.
-    async fn expand(&mut self, published: &Published, bytes: i64) -> Result<(), tonic::Status> {
-        self.node
-            .node_expand_volume(NodeExpandVolumeRequest {
-                volume_id: published.volume_id.clone(),
-                volume_path: published.target.display().to_string(),
-                capacity_range: Some(CapacityRange {
-                    required_bytes: bytes,
-                    limit_bytes: 0,
-                }),
-                staging_target_path: published.staging.display().to_string(),
-                volume_capability: Some(Self::capability()),
-                ..NodeExpandVolumeRequest::default()
-            })
-            .await
-            .map(|_| ())
-    }
-
-    async fn unpublish(&mut self, published: Published) {
-        let volume_id = published.volume_id;
-        self.node
-            .node_unpublish_volume(NodeUnpublishVolumeRequest {
-                volume_id: volume_id.clone(),
-                target_path: published.target.display().to_string(),
-            })
-            .await
-            .unwrap_or_else(|status| panic!("NodeUnpublishVolume {volume_id}: {status:?}"));
-        self.node
-            .node_unstage_volume(NodeUnstageVolumeRequest {
-                volume_id: volume_id.clone(),
-                staging_target_path: published.staging.display().to_string(),
-            })
-            .await
-            .unwrap_or_else(|status| panic!("NodeUnstageVolume {volume_id}: {status:?}"));
-    }
-}
 
 /// Three nodes, the sidecars on node-1's socket, oxhorn's objects in one
 /// namespace and the users' claims in another.
@@ -220,13 +88,7 @@ impl Cluster {
         }
         let socket = nodes[0].connect(PATIENCE).await.unwrap();
         let sidecars = Sidecars::start(control_plane.kubeconfig(), nodes[0].socket()).unwrap();
-        let kubelet = Kubelet {
-            node: NodeClient::new(socket),
-            dir: tempfile::Builder::new()
-                .prefix("oxhorn-kubelet-")
-                .tempdir()
-                .unwrap(),
-        };
+        let kubelet = Kubelet::new(socket).unwrap();
         let cluster = Self {
             kubelet,
             sidecars,
@@ -354,16 +216,8 @@ impl Cluster {
     /// Attaches the volume of `pv` to node-1 as the attach-detach controller
     /// would, and waits for csi-attacher to report it attached.
     async fn attach(&mut self, pv: &PersistentVolume) -> VolumeAttachment {
-        let name = attachment_name(pv);
-        let attachment: VolumeAttachment = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "attacher": DRIVER_NAME,
-                "nodeName": NODE,
-                "source": {"persistentVolumeName": pv.name_any()},
-            },
-        }))
-        .unwrap();
+        let name = kubelet::attachment_name(&pv.name_any(), NODE);
+        let attachment = kubelet::volume_attachment(&pv.name_any(), NODE);
         let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
         attachments
             .create(&PostParams::default(), &attachment)
@@ -378,7 +232,7 @@ impl Cluster {
     }
 
     async fn detach(&mut self, pv: &PersistentVolume) {
-        let name = attachment_name(pv);
+        let name = kubelet::attachment_name(&pv.name_any(), NODE);
         let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
         attachments
             .delete(&name, &DeleteParams::default())
@@ -450,17 +304,19 @@ where
     let list = api.list(&Default::default()).await.unwrap();
     list.items
         .iter()
-        .map(|o| format!("{}/{}", list.types.kind.trim_end_matches("List"), o.name_any()))
+        .map(|o| {
+            format!(
+                "{}/{}",
+                list.types.kind.trim_end_matches("List"),
+                o.name_any()
+            )
+        })
         .collect()
 }
 
 fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind);
     ApiResource::from_gvk_with_plural(&gvk, plural)
-}
-
-fn attachment_name(pv: &PersistentVolume) -> String {
-    format!("{}-{NODE}", pv.name_any())
 }
 
 fn volume_id(pv: &PersistentVolume) -> String {
@@ -520,7 +376,7 @@ async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted(
 
     // Attach and mount on node-1, as for a pod; the file reads back.
     let attachment = cluster.attach(&pv).await;
-    let published = cluster.kubelet.publish(&pv, &attachment).await;
+    let published = cluster.kubelet.publish(&pv, &attachment).await.unwrap();
     cluster.report("staged and published on node-1");
     write_file(&published.target);
     assert_eq!(std::fs::read(published.target.join(FILE)).unwrap(), CONTENT);
@@ -553,8 +409,8 @@ async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted(
             }
         }
         // Reported at the end: the snapshot steps still tell something.
-        Err(status) => {
-            let failure = format!("NodeExpandVolume (online ext4 grow) failed: {status:?}");
+        Err(error) => {
+            let failure = format!("online ext4 grow failed: {error}");
             eprintln!("FAILED: {failure}");
             failures.push(failure);
         }
@@ -591,7 +447,8 @@ async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted(
     let restored = cluster
         .kubelet
         .publish(&restored_pv, &restored_attachment)
-        .await;
+        .await
+        .unwrap();
     assert_eq!(
         std::fs::read(restored.target.join(FILE)).unwrap(),
         CONTENT,
@@ -600,8 +457,8 @@ async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted(
     cluster.report("the restored claim holds the file");
 
     // Delete it all: nothing of the driver's or oxhorn's is left.
-    cluster.kubelet.unpublish(restored).await;
-    cluster.kubelet.unpublish(published).await;
+    cluster.kubelet.unpublish(restored).await.unwrap();
+    cluster.kubelet.unpublish(published).await.unwrap();
     cluster.detach(&restored_pv).await;
     cluster.detach(&pv).await;
     snapshots

@@ -9,6 +9,7 @@
 mod certs;
 mod controlplane;
 mod dataplane;
+pub mod kubelet;
 mod manager;
 mod mount;
 mod namespace;
