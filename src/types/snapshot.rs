@@ -17,7 +17,7 @@ use super::Condition;
     kind = "Snapshot",
     namespaced,
     status = "SnapshotStatus",
-    shortname = "oxs",
+    shortname = "oxsnap",
     category = "oxhorn",
     doc = "A point-in-time copy of a volume, held by every replica of the volume.",
     printcolumn(
