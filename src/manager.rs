@@ -19,8 +19,9 @@ use tonic::transport::Server;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::controller::{self, NodeConfig};
+use crate::csi::proto::controller_server::ControllerServer;
 use crate::csi::proto::identity_server::IdentityServer;
-use crate::csi::{self, IdentityService};
+use crate::csi::{self, ControllerService, IdentityService, VolumeLocks};
 use crate::datastore::Datastore;
 use crate::instance::{InstanceManager, InstanceManagerConfig};
 use crate::{Error, Result, names};
@@ -97,10 +98,16 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
         let (listener, _socket) = csi::endpoint::bind(&socket_path)?;
         info!(socket = %socket_path.display(), namespace = %config.namespace, "serving CSI");
         let identity = IdentityService::new(datastore.readiness());
+        let controller = ControllerService::new(
+            client.clone(),
+            Arc::clone(&datastore),
+            VolumeLocks::default(),
+        );
         let controllers = start_controllers(config.clone(), client, Arc::clone(&datastore));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = Server::builder()
             .add_service(IdentityServer::new(identity))
+            .add_service(ControllerServer::new(controller))
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                 let _ = stop_rx.await;
             });

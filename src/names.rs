@@ -26,9 +26,34 @@ pub fn validate_dns_subdomain(what: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The object name for a name chosen elsewhere (a CSI volume or snapshot
+/// name): the name itself when it is a lowercase DNS label of at most
+/// `max_len` characters, else a readable prefix of it and a hash of the whole,
+/// so that distinct names get distinct objects.
+pub fn object_name(name: &str, max_len: usize) -> String {
+    let label_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    let valid = validate_dns_subdomain("name", name).is_ok() && !name.contains('.');
+    if valid && name.len() <= max_len {
+        return name.to_owned();
+    }
+    let hash = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
+    let prefix: String = name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if label_char(c) { c } else { '-' })
+        .take(max_len.saturating_sub(hash.len() + 1))
+        .collect();
+    let prefix = prefix.trim_matches('-');
+    if prefix.is_empty() {
+        hash
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::validate_dns_subdomain;
+    use super::{object_name, validate_dns_subdomain};
 
     #[test]
     fn accepts_kubernetes_node_names() {
@@ -53,6 +78,23 @@ mod tests {
         ] {
             let err = validate_dns_subdomain("node id", bad).expect_err(bad);
             assert!(err.starts_with("node id"), "{err}");
+        }
+    }
+
+    #[test]
+    fn object_names_keep_valid_names_and_hash_the_others() {
+        assert_eq!(object_name("pvc-1234", 63), "pvc-1234");
+        let upper = object_name("sanity-vol-7B3E0A1C-1F2E3D4C", 63);
+        assert!(
+            upper.starts_with("sanity-vol-7b3e0a1c-1f2e3d4c-"),
+            "{upper}"
+        );
+        assert_ne!(upper, object_name("sanity-vol-7b3e0a1c-1f2e3d4c-x", 63));
+        let long = object_name(&"a".repeat(100), 40);
+        assert!(long.len() <= 40, "{long}");
+        for name in [upper, long, object_name("..//", 63), object_name("A.B", 63)] {
+            assert_eq!(validate_dns_subdomain("name", &name), Ok(()), "{name}");
+            assert!(!name.contains('.'), "{name}");
         }
     }
 }

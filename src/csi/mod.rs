@@ -1,10 +1,19 @@
 //! The CSI services that Kubernetes (kubelet and the CSI sidecars) calls, served
-//! over a unix socket. Each service lives in a file of its own.
+//! over a unix socket. Each service lives in a file of its own; `error.rs`
+//! maps API failures to CSI codes in one place.
 
+mod capability;
 pub mod client;
+mod controller;
 pub mod endpoint;
+mod error;
+mod guard;
 mod identity;
+mod parameters;
+mod snapshots;
 
+pub use controller::ControllerService;
+pub use guard::VolumeLocks;
 pub use identity::IdentityService;
 
 /// Code generated from csi-proto/csi.proto (CSI v1.12).
@@ -15,3 +24,7 @@ pub mod proto {
 
 /// The name this plugin registers under (GetPluginInfo, StorageClass provisioner).
 pub const DRIVER_NAME: &str = "driver.oxhorn.io";
+
+/// Topology keys: a node's zone and region, from its Kubernetes Node's labels.
+pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+pub const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";

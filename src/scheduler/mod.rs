@@ -115,6 +115,35 @@ pub fn schedule(
     Ok(pick(&disks, &siblings, rng))
 }
 
+/// What one more replica could get on each disk that may take one, on the
+/// nodes `in_segment` accepts, given the volume's tag selectors: the
+/// capacity a CSI GetCapacity reports.
+pub fn schedulable_space(
+    cluster: &Cluster<'_>,
+    volume: &Volume,
+    settings: &SchedulerSettings,
+    in_segment: &dyn Fn(&Node) -> bool,
+) -> Vec<i64> {
+    let Ok(nodes) = schedulable_nodes(cluster) else {
+        return Vec::new();
+    };
+    let nodes: Vec<&Node> = nodes.into_iter().filter(|n| in_segment(n)).collect();
+    let Ok(nodes) = matching_nodes(nodes, volume) else {
+        return Vec::new();
+    };
+    let disks = usable_disks(&nodes).and_then(|disks| matching_disks(disks, volume));
+    let promised = promised_bytes(cluster.replicas);
+    disks
+        .unwrap_or_default()
+        .into_iter()
+        .map(|disk| {
+            let key = (node_name(disk.node), disk.status.fsid.as_str());
+            let room = Room::new(disk, promised.get(&key).copied().unwrap_or(0), settings);
+            i64::try_from(room.schedulable()).unwrap_or(i64::MAX)
+        })
+        .collect()
+}
+
 /// Where the volume's other replicas already are, by node and by zone.
 struct Siblings<'a> {
     nodes: HashSet<&'a str>,
@@ -897,6 +926,37 @@ mod tests {
 
     fn distinct(nodes: &[String]) -> usize {
         nodes.iter().collect::<HashSet<_>>().len()
+    }
+
+    #[test]
+    fn schedulable_space_counts_promises_headroom_and_segments() {
+        // node-a: 100 GiB, 10 GiB promised; node-b: 40 GiB free of 100; node-c down.
+        let world = World::new([
+            node("node-a").zone("z1"),
+            node("node-b")
+                .zone("z2")
+                .disk_status("default", |d| d.storage_available = 40 * GIB),
+            node("node-c").zone("z1"),
+        ])
+        .with_replica(replica("r1", "other", 10 * GIB, "node-a", "node-a-fs"))
+        .down("node-c");
+        let up = |node: &str| !world.down.iter().any(|d| d == node);
+        let cluster = Cluster {
+            nodes: &world.nodes,
+            replicas: &world.replicas,
+            node_up: &up,
+        };
+        let settings = SchedulerSettings::default();
+        let vol = volume(GIB, 1);
+        let mut all = schedulable_space(&cluster, &vol, &settings, &|_| true);
+        all.sort();
+        // node-b: 40 GiB free minus the 25 GiB that must stay free.
+        assert_eq!(all, vec![15 * GIB, 75 * GIB]);
+        let z1 = schedulable_space(&cluster, &vol, &settings, &|n| zone(n) == "z1");
+        assert_eq!(z1, vec![75 * GIB], "node-c is down");
+        let mut tagged = vol.clone();
+        tagged.spec.disk_selector = strings(&["ssd"]);
+        assert!(schedulable_space(&cluster, &tagged, &settings, &|_| true).is_empty());
     }
 
     #[test]

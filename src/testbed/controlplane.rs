@@ -114,10 +114,14 @@ impl ControlPlane {
             let name = crd.metadata.name.clone().unwrap_or_default();
             api.patch(&name, &params, &Patch::Apply(&crd)).await?;
             let established = await_condition(api.clone(), &name, conditions::is_crd_established());
-            tokio::time::timeout(Duration::from_secs(30), established)
-                .await
-                .map_err(|_| Error::Testbed(format!("CRD {name} not established after 30s")))?
-                .map_err(|e| Error::Testbed(format!("waiting for CRD {name}: {e}")))?;
+            let Ok(waited) = tokio::time::timeout(Duration::from_secs(30), established).await
+            else {
+                let conditions = api.get(&name).await?.status.and_then(|s| s.conditions);
+                return Err(Error::Testbed(format!(
+                    "CRD {name} not established after 30s: {conditions:?}"
+                )));
+            };
+            waited.map_err(|e| Error::Testbed(format!("waiting for CRD {name}: {e}")))?;
         }
         Ok(())
     }

@@ -1,0 +1,314 @@
+//! What a CreateVolume asks for beyond its name: the StorageClass parameters,
+//! parsed into typed values, and the capacity range, turned into a size.
+//! Anything unknown or malformed is an INVALID_ARGUMENT naming the key.
+
+use std::collections::HashMap;
+
+use tonic::Status;
+
+use crate::types::{DataLocality, Frontend, ReplicaAutoBalance};
+
+const MIB: i64 = 1 << 20;
+/// Sizes are whole numbers of this: the data plane's rebuild chunk.
+pub const SIZE_GRANULE: i64 = 2 * MIB;
+/// The smallest volume: room for a filesystem's metadata and a little data.
+pub const MIN_VOLUME_SIZE: i64 = 16 * MIB;
+/// The size of a volume whose request names none.
+pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
+
+/// Keys the external-provisioner adds (PVC and PV names with
+/// --extra-create-metadata); they describe the request, not the volume.
+const PROVISIONER_PREFIX: &str = "csi.storage.k8s.io/";
+
+const KNOWN_KEYS: &[&str] = &[
+    "numberOfReplicas",
+    "staleReplicaTimeout",
+    "dataLocality",
+    "diskSelector",
+    "nodeSelector",
+    "replicaAutoBalance",
+    "fsType",
+    "frontend",
+    "fromBackup",
+];
+
+/// A filesystem the node service can make and grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+}
+
+/// The StorageClass parameters of a volume. Counts left out fall back to the
+/// cluster's settings when the volume is made.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeParameters {
+    pub number_of_replicas: Option<i32>,
+    /// Minutes.
+    pub stale_replica_timeout: Option<i64>,
+    pub data_locality: DataLocality,
+    pub disk_selector: Vec<String>,
+    pub node_selector: Vec<String>,
+    pub replica_auto_balance: ReplicaAutoBalance,
+    pub fs_type: Option<FsType>,
+    pub frontend: Frontend,
+}
+
+impl VolumeParameters {
+    pub fn parse(parameters: &HashMap<String, String>) -> Result<Self, Status> {
+        let mut parsed = Self::default();
+        let mut keys: Vec<&String> = parameters.keys().collect();
+        keys.sort();
+        for key in keys {
+            let value = parameters[key].trim();
+            if key.starts_with(PROVISIONER_PREFIX) {
+                continue;
+            }
+            parsed.set(key, value).map_err(|why| {
+                Status::invalid_argument(format!("parameter {key}={value:?}: {why}"))
+            })?;
+        }
+        Ok(parsed)
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "numberOfReplicas" => {
+                self.number_of_replicas = Some(
+                    whole(value, 1, 20)?
+                        .try_into()
+                        .map_err(|_| "out of range")?,
+                )
+            }
+            "staleReplicaTimeout" => self.stale_replica_timeout = Some(whole(value, 1, i64::MAX)?),
+            "dataLocality" => self.data_locality = data_locality(value)?,
+            "diskSelector" => self.disk_selector = tags(value)?,
+            "nodeSelector" => self.node_selector = tags(value)?,
+            "replicaAutoBalance" => self.replica_auto_balance = auto_balance(value)?,
+            "fsType" => self.fs_type = Some(fs_type(value)?),
+            "frontend" => self.frontend = frontend(value)?,
+            "fromBackup" if value.is_empty() => {}
+            "fromBackup" => return Err("restoring from a backup is not available yet".into()),
+            _ => {
+                return Err(format!(
+                    "unknown parameter; the known ones are {}",
+                    KNOWN_KEYS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the node service needs to know of the volume: the filesystem
+    /// to make when the capability names none.
+    pub fn volume_context(&self) -> HashMap<String, String> {
+        self.fs_type
+            .map(|fs| ("fsType".to_owned(), fs.as_str().to_owned()))
+            .into_iter()
+            .collect()
+    }
+}
+
+fn whole(value: &str, min: i64, max: i64) -> Result<i64, String> {
+    value
+        .parse::<i64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| {
+            if max == i64::MAX {
+                format!("must be a whole number of at least {min}")
+            } else {
+                format!("must be a whole number from {min} to {max}")
+            }
+        })
+}
+
+fn data_locality(value: &str) -> Result<DataLocality, String> {
+    match value {
+        "" | "disabled" => Ok(DataLocality::Disabled),
+        "best-effort" | "strict-local" => Err(format!(
+            "data locality {value} is not available yet; use disabled"
+        )),
+        _ => Err("must be disabled, best-effort or strict-local".into()),
+    }
+}
+
+fn auto_balance(value: &str) -> Result<ReplicaAutoBalance, String> {
+    match value {
+        "" | "ignored" => Ok(ReplicaAutoBalance::Ignored),
+        "disabled" => Ok(ReplicaAutoBalance::Disabled),
+        "least-effort" | "best-effort" => Err(format!(
+            "replica auto-balance {value} is not available yet; use ignored or disabled"
+        )),
+        _ => Err("must be ignored, disabled, least-effort or best-effort".into()),
+    }
+}
+
+pub fn fs_type(value: &str) -> Result<FsType, String> {
+    match value {
+        "ext4" => Ok(FsType::Ext4),
+        "xfs" => Ok(FsType::Xfs),
+        _ => Err("must be ext4 or xfs".into()),
+    }
+}
+
+fn frontend(value: &str) -> Result<Frontend, String> {
+    match value {
+        "" | "fuse" => Ok(Frontend::Fuse),
+        "iscsi" => Err("the iscsi frontend is not available yet; use fuse".into()),
+        _ => Err("must be fuse or iscsi".into()),
+    }
+}
+
+/// "ssd, fast" -> ["ssd", "fast"]; tags are what node and disk tags may be.
+fn tags(value: &str) -> Result<Vec<String>, String> {
+    let tags: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let valid = |t: &str| {
+        t.len() <= 63
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    match tags.iter().find(|t| !valid(t)) {
+        Some(bad) => Err(format!(
+            "tag {bad:?} may hold only letters, digits, '-', '_' and '.', at most 63 of them"
+        )),
+        None => Ok(tags),
+    }
+}
+
+/// The size of a new volume from a CSI capacity range: at least
+/// `required_bytes` (and [`MIN_VOLUME_SIZE`]), rounded up to a whole number of
+/// [`SIZE_GRANULE`], at most `limit_bytes`. OUT_OF_RANGE when no such size exists.
+pub fn volume_size(required: i64, limit: i64) -> Result<i64, Status> {
+    if required < 0 || limit < 0 {
+        return Err(Status::invalid_argument(
+            "capacity_range bytes cannot be negative",
+        ));
+    }
+    if limit > 0 && required > limit {
+        return Err(Status::out_of_range(format!(
+            "required_bytes {required} exceeds limit_bytes {limit}"
+        )));
+    }
+    let wanted = if required > 0 {
+        required
+    } else if limit > 0 {
+        DEFAULT_VOLUME_SIZE.min(limit)
+    } else {
+        DEFAULT_VOLUME_SIZE
+    };
+    let size = round_up(wanted.max(MIN_VOLUME_SIZE))
+        .ok_or_else(|| Status::out_of_range(format!("{wanted} bytes is too large")))?;
+    if limit > 0 && size > limit {
+        return Err(Status::out_of_range(format!(
+            "limit_bytes {limit} is below {size}, the smallest size oxhorn can give: volumes are at least {MIN_VOLUME_SIZE} bytes, in whole multiples of {SIZE_GRANULE}"
+        )));
+    }
+    Ok(size)
+}
+
+fn round_up(bytes: i64) -> Option<i64> {
+    bytes
+        .checked_add(SIZE_GRANULE - 1)
+        .map(|b| b / SIZE_GRANULE * SIZE_GRANULE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_every_known_key_into_typed_values() {
+        let parsed = VolumeParameters::parse(&params(&[
+            ("numberOfReplicas", "2"),
+            ("staleReplicaTimeout", "30"),
+            ("dataLocality", "disabled"),
+            ("diskSelector", "ssd, fast"),
+            ("nodeSelector", "storage"),
+            ("replicaAutoBalance", "disabled"),
+            ("fsType", "xfs"),
+            ("frontend", "fuse"),
+            ("fromBackup", ""),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ]))
+        .unwrap();
+        assert_eq!(parsed.number_of_replicas, Some(2));
+        assert_eq!(parsed.stale_replica_timeout, Some(30));
+        assert_eq!(parsed.disk_selector, vec!["ssd", "fast"]);
+        assert_eq!(parsed.node_selector, vec!["storage"]);
+        assert_eq!(parsed.replica_auto_balance, ReplicaAutoBalance::Disabled);
+        assert_eq!(parsed.fs_type, Some(FsType::Xfs));
+        assert_eq!(parsed.volume_context()["fsType"], "xfs");
+        assert_eq!(
+            VolumeParameters::parse(&params(&[])).unwrap(),
+            VolumeParameters::default()
+        );
+    }
+
+    #[test]
+    fn unknown_or_malformed_keys_are_invalid_arguments_naming_the_key() {
+        for (key, value, says) in [
+            ("numberOfReplica", "2", "unknown parameter"),
+            ("numberOfReplicas", "two", "whole number from 1 to 20"),
+            ("numberOfReplicas", "0", "whole number from 1 to 20"),
+            ("staleReplicaTimeout", "-1", "at least 1"),
+            ("fsType", "btrfs", "ext4 or xfs"),
+            ("diskSelector", "a b", "tag \"a b\""),
+            ("dataLocality", "strict-local", "not available yet"),
+            ("frontend", "iscsi", "not available yet"),
+            ("fromBackup", "s3://bucket/backup", "not available yet"),
+        ] {
+            let error = VolumeParameters::parse(&params(&[(key, value)])).unwrap_err();
+            assert_eq!(error.code(), Code::InvalidArgument, "{key}");
+            assert!(error.message().contains(key), "{}", error.message());
+            assert!(error.message().contains(says), "{}", error.message());
+        }
+    }
+
+    #[test]
+    fn sizes_round_up_to_two_mib_and_respect_the_limit() {
+        assert_eq!(volume_size(0, 0).unwrap(), DEFAULT_VOLUME_SIZE);
+        assert_eq!(volume_size(1, 0).unwrap(), MIN_VOLUME_SIZE);
+        assert_eq!(volume_size(100 * MIB + 1, 0).unwrap(), 102 * MIB);
+        assert_eq!(volume_size(0, 64 * MIB).unwrap(), 64 * MIB);
+        assert_eq!(volume_size(20 * MIB, 21 * MIB).unwrap(), 20 * MIB);
+        assert_eq!(
+            volume_size(21 * MIB, 21 * MIB + MIB / 2)
+                .unwrap_err()
+                .code(),
+            Code::OutOfRange
+        );
+        assert_eq!(volume_size(0, MIB).unwrap_err().code(), Code::OutOfRange);
+        assert_eq!(volume_size(2, 1).unwrap_err().code(), Code::OutOfRange);
+        assert_eq!(
+            volume_size(i64::MAX, 0).unwrap_err().code(),
+            Code::OutOfRange
+        );
+        assert_eq!(
+            volume_size(-1, 0).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,231 @@
+//! CSI snapshots: each is a Snapshot object, named from the CSI name, that
+//! the volume's owner turns into a data-plane snapshot on every replica.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use tonic::Status;
+use tracing::info;
+
+use super::controller::{CLONE_FOR, CSI_NAME, ControllerService, paginate, required};
+use super::error::api_status;
+use super::proto::{
+    CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
+    ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
+};
+use crate::datastore::Datastore;
+use crate::names::object_name;
+use crate::types::{Condition, Snapshot, SnapshotSpec};
+
+/// Snapshot names are data-plane layer names, at most 63 characters.
+const SNAPSHOT_NAME_MAX: usize = 63;
+/// How long CreateSnapshot waits for the snapshot to be taken before it
+/// answers ready_to_use=false (the CO asks again).
+const READY_WAIT: Duration = Duration::from_secs(20);
+const DELETE_WAIT: Duration = Duration::from_secs(30);
+
+/// The snapshots of `volume`, by name.
+pub fn of_volume(ds: &Datastore, volume: &str) -> Vec<String> {
+    let mut names: Vec<String> = ds
+        .snapshots
+        .store
+        .state()
+        .iter()
+        .filter(|s| s.spec.volume == volume)
+        .map(|s| s.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+fn cached(service: &ControllerService, id: &str) -> Option<Arc<Snapshot>> {
+    service
+        .ds
+        .snapshots
+        .store
+        .get(&ObjectRef::new(id).within(&service.ds.namespace))
+}
+
+pub async fn create(
+    service: &ControllerService,
+    request: CreateSnapshotRequest,
+) -> Result<CreateSnapshotResponse, Status> {
+    let volume = required(&request.source_volume_id, "source_volume_id")?;
+    let name = required(&request.name, "name")?;
+    let id = object_name(name, SNAPSHOT_NAME_MAX);
+    let _guard = service.locks.try_lock(&format!("snapshot/{id}"))?;
+    let api = service.snapshots_api();
+    let existing = api
+        .get_opt(&id)
+        .await
+        .map_err(|e| api_status(&format!("snapshot {id}"), e))?;
+    match existing {
+        Some(snapshot) => same_snapshot(&snapshot, name, volume)?,
+        None => {
+            if service.get_volume(volume).await?.is_none() {
+                return Err(Status::not_found(format!(
+                    "source volume {volume} does not exist"
+                )));
+            }
+            let mut snapshot = Snapshot::new(
+                &id,
+                SnapshotSpec {
+                    volume: volume.to_owned(),
+                },
+            );
+            if id != name {
+                snapshot
+                    .annotations_mut()
+                    .insert(CSI_NAME.to_owned(), name.to_owned());
+            }
+            api.create(&PostParams::default(), &snapshot)
+                .await
+                .map_err(|e| api_status(&format!("snapshot {id}"), e))?;
+            info!(snapshot = %id, "snapshot requested");
+        }
+    }
+    let snapshot = wait_taken(service, &id).await?;
+    Ok(CreateSnapshotResponse {
+        snapshot: Some(csi_snapshot(&snapshot)),
+    })
+}
+
+/// A repeated CreateSnapshot must name the same source volume.
+fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), Status> {
+    let id = snapshot.name_any();
+    let same_name = snapshot
+        .annotations()
+        .get(CSI_NAME)
+        .map_or(id == name, |n| n == name);
+    if same_name && snapshot.spec.volume == volume {
+        Ok(())
+    } else {
+        Err(Status::already_exists(format!(
+            "snapshot {name} exists for volume {}, not {volume}",
+            snapshot.spec.volume
+        )))
+    }
+}
+
+/// Waits for the snapshot to be taken; a failure to take it is an error, a
+/// snapshot still in progress after the wait is returned not ready.
+async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapshot>, Status> {
+    let taken = service
+        .wait_for(&format!("taking snapshot {id}"), READY_WAIT, || {
+            let Some(snapshot) = cached(service, id) else {
+                return Ok(None);
+            };
+            let status = snapshot.status.clone().unwrap_or_default();
+            if !status.error.is_empty() {
+                return Err(Status::internal(format!("snapshot {id}: {}", status.error)));
+            }
+            Ok(status.ready_to_use.then_some(snapshot))
+        })
+        .await;
+    match taken {
+        Err(status) if status.code() == tonic::Code::DeadlineExceeded => cached(service, id)
+            .ok_or_else(|| Status::unavailable(format!("snapshot {id} is not cached yet"))),
+        other => other,
+    }
+}
+
+pub async fn delete(
+    service: &ControllerService,
+    request: DeleteSnapshotRequest,
+) -> Result<DeleteSnapshotResponse, Status> {
+    let id = required(&request.snapshot_id, "snapshot_id")?;
+    let _guard = service.locks.try_lock(&format!("snapshot/{id}"))?;
+    let dependents = filling_from(&service.ds, id);
+    if !dependents.is_empty() {
+        return Err(Status::failed_precondition(format!(
+            "snapshot {id} is still being restored into {}",
+            dependents.join(", ")
+        )));
+    }
+    match service
+        .snapshots_api()
+        .delete(id, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => info!(snapshot = %id, "snapshot deletion requested"),
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => return Err(api_status(&format!("snapshot {id}"), e)),
+    }
+    service
+        .wait_for(&format!("deleting snapshot {id}"), DELETE_WAIT, || {
+            Ok(cached(service, id)
+                .is_none()
+                .then_some(DeleteSnapshotResponse {}))
+        })
+        .await
+}
+
+/// Volumes restored from `snapshot` whose data is not in place yet.
+fn filling_from(ds: &Datastore, snapshot: &str) -> Vec<String> {
+    let source = format!("snapshot/{snapshot}");
+    ds.volumes
+        .store
+        .state()
+        .iter()
+        .filter(|v| v.spec.data_source == source && !is_filled(v))
+        .map(|v| v.name_any())
+        .collect()
+}
+
+fn is_filled(volume: &crate::types::Volume) -> bool {
+    volume
+        .status
+        .as_ref()
+        .is_some_and(|s| Condition::is_true(&s.conditions, "Filled"))
+}
+
+pub fn list(
+    service: &ControllerService,
+    request: &ListSnapshotsRequest,
+) -> Result<ListSnapshotsResponse, Status> {
+    let mut snapshots: Vec<Arc<Snapshot>> = service
+        .ds
+        .snapshots
+        .store
+        .state()
+        .into_iter()
+        .filter(|s| !s.labels().contains_key(CLONE_FOR))
+        .filter(|s| request.snapshot_id.is_empty() || s.name_any() == request.snapshot_id)
+        .filter(|s| {
+            request.source_volume_id.is_empty() || s.spec.volume == request.source_volume_id
+        })
+        .collect();
+    snapshots.sort_by_key(|s| s.name_any());
+    let (page, next_token) = paginate(&snapshots, request.max_entries, &request.starting_token)?;
+    Ok(ListSnapshotsResponse {
+        entries: page
+            .iter()
+            .map(|s| list_snapshots_response::Entry {
+                snapshot: Some(csi_snapshot(s)),
+            })
+            .collect(),
+        next_token,
+    })
+}
+
+fn csi_snapshot(snapshot: &Snapshot) -> CsiSnapshot {
+    let status = snapshot.status.clone().unwrap_or_default();
+    let created = status
+        .creation_time
+        .map(|t| t.0)
+        .or_else(|| snapshot.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    CsiSnapshot {
+        size_bytes: status.size,
+        snapshot_id: snapshot.name_any(),
+        source_volume_id: snapshot.spec.volume.clone(),
+        creation_time: created.map(|t| prost_types::Timestamp {
+            seconds: t.as_second(),
+            nanos: t.subsec_nanosecond(),
+        }),
+        ready_to_use: status.ready_to_use,
+        group_snapshot_id: String::new(),
+    }
+}
