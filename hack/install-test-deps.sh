@@ -140,8 +140,9 @@ build_sidecars() {
 		csi-snapshotter snapshot-controller
 }
 
-# The VolumeSnapshot, VolumeSnapshotContent and VolumeSnapshotClass CRDs, of
-# the snapshotter's version.
+# The VolumeSnapshot CRDs (snapshots, contents, classes) and the
+# VolumeGroupSnapshot ones, which snapshot-controller waits minutes for
+# otherwise, of the snapshotter's version.
 fetch_snapshot_crds() {
 	local dir=$cache/crds/snapshot src
 	[ "$(cat "$dir/.version" 2>/dev/null)" = "$SNAPSHOTTER_VERSION" ] && return
@@ -149,7 +150,7 @@ fetch_snapshot_crds() {
 	src=$(module_dir github.com/kubernetes-csi/external-snapshotter/client/v8 "$SNAPSHOTTER_VERSION")
 	rm -rf "$dir"
 	mkdir -p "$dir"
-	cp "$src"/config/crd/snapshot.storage.k8s.io_*.yaml "$dir/"
+	cp "$src"/config/crd/*snapshot.storage.k8s.io_*.yaml "$dir/"
 	chmod u+w "$dir"/*.yaml
 	echo "$SNAPSHOTTER_VERSION" >"$dir/.version"
 }

@@ -36,6 +36,7 @@ const PATIENCE: Duration = Duration::from_secs(120);
 const NODES: u8 = 3;
 /// Where the volumes attach: the node whose socket the sidecars use.
 const NODE: &str = "node-1";
+const ZONE: &str = "topology.kubernetes.io/zone";
 const STORAGE_CLASS: &str = "oxhorn-two-replicas";
 const SNAPSHOT_CLASS: &str = "oxhorn-snapshots";
 const FILE: &str = "hello.txt";
@@ -78,10 +79,15 @@ impl Cluster {
         let mut nodes = Vec::new();
         for i in 1..=NODES {
             let name = format!("node-{i}");
-            testbed::register_kube_node(&client, &name, &[])
+            // Oxhorn advertises volume accessibility constraints, and
+            // csi-provisioner then wants some node with topology: a zone each.
+            let zone = format!("zone-{i}");
+            testbed::register_kube_node(&client, &name, &[(ZONE, &zone)])
                 .await
                 .unwrap();
-            sidecars::register_csi_node(&client, &name).await.unwrap();
+            sidecars::register_csi_node(&client, &name, &[ZONE])
+                .await
+                .unwrap();
             let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
             options.ip = IpAddr::from([127, 0, 30, i]);
             nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());

@@ -137,8 +137,8 @@ pub fn snapshot_crds_dir() -> PathBuf {
     tools_dir().with_file_name("crds").join("snapshot")
 }
 
-/// Applies the VolumeSnapshot, VolumeSnapshotContent and VolumeSnapshotClass
-/// CRDs to `control_plane` and waits until they are established.
+/// Applies the VolumeSnapshot and VolumeGroupSnapshot CRDs to
+/// `control_plane` and waits until they are established.
 pub async fn apply_snapshot_crds(control_plane: &ControlPlane) -> Result<()> {
     let dir = snapshot_crds_dir();
     let entries = std::fs::read_dir(&dir).map_err(|e| {
@@ -161,16 +161,18 @@ pub async fn apply_snapshot_crds(control_plane: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// Records that `node` runs oxhorn's node plugin with node id `node`, as the
-/// kubelet does when node-driver-registrar registers the plugin: csi-attacher
-/// reads the node id to pass to ControllerPublishVolume from here.
-pub async fn register_csi_node(client: &Client, node: &str) -> Result<()> {
+/// Records that `node` runs oxhorn's node plugin with node id `node` and
+/// the topology `keys` (its NodeGetInfo's), as the kubelet does when
+/// node-driver-registrar registers the plugin: csi-attacher reads the node
+/// id for ControllerPublishVolume here, csi-provisioner the topology keys.
+pub async fn register_csi_node(client: &Client, node: &str, keys: &[&str]) -> Result<()> {
     let api: Api<CSINode> = Api::all(client.clone());
     let mut csi_node = CSINode {
         spec: CSINodeSpec {
             drivers: vec![CSINodeDriver {
                 name: DRIVER_NAME.to_owned(),
                 node_id: node.to_owned(),
+                topology_keys: Some(keys.iter().map(|k| (*k).to_owned()).collect()),
                 ..CSINodeDriver::default()
             }],
         },
