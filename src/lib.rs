@@ -12,6 +12,7 @@
 //! - [`engine`]: replicates a volume's I/O to its replicas;
 //! - [`protocol`]: the engine <-> replica data protocol;
 //! - [`frontend`]: the volume as a block device on its node;
+//! - [`host`]: the node's host: its programs, mounts and filesystems;
 //! - [`replica`]: one copy of a volume's data on a node's disk;
 //! - [`testbed`]: a real local control plane for tests and demos.
 
@@ -21,6 +22,7 @@ pub mod datastore;
 pub mod engine;
 pub mod error;
 pub mod frontend;
+pub mod host;
 pub mod instance;
 pub mod logging;
 pub mod manager;

@@ -21,7 +21,10 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::controller::{self, NodeConfig};
 use crate::csi::proto::controller_server::ControllerServer;
 use crate::csi::proto::identity_server::IdentityServer;
-use crate::csi::{self, ControllerService, IdentityService, VolumeLocks};
+use crate::csi::proto::node_server::NodeServer;
+use crate::csi::{
+    self, ControllerService, IdentityService, NodeService, NodeServiceConfig, VolumeLocks,
+};
 use crate::datastore::Datastore;
 use crate::instance::{InstanceManager, InstanceManagerConfig};
 use crate::{Error, Result, names};
@@ -103,11 +106,21 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             Arc::clone(&datastore),
             VolumeLocks::default(),
         );
+        let node = NodeService::new(
+            NodeServiceConfig {
+                node_id: config.node_id.clone(),
+                dev_dir: config.dev_dir.clone(),
+                host_proc: config.host_proc.clone(),
+                max_volumes: config.max_volumes,
+            },
+            Arc::clone(&datastore),
+        );
         let controllers = start_controllers(config.clone(), client, Arc::clone(&datastore));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = Server::builder()
             .add_service(IdentityServer::new(identity))
             .add_service(ControllerServer::new(controller))
+            .add_service(NodeServer::new(node))
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                 let _ = stop_rx.await;
             });

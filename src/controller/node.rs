@@ -18,14 +18,15 @@ use tracing::{info, warn};
 
 use super::{Context, ControllerError, replace_status};
 use crate::scheduler::promised_bytes;
-use crate::types::{Condition, ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
+use crate::types::{
+    Condition, ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus, REGION_LABEL,
+    ZONE_LABEL,
+};
 
 /// Free space changes without any event: measure this often.
 const MEASURE_EVERY: Duration = Duration::from_secs(10);
 /// The disk a node gets when its Node object is first created.
 pub const DEFAULT_DISK: &str = "default-disk";
-const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-const REGION_LABEL: &str = "topology.kubernetes.io/region";
 
 /// Creates this node's Node object with its default disk when it has none.
 pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {

@@ -703,8 +703,8 @@ pub(super) fn volume_condition(volume: &Volume) -> VolumeCondition {
 fn in_topology(node: &crate::types::Node, segments: &HashMap<String, String>) -> bool {
     let status = node.status.clone().unwrap_or_default();
     segments.iter().all(|(key, value)| match key.as_str() {
-        super::TOPOLOGY_ZONE => status.zone == *value,
-        super::TOPOLOGY_REGION => status.region == *value,
+        crate::types::ZONE_LABEL => status.zone == *value,
+        crate::types::REGION_LABEL => status.region == *value,
         _ => false,
     })
 }

@@ -1,46 +1,53 @@
-//! One CSI operation per volume at a time: a second call for a volume whose
-//! operation is still running gets ABORTED, as the CSI spec asks, instead of
-//! racing the first one.
+//! One operation at a time per volume: CSI lets the CO send concurrent calls
+//! for the same volume and asks the plugin to refuse the second with ABORTED.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tonic::Status;
 
-/// The volumes (or snapshots) with an operation in flight.
-#[derive(Clone, Default)]
+/// The volumes with an operation in flight. Clones share the same set.
+#[derive(Debug, Clone, Default)]
 pub struct VolumeLocks {
     busy: Arc<Mutex<HashSet<String>>>,
 }
 
-/// Held while an operation on one id runs; dropping it frees the id.
+/// Marks a volume busy until dropped.
+#[derive(Debug)]
 pub struct VolumeGuard {
-    id: String,
     busy: Arc<Mutex<HashSet<String>>>,
+    volume_id: String,
 }
 
 impl VolumeLocks {
-    /// Takes `id`, or ABORTED when an operation on it is in progress.
-    pub fn try_lock(&self, id: &str) -> Result<VolumeGuard, Status> {
-        // A panic while the set was held cannot leave it half-changed.
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        if !busy.insert(id.to_owned()) {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks `volume_id` busy, or ABORTED if an operation on it is in flight.
+    pub fn try_lock(&self, volume_id: &str) -> Result<VolumeGuard, Status> {
+        if !lock(&self.busy).insert(volume_id.to_string()) {
             return Err(Status::aborted(format!(
-                "an operation on {id} is in progress; retry later"
+                "an operation on volume {volume_id} is in progress"
             )));
         }
         Ok(VolumeGuard {
-            id: id.to_owned(),
             busy: Arc::clone(&self.busy),
+            volume_id: volume_id.to_string(),
         })
     }
 }
 
 impl Drop for VolumeGuard {
     fn drop(&mut self) {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        busy.remove(&self.id);
+        lock(&self.busy).remove(&self.volume_id);
     }
+}
+
+/// The set is only inserted into and removed from, so it is whole even if a
+/// holder panicked: poisoning is ignored.
+fn lock(busy: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    busy.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -48,14 +55,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_second_operation_on_a_busy_id_is_aborted_until_the_first_ends() {
-        let locks = VolumeLocks::default();
-        let first = locks.try_lock("vol-a").unwrap();
-        let second = locks.try_lock("vol-a").err().unwrap();
-        assert_eq!(second.code(), tonic::Code::Aborted);
-        assert!(second.message().contains("vol-a"), "{}", second.message());
-        let _other = locks.try_lock("vol-b").expect("other ids are free");
-        drop(first);
-        locks.try_lock("vol-a").expect("free again");
+    fn a_second_operation_on_the_same_volume_is_aborted() {
+        let locks = VolumeLocks::new();
+        let guard = locks.try_lock("vol-a").unwrap();
+        let err = locks.clone().try_lock("vol-a").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Aborted);
+        assert!(err.message().contains("vol-a"), "{}", err.message());
+        // Other volumes are independent.
+        let _other = locks.try_lock("vol-b").unwrap();
+        drop(guard);
+        let _again = locks.try_lock("vol-a").unwrap();
     }
 }

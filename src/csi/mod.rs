@@ -9,12 +9,14 @@ pub mod endpoint;
 mod error;
 mod guard;
 mod identity;
+mod node;
 mod parameters;
 mod snapshots;
 
 pub use controller::ControllerService;
 pub use guard::VolumeLocks;
 pub use identity::IdentityService;
+pub use node::{NodeService, NodeServiceConfig};
 
 /// Code generated from csi-proto/csi.proto (CSI v1.12).
 pub mod proto {
@@ -24,7 +26,3 @@ pub mod proto {
 
 /// The name this plugin registers under (GetPluginInfo, StorageClass provisioner).
 pub const DRIVER_NAME: &str = "driver.oxhorn.io";
-
-/// Topology keys: a node's zone and region, from its Kubernetes Node's labels.
-pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
-pub const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";

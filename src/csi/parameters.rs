@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use tonic::Status;
 
+use crate::host::filesystem::FsType;
 use crate::types::{DataLocality, Frontend, ReplicaAutoBalance};
 
 const MIB: i64 = 1 << 20;
@@ -31,22 +32,6 @@ const KNOWN_KEYS: &[&str] = &[
     "frontend",
     "fromBackup",
 ];
-
-/// A filesystem the node service can make and grow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FsType {
-    Ext4,
-    Xfs,
-}
-
-impl FsType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FsType::Ext4 => "ext4",
-            FsType::Xfs => "xfs",
-        }
-    }
-}
 
 /// The StorageClass parameters of a volume. Counts left out fall back to the
 /// cluster's settings when the volume is made.
@@ -112,7 +97,7 @@ impl VolumeParameters {
     /// to make when the capability names none.
     pub fn volume_context(&self) -> HashMap<String, String> {
         self.fs_type
-            .map(|fs| ("fsType".to_owned(), fs.as_str().to_owned()))
+            .map(|fs| ("fsType".to_owned(), fs.name().to_owned()))
             .into_iter()
             .collect()
     }
@@ -154,11 +139,7 @@ fn auto_balance(value: &str) -> Result<ReplicaAutoBalance, String> {
 }
 
 pub fn fs_type(value: &str) -> Result<FsType, String> {
-    match value {
-        "ext4" => Ok(FsType::Ext4),
-        "xfs" => Ok(FsType::Xfs),
-        _ => Err("must be ext4 or xfs".into()),
-    }
+    FsType::parse(value).map_err(|_| "must be ext4 or xfs".to_owned())
 }
 
 fn frontend(value: &str) -> Result<Frontend, String> {

@@ -33,6 +33,11 @@ use kube::CustomResourceExt;
 /// The API group of every oxhorn resource.
 pub const GROUP: &str = "oxhorn.io";
 
+/// A Kubernetes Node's zone and region labels: where oxhorn reads a node's
+/// topology, and the CSI topology keys it reports.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+
 /// Where oxhorn's objects live unless told otherwise.
 pub const DEFAULT_NAMESPACE: &str = "oxhorn-system";
 

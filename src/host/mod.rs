@@ -1,0 +1,76 @@
+//! Operations on the node's host: running its programs (blkid, mkfs,
+//! resize2fs), mounting, and reading its mount table. When the manager runs in
+//! a container, `host_proc` points at the host's /proc and programs run in the
+//! host's mount and network namespaces.
+
+pub mod command;
+pub mod device;
+pub mod filesystem;
+pub mod mount;
+
+use std::path::{Path, PathBuf};
+
+/// What failed on the host. The messages carry what an operator needs: the
+/// program and its stderr, the path and the system error.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{program} is not available on the host: {source}")]
+    MissingProgram {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{command} failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid mount option {option:?}: {reason}")]
+    MountOption {
+        option: String,
+        reason: &'static str,
+    },
+    #[error("unsupported filesystem {0:?}: only ext4 and xfs are supported")]
+    UnsupportedFilesystem(String),
+    #[error("unexpected output of {program}: {detail}")]
+    Output { program: String, detail: String },
+}
+
+impl HostError {
+    pub fn io(action: &'static str, path: &Path, source: impl Into<std::io::Error>) -> Self {
+        HostError::Io {
+            action,
+            path: path.to_path_buf(),
+            source: source.into(),
+        }
+    }
+}
+
+pub type Result<T, E = HostError> = std::result::Result<T, E>;
+
+/// The host this node plugin acts on.
+#[derive(Debug, Clone, Default)]
+pub struct Host {
+    /// The host's /proc; None when we already are in the host's namespaces.
+    host_proc: Option<PathBuf>,
+}
+
+impl Host {
+    pub fn new(host_proc: Option<PathBuf>) -> Self {
+        Self { host_proc }
+    }
+
+    /// The mount table of the namespace host programs and kubelet see.
+    fn mountinfo_path(&self) -> PathBuf {
+        match &self.host_proc {
+            Some(proc) => proc.join("1/mountinfo"),
+            None => PathBuf::from("/proc/self/mountinfo"),
+        }
+    }
+}
