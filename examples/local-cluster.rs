@@ -1,23 +1,39 @@
 //! The README's main job: a local Kubernetes control plane (etcd +
 //! kube-apiserver on loopback) with three `oxhorn manager` processes playing
-//! three nodes. It creates a 3-replica Volume, attaches it to node-1 (FUSE
-//! file + loop device), writes and reads back data through the block device,
-//! and shows the objects with kubectl; then it deletes the volume and stops
-//! everything (or, with --hold, waits for Ctrl-C first).
+//! three nodes, and the real CSI sidecars (csi-provisioner, csi-attacher, ...)
+//! with kube-controller-manager's PersistentVolume controllers on node-1's
+//! CSI socket. A StorageClass and a PVC get a 3-replica volume through the
+//! provisioner; it is attached to node-1 through a VolumeAttachment, staged
+//! and published there (FUSE file + loop device, ext4) as the kubelet would,
+//! and a file is written and read back; kubectl shows the objects. Then it
+//! is all deleted and stopped (or, with --hold, after Ctrl-C).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
+use oxhorn::csi::DRIVER_NAME;
+use oxhorn::testbed::kubelet::{self, Kubelet};
+use oxhorn::testbed::sidecars::{self, Sidecars};
 use oxhorn::testbed::{self, ControlPlane, ManagerOptions, ManagerProcess};
-use oxhorn::types::{DEFAULT_NAMESPACE, Setting, SettingSpec, Volume, VolumeState};
+use oxhorn::types::{DEFAULT_NAMESPACE, Setting, SettingSpec, Volume};
 use serde_json::json;
 
 const NODES: u8 = 3;
-const SIZE: i64 = 256 << 20;
+/// Where the volume attaches: the node whose socket the sidecars use.
+const NODE: &str = "node-1";
+const ZONE: &str = "topology.kubernetes.io/zone";
+const STORAGE_CLASS: &str = "oxhorn";
+const CLAIM: &str = "demo";
+/// Claims live in the users' namespace, oxhorn's objects in its own.
+const USER_NAMESPACE: &str = "default";
+const SIZE: &str = "256Mi";
 
 #[derive(Parser)]
 struct Args {
@@ -46,14 +62,15 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), Failure> {
     let started = Instant::now();
     let control_plane = ControlPlane::start().await?;
+    sidecars::apply_snapshot_crds(&control_plane).await?;
     println!("control plane ready in {:.1?}", started.elapsed());
     kubectl(&control_plane, &["create", "namespace", DEFAULT_NAMESPACE])?;
     let client = control_plane.client()?;
-    // This machine's disk may be fuller than the default 25% free that
-    // replicas need.
+    // The machine's disk may be all but full; the demo volume is a few
+    // sparse files.
     let setting = Setting::new(
         "storage-minimal-available-percentage",
-        SettingSpec { value: "1".into() },
+        SettingSpec { value: "0".into() },
     );
     Api::<Setting>::namespaced(client.clone(), DEFAULT_NAMESPACE)
         .create(&PostParams::default(), &setting)
@@ -62,77 +79,58 @@ async fn run(args: Args) -> Result<(), Failure> {
     let mut managers = Vec::new();
     for i in 1..=NODES {
         let name = format!("node-{i}");
-        testbed::register_kube_node(&client, &name, &[]).await?;
+        // Oxhorn advertises volume accessibility constraints, and
+        // csi-provisioner then wants some node with topology: a zone each.
+        let zone = format!("zone-{i}");
+        testbed::register_kube_node(&client, &name, &[(ZONE, &zone)]).await?;
+        sidecars::register_csi_node(&client, &name, &[ZONE]).await?;
         let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, DEFAULT_NAMESPACE);
         options.ip = IpAddr::from([127, 0, 10, i]);
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);
     }
+    let mut channels = Vec::new();
     for manager in &mut managers {
-        manager.connect(Duration::from_secs(30)).await?;
+        channels.push(manager.connect(Duration::from_secs(30)).await?);
     }
-    println!("{NODES} managers up in {:.1?}", started.elapsed());
-
-    let volumes: Api<Volume> = Api::namespaced(client.clone(), DEFAULT_NAMESPACE);
-    let spec = serde_json::from_value(json!({"size": SIZE, "numberOfReplicas": 3}))?;
-    volumes
-        .create(&PostParams::default(), &Volume::new("demo", spec))
-        .await?;
-    let attach = json!({"spec": {"nodeID": "node-1"}});
-    volumes
-        .patch("demo", &PatchParams::default(), &Patch::Merge(&attach))
-        .await?;
-    let attached = until(|| async {
-        let volume = volumes.get("demo").await.ok()?;
-        (volume.status?.state == VolumeState::Attached).then_some(())
-    })
-    .await;
-    attached.ok_or("the volume did not attach within 60 s")?;
+    // Dropped before the managers: the sidecars, then the mounts.
+    let _sidecars = Sidecars::start(control_plane.kubeconfig(), managers[0].socket())?;
+    let mut kubelet = Kubelet::new(channels.swap_remove(0))?;
     println!(
-        "volume demo attached to node-1 in {:.1?}",
+        "{NODES} managers and the CSI sidecars up in {:.1?}",
         started.elapsed()
     );
 
-    let device = managers[0].dev_dir().join("demo");
-    let data = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        data.path(),
-        &b"hello from oxhorn\n".repeat(4096 / 18 + 1)[..4096],
-    )?;
-    run_tool(
-        "dd",
-        &[
-            &format!("if={}", data.path().display()),
-            &format!("of={}", device.display()),
-            "bs=4096",
-            "oflag=direct",
-            "conv=fsync,notrunc",
-            "status=none",
-        ],
-    )?;
-    let read = Command::new("dd")
-        .args([
-            &format!("if={}", device.display()),
-            "bs=4096",
-            "count=1",
-            "iflag=direct",
-            "status=none",
-        ])
-        .output()?;
+    let pv = provision(&client).await?;
     println!(
-        "\nwrote and read back 4 KiB through {}: {:?}...",
-        device.display(),
-        String::from_utf8_lossy(&read.stdout[..18])
+        "PVC {CLAIM} bound to {} in {:.1?}",
+        pv.name_any(),
+        started.elapsed()
+    );
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    let attachment = attach(&attachments, &pv.name_any()).await?;
+    let published = kubelet.publish(&pv, &attachment).await?;
+    println!(
+        "attached, staged and published on node-1 in {:.1?}",
+        started.elapsed()
     );
 
-    println!("\n$ kubectl get volumes,engines,replicas,nodes.oxhorn.io -n {DEFAULT_NAMESPACE}");
+    let file = published.target.join("hello.txt");
+    std::fs::write(&file, b"hello from oxhorn\n")?;
+    std::fs::File::open(&file)?.sync_all()?;
+    println!(
+        "\nwrote and read back {}: {:?}",
+        file.display(),
+        std::fs::read_to_string(&file)?
+    );
+    println!("\n$ kubectl get pvc,pv,volumeattachments -n {USER_NAMESPACE}");
     kubectl(
         &control_plane,
-        &[
-            "get",
-            "volumes,engines,replicas,nodes.oxhorn.io",
-            "-n",
-            DEFAULT_NAMESPACE,
-        ],
+        &["get", "pvc,pv,volumeattachments", "-n", USER_NAMESPACE],
+    )?;
+    println!("\n$ kubectl get volumes,engines,replicas -n {DEFAULT_NAMESPACE}");
+    kubectl(
+        &control_plane,
+        &["get", "volumes,engines,replicas", "-n", DEFAULT_NAMESPACE],
     )?;
 
     if args.hold {
@@ -142,47 +140,116 @@ async fn run(args: Args) -> Result<(), Failure> {
         );
         tokio::signal::ctrl_c().await?;
     }
-    let detach = json!({"spec": {"nodeID": ""}});
-    volumes
-        .patch("demo", &PatchParams::default(), &Patch::Merge(&detach))
-        .await?;
-    volumes.delete("demo", &DeleteParams::default()).await?;
-    let gone =
-        until(|| async { volumes.get_opt("demo").await.ok()?.is_none().then_some(()) }).await;
-    gone.ok_or("the volume was not deleted within 60 s")?;
-    println!("\nvolume detached and deleted; stopping the cluster");
+    kubelet.unpublish(published).await?;
+    let name = kubelet::attachment_name(&pv.name_any(), NODE);
+    attachments.delete(&name, &DeleteParams::default()).await?;
+    let detached = until(|| async {
+        attachments
+            .get_opt(&name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    });
+    detached
+        .await
+        .ok_or("the volume did not detach within 60 s")?;
+    delete(&client, &pv.name_any()).await?;
+    println!("\nvolume unpublished, detached and deleted; stopping the cluster");
     for mut manager in managers {
         manager.terminate(Duration::from_secs(10))?;
     }
     Ok(())
 }
 
+/// Creates the StorageClass and the claim; the PV the claim is bound to.
+async fn provision(client: &Client) -> Result<PersistentVolume, Failure> {
+    let class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": STORAGE_CLASS},
+        "provisioner": DRIVER_NAME,
+        "parameters": {"numberOfReplicas": "3"},
+        "allowVolumeExpansion": true,
+    }))?;
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": STORAGE_CLASS,
+            "resources": {"requests": {"storage": SIZE}},
+        },
+    }))?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    claims.create(&PostParams::default(), &claim).await?;
+    let bound = until(|| async {
+        let claim = claims.get(CLAIM).await.ok()?;
+        let bound = claim.status.as_ref()?.phase.as_deref() == Some("Bound");
+        bound.then_some(claim.spec?.volume_name?)
+    });
+    let volume_name = bound.await.ok_or("the PVC was not bound within 60 s")?;
+    Ok(Api::<PersistentVolume>::all(client.clone())
+        .get(&volume_name)
+        .await?)
+}
+
+/// Creates the VolumeAttachment the attach-detach controller would, and
+/// waits for csi-attacher to attach the volume.
+async fn attach(
+    attachments: &Api<VolumeAttachment>,
+    pv: &str,
+) -> Result<VolumeAttachment, Failure> {
+    let attachment = kubelet::volume_attachment(pv, NODE);
+    attachments
+        .create(&PostParams::default(), &attachment)
+        .await?;
+    let name = kubelet::attachment_name(pv, NODE);
+    let attached = until(|| async {
+        let attachment = attachments.get(&name).await.ok()?;
+        attachment.status.as_ref()?.attached.then_some(attachment)
+    });
+    Ok(attached
+        .await
+        .ok_or("the volume did not attach within 60 s")?)
+}
+
+/// Deletes the claim and waits until the provisioner deleted its PV and
+/// oxhorn its Volume.
+async fn delete(client: &Client, pv: &str) -> Result<(), Failure> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    claims.delete(CLAIM, &DeleteParams::default()).await?;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let volumes: Api<Volume> = Api::namespaced(client.clone(), DEFAULT_NAMESPACE);
+    let gone = until(|| async {
+        let pv_gone = pvs.get_opt(pv).await.ok()?.is_none();
+        let volumes_gone = volumes
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .is_empty();
+        (pv_gone && volumes_gone).then_some(())
+    });
+    gone.await
+        .ok_or("the PV and its volume were not deleted within 60 s")?;
+    Ok(())
+}
+
 /// Polls `check` for up to a minute.
-async fn until<F, Fut>(mut check: F) -> Option<()>
+async fn until<T, F, Fut>(mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Option<()>>,
+    Fut: Future<Output = Option<T>>,
 {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if check().await.is_some() {
-            return Some(());
+        if let Some(value) = check().await {
+            return Some(value);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     None
-}
-
-fn run_tool(program: &str, args: &[&str]) -> Result<(), Failure> {
-    let output = Command::new(program).args(args).output()?;
-    if !output.status.success() {
-        return Err(format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-        .into());
-    }
-    Ok(())
 }
 
 /// Runs kubectl against the cluster, echoing its output.

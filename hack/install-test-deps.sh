@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything the build and the tests need, idempotently.
 #
-# Debian packages go through apt; Go programs (kube-apiserver, kubectl,
-# csi-sanity) are built from the Go module proxy into a cache directory and
-# stamped with their version, so a second run does nothing.
+# Debian packages go through apt; Go programs (kube-apiserver,
+# kube-controller-manager, kubectl, csi-sanity, the CSI sidecars and
+# snapshot-controller) are built from the Go module proxy into a cache
+# directory and stamped with their version, so a second run does nothing. The VolumeSnapshot CRDs go to $cache/crds/snapshot.
 #
 #   OXHORN_CACHE  where built tools live (default: ~/.cache/oxhorn)
 #
@@ -12,6 +13,12 @@ set -euo pipefail
 
 KUBE_VERSION=v1.35.4
 CSI_TEST_VERSION=v5.4.0
+# external-provisioner v6.4.0 needs a sig-storage-lib-external-provisioner
+# version the proxy does not have.
+PROVISIONER_VERSION=v6.3.0
+ATTACHER_VERSION=v4.13.0
+RESIZER_VERSION=v2.3.0
+SNAPSHOTTER_VERSION=v8.7.0
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${OXHORN_CACHE:-${HOME}/.cache/oxhorn}
@@ -62,7 +69,7 @@ build_kube() {
 		gitTreeState=clean buildDate=1970-01-01T00:00:00Z; do
 		ldflags+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
 	done
-	for tool in kube-apiserver kubectl; do
+	for tool in kube-apiserver kube-controller-manager kubectl; do
 		stamped "$tool" "$KUBE_VERSION" && continue
 		log "go build $tool $KUBE_VERSION (several minutes on a cold cache)"
 		(cd "$here/tools" && go build -trimpath -ldflags "$ldflags" -o "$bin/$tool" "k8s.io/kubernetes/cmd/$tool")
@@ -77,9 +84,82 @@ build_csi_sanity() {
 	stamp csi-sanity "$CSI_TEST_VERSION"
 }
 
+# module_dir MODULE VERSION: the module's source, downloaded into the module cache.
+module_dir() {
+	(cd / && go mod download -json "$1@$2") | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'
+}
+
+# Module zips leave nested modules out: a `replace M => ./dir` pointing at one
+# gets M at the same version from the proxy (external-snapshotter's client).
+fill_nested_modules() { # WORK VERSION
+	local work=$1 version=$2 module dir
+	sed -n 's|^replace \([^ ]*\) => \(\./[^ ]*\)$|\1 \2|p' "$work/go.mod" |
+		while read -r module dir; do
+			[ -e "$work/$dir" ] && continue
+			mkdir -p "$work/$dir"
+			cp -r "$(module_dir "$module" "$version")/." "$work/$dir"
+		done
+}
+
+# build_commands MODULE VERSION CMD...: builds each ./cmd/CMD of the module.
+# The sidecars' go.mod files have replace directives, which `go install
+# pkg@version` refuses; building inside a writable copy of the module honours
+# them.
+build_commands() {
+	local module=$1 version=$2 missing=() cmd src work
+	shift 2
+	for cmd in "$@"; do
+		stamped "$cmd" "$version" || missing+=("$cmd")
+	done
+	[ ${#missing[@]} -eq 0 ] && return
+	src=$(module_dir "$module" "$version")
+	# Under the cache, so a failed build's copy is replaced by the next run.
+	work=$cache/src/${module//\//_}@$version
+	rm -rf "$work"
+	mkdir -p "$work"
+	cp -r "$src/." "$work"
+	chmod -R u+w "$work"
+	fill_nested_modules "$work" "$version"
+	chmod -R u+w "$work"
+	for cmd in "${missing[@]}"; do
+		log "go build $cmd $version (minutes on a cold cache)"
+		(cd "$work" && go build -mod=mod -trimpath \
+			-ldflags "-s -w -X main.version=$version" -o "$bin/$cmd" "./cmd/$cmd")
+		stamp "$cmd" "$version"
+	done
+	rm -rf "$work"
+	rmdir "$cache/src" 2>/dev/null || true
+}
+
+build_sidecars() {
+	local csi=github.com/kubernetes-csi
+	build_commands "$csi/external-provisioner/v6" "$PROVISIONER_VERSION" csi-provisioner
+	build_commands "$csi/external-attacher/v4" "$ATTACHER_VERSION" csi-attacher
+	build_commands "$csi/external-resizer/v2" "$RESIZER_VERSION" csi-resizer
+	build_commands "$csi/external-snapshotter/v8" "$SNAPSHOTTER_VERSION" \
+		csi-snapshotter snapshot-controller
+}
+
+# The VolumeSnapshot CRDs (snapshots, contents, classes) and the
+# VolumeGroupSnapshot ones, which snapshot-controller waits minutes for
+# otherwise, of the snapshotter's version.
+fetch_snapshot_crds() {
+	local dir=$cache/crds/snapshot src
+	[ "$(cat "$dir/.version" 2>/dev/null)" = "$SNAPSHOTTER_VERSION" ] && return
+	log "fetching the VolumeSnapshot CRDs $SNAPSHOTTER_VERSION"
+	src=$(module_dir github.com/kubernetes-csi/external-snapshotter/client/v8 "$SNAPSHOTTER_VERSION")
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	cp "$src"/config/crd/*snapshot.storage.k8s.io_*.yaml "$dir/"
+	chmod u+w "$dir"/*.yaml
+	echo "$SNAPSHOTTER_VERSION" >"$dir/.version"
+}
+
 install_apt
 quiet_system_etcd
 build_kube
 build_csi_sanity
+build_sidecars
+fetch_snapshot_crds
 log "tools ready in $bin"
 echo "$bin"

@@ -9,10 +9,12 @@
 mod certs;
 mod controlplane;
 mod dataplane;
+pub mod kubelet;
 mod manager;
 mod mount;
 mod namespace;
 mod process;
+pub mod sidecars;
 
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess};

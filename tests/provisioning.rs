@@ -1,0 +1,505 @@
+//! A volume's life through Kubernetes' own CSI machinery: the real
+//! csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter,
+//! snapshot-controller and kube-controller-manager's PersistentVolume
+//! controllers drive three `oxhorn manager` nodes. The test plays the two
+//! parts that need a real node: the attach-detach controller (it creates the
+//! VolumeAttachment) and the kubelet (it stages, publishes and expands
+//! through node-1's CSI socket). What a user notices: a claim gets a bound
+//! volume with its replicas on distinct nodes, a pod's files land on it, it
+//! grows, a snapshot restores the files into a new claim, and deleting it all
+//! leaves nothing behind.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::{Client, Resource, ResourceExt};
+use oxhorn::csi::DRIVER_NAME;
+use oxhorn::testbed::kubelet::{self, Kubelet, Published};
+use oxhorn::testbed::sidecars::{self, Sidecars};
+use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
+use oxhorn::types::{Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+const MIB: i64 = 1 << 20;
+const PATIENCE: Duration = Duration::from_secs(120);
+const NODES: u8 = 3;
+/// Where the volumes attach: the node whose socket the sidecars use.
+const NODE: &str = "node-1";
+const ZONE: &str = "topology.kubernetes.io/zone";
+const STORAGE_CLASS: &str = "oxhorn-two-replicas";
+const SNAPSHOT_CLASS: &str = "oxhorn-snapshots";
+const SNAPSHOT: &str = "data-snap";
+const FILE: &str = "hello.txt";
+const CONTENT: &[u8] = b"written through a PVC\n";
+
+/// Three nodes, the sidecars on node-1's socket, oxhorn's objects in one
+/// namespace and the users' claims in another.
+struct Cluster {
+    // Dropped in this order: mounts, then the sidecars, then the nodes, then
+    // the namespaces.
+    kubelet: Kubelet,
+    sidecars: Sidecars,
+    nodes: Vec<ManagerProcess>,
+    client: Client,
+    users: TestNamespace,
+    ns: TestNamespace,
+    started: Instant,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let started = Instant::now();
+        let control_plane = testbed::shared();
+        sidecars::apply_snapshot_crds(control_plane).await.unwrap();
+        let ns = TestNamespace::create(control_plane, "oxhorn")
+            .await
+            .unwrap();
+        let users = TestNamespace::create(control_plane, "users").await.unwrap();
+        let client = control_plane.client().unwrap();
+        // The test machine's disk is shared and may be all but full; the
+        // volumes here are small sparse files.
+        let minimal = Setting::new(
+            "storage-minimal-available-percentage",
+            SettingSpec { value: "0".into() },
+        );
+        Api::<Setting>::namespaced(client.clone(), ns.name())
+            .create(&PostParams::default(), &minimal)
+            .await
+            .unwrap();
+        let mut nodes = Vec::new();
+        for i in 1..=NODES {
+            let name = format!("node-{i}");
+            // Oxhorn advertises volume accessibility constraints, and
+            // csi-provisioner then wants some node with topology: a zone each.
+            let zone = format!("zone-{i}");
+            testbed::register_kube_node(&client, &name, &[(ZONE, &zone)])
+                .await
+                .unwrap();
+            sidecars::register_csi_node(&client, &name, &[ZONE])
+                .await
+                .unwrap();
+            let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
+            options.ip = IpAddr::from([127, 0, 30, i]);
+            nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
+        }
+        let socket = nodes[0].connect(PATIENCE).await.unwrap();
+        let sidecars = Sidecars::start(control_plane.kubeconfig(), nodes[0].socket()).unwrap();
+        let kubelet = Kubelet::new(socket).unwrap();
+        let cluster = Self {
+            kubelet,
+            sidecars,
+            nodes,
+            client,
+            users,
+            ns,
+            started,
+        };
+        cluster.report("cluster and sidecars started");
+        cluster
+    }
+
+    fn report(&self, what: &str) {
+        eprintln!("[{:>6.1?}] {what}", self.started.elapsed());
+    }
+
+    fn oxhorn<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.ns.name())
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), self.users.name())
+    }
+
+    fn snapshots(&self) -> Api<DynamicObject> {
+        let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
+        Api::namespaced_with(self.client.clone(), self.users.name(), &resource)
+    }
+
+    fn logs(&self) -> String {
+        let managers: String = self
+            .nodes
+            .iter()
+            .map(|n| format!("==== {} ====\n{}\n", n.node_id(), tail(&n.log(), 40)))
+            .collect();
+        format!("{}{managers}", self.sidecars.logs(40))
+    }
+
+    /// Polls `check` until it returns Some; fails the test with the logs
+    /// after PATIENCE, or at once when a sidecar exits.
+    async fn until<T, F, Fut>(&mut self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let step = Instant::now();
+        let deadline = step + PATIENCE;
+        loop {
+            if let Some(value) = check().await {
+                eprintln!(
+                    "[{:>6.1?}] {what} after {:.1?}",
+                    self.started.elapsed(),
+                    step.elapsed()
+                );
+                return value;
+            }
+            if let Err(e) = self.sidecars.check_running() {
+                panic!("waiting for {what}: {e}\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn create_storage_classes(&self) {
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": STORAGE_CLASS},
+            "provisioner": DRIVER_NAME,
+            "parameters": {"numberOfReplicas": "2", "staleReplicaTimeout": "30"},
+            "allowVolumeExpansion": true,
+        }))
+        .unwrap();
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+        let resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
+        let snapshot_class = DynamicObject::new(SNAPSHOT_CLASS, &resource)
+            .data(json!({"driver": DRIVER_NAME, "deletionPolicy": "Delete"}));
+        Api::<DynamicObject>::all_with(self.client.clone(), &resource)
+            .create(&PostParams::default(), &snapshot_class)
+            .await
+            .unwrap();
+    }
+
+    /// Claims `size` of the storage class, from `data_source` if any, and
+    /// returns the PersistentVolume it is bound to.
+    async fn claim(
+        &mut self,
+        name: &str,
+        size: &str,
+        data_source: Option<serde_json::Value>,
+    ) -> PersistentVolume {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": STORAGE_CLASS,
+                "resources": {"requests": {"storage": size}},
+                "dataSource": data_source,
+            },
+        }))
+        .unwrap();
+        let claims = self.claims();
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+        let volume_name = self
+            .until(&format!("PVC {name} bound"), || async {
+                let claim = claims.get(name).await.ok()?;
+                let bound = claim.status.as_ref()?.phase.as_deref() == Some("Bound");
+                bound.then_some(claim.spec?.volume_name?)
+            })
+            .await;
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        pvs.get(&volume_name).await.unwrap()
+    }
+
+    /// Attaches the volume of `pv` to node-1 as the attach-detach controller
+    /// would, and waits for csi-attacher to report it attached.
+    async fn attach(&mut self, pv: &PersistentVolume) -> VolumeAttachment {
+        let name = kubelet::attachment_name(&pv.name_any(), NODE);
+        let attachment = kubelet::volume_attachment(&pv.name_any(), NODE);
+        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        attachments
+            .create(&PostParams::default(), &attachment)
+            .await
+            .unwrap();
+        self.until(&format!("{} attached to {NODE}", pv.name_any()), || async {
+            let attachment = attachments.get(&name).await.ok()?;
+            let attached = attachment.status.as_ref()?.attached;
+            attached.then_some(attachment)
+        })
+        .await
+    }
+
+    async fn detach(&mut self, pv: &PersistentVolume) {
+        let name = kubelet::attachment_name(&pv.name_any(), NODE);
+        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        attachments
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.until(&format!("{} detached", pv.name_any()), || async {
+            attachments
+                .get_opt(&name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// The oxhorn Volume behind `pv`, once its replicas are placed: their
+    /// nodes.
+    async fn replica_nodes(&mut self, pv: &PersistentVolume) -> (Volume, Vec<String>) {
+        let volume_id = volume_id(pv);
+        let volumes = self.oxhorn::<Volume>();
+        let replicas = self.oxhorn::<Replica>();
+        self.until(
+            &format!("Volume {volume_id} has its replicas placed"),
+            || async {
+                let volume = volumes.get_opt(&volume_id).await.ok()??;
+                let nodes: Vec<String> = replicas
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|r| r.spec.instance.volume_name == volume_id)
+                    .map(|r| r.spec.instance.node_id)
+                    .collect();
+                let placed = nodes.len() == volume.spec.number_of_replicas as usize
+                    && nodes.iter().all(|n| !n.is_empty());
+                placed.then_some((volume, nodes))
+            },
+        )
+        .await
+    }
+
+    /// Every PV and VolumeSnapshotContent, and every oxhorn object: what
+    /// must be gone once the claims and snapshots are.
+    async fn leftovers(&self) -> Vec<String> {
+        let contents = snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents");
+        [
+            names(Api::<PersistentVolume>::all(self.client.clone())).await,
+            names(Api::<DynamicObject>::all_with(
+                self.client.clone(),
+                &contents,
+            ))
+            .await,
+            names(self.oxhorn::<Volume>()).await,
+            names(self.oxhorn::<Engine>()).await,
+            names(self.oxhorn::<Replica>()).await,
+            names(self.oxhorn::<Snapshot>()).await,
+        ]
+        .concat()
+    }
+}
+
+/// Every object of `api`, as kind/name.
+async fn names<K>(api: Api<K>) -> Vec<String>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                list.types.kind.trim_end_matches("List"),
+                o.name_any()
+            )
+        })
+        .collect()
+}
+
+fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind);
+    ApiResource::from_gvk_with_plural(&gvk, plural)
+}
+
+fn volume_id(pv: &PersistentVolume) -> String {
+    let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+    csi.map(|c| c.volume_handle.clone()).unwrap_or_default()
+}
+
+fn capacity(pv: &PersistentVolume) -> i64 {
+    let capacity = pv.spec.as_ref().and_then(|s| s.capacity.as_ref());
+    capacity.and_then(|c| c.get("storage")).map_or(0, bytes)
+}
+
+/// A storage quantity in bytes: plain, or with a binary suffix.
+fn bytes(quantity: &Quantity) -> i64 {
+    let text = quantity.0.as_str();
+    let suffixes = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)];
+    for (suffix, shift) in suffixes {
+        if let Some(number) = text.strip_suffix(suffix) {
+            return number.parse::<i64>().unwrap() << shift;
+        }
+    }
+    text.parse().unwrap()
+}
+
+/// The size of the filesystem mounted at `path`.
+fn filesystem_size(path: &Path) -> i64 {
+    let stat = nix::sys::statvfs::statvfs(path).unwrap();
+    (stat.blocks() * stat.fragment_size()) as i64
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Writes the file through the mount and makes it durable on the volume.
+fn write_file(dir: &Path) {
+    let path = dir.join(FILE);
+    std::fs::write(&path, CONTENT).unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let root = std::fs::File::open(dir).unwrap();
+    nix::unistd::syncfs(&root).unwrap();
+}
+
+/// A 64Mi claim of the StorageClass: bound, its volume's two replicas on
+/// distinct nodes.
+async fn provision(cluster: &mut Cluster) -> PersistentVolume {
+    let pv = cluster.claim("data", "64Mi", None).await;
+    assert_eq!(capacity(&pv), 64 * MIB, "the PV has the claimed size");
+    let (volume, nodes) = cluster.replica_nodes(&pv).await;
+    assert_eq!(volume.spec.number_of_replicas, 2, "from the StorageClass");
+    let distinct: BTreeSet<&String> = nodes.iter().collect();
+    assert_eq!(distinct.len(), 2, "replicas on distinct nodes: {nodes:?}");
+    pv
+}
+
+/// Attaches and mounts `pv` on node-1, as for a pod.
+async fn attach_and_publish(cluster: &mut Cluster, pv: &PersistentVolume) -> Published {
+    let attachment = cluster.attach(pv).await;
+    let published = cluster.kubelet.publish(pv, &attachment).await.unwrap();
+    cluster.report(&format!("{} staged and published on {NODE}", pv.name_any()));
+    published
+}
+
+/// Grows the claim to 96Mi: csi-resizer grows the volume and the PV, the
+/// kubelet the filesystem. A failed filesystem grow is returned rather than
+/// raised, so that the steps after it still run.
+async fn grow(
+    cluster: &mut Cluster,
+    pv: &PersistentVolume,
+    published: &Published,
+) -> Option<String> {
+    let before = filesystem_size(&published.target);
+    let grow = json!({"spec": {"resources": {"requests": {"storage": "96Mi"}}}});
+    cluster
+        .claims()
+        .patch("data", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
+    let pv_name = pv.name_any();
+    cluster
+        .until("the PV grown to 96Mi", || async {
+            let pv = pvs.get(&pv_name).await.ok()?;
+            (capacity(&pv) == 96 * MIB).then_some(())
+        })
+        .await;
+    if let Err(error) = cluster.kubelet.expand(published, 96 * MIB).await {
+        let failure = format!("online ext4 grow failed: {error}");
+        eprintln!("FAILED: {failure}");
+        return Some(failure);
+    }
+    let after = filesystem_size(&published.target);
+    cluster.report(&format!("filesystem grown from {before} to {after} bytes"));
+    (after < before + 24 * MIB)
+        .then(|| format!("the filesystem did not grow: {before} -> {after} bytes"))
+}
+
+/// Snapshots the claim and restores the snapshot into a new claim,
+/// attached and mounted on node-1.
+async fn snapshot_and_restore(cluster: &mut Cluster) -> (PersistentVolume, Published) {
+    let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
+    let snapshot = DynamicObject::new(SNAPSHOT, &resource).data(json!({"spec": {
+        "volumeSnapshotClassName": SNAPSHOT_CLASS,
+        "source": {"persistentVolumeClaimName": "data"},
+    }}));
+    let snapshots = cluster.snapshots();
+    snapshots
+        .create(&PostParams::default(), &snapshot)
+        .await
+        .unwrap();
+    cluster
+        .until("VolumeSnapshot readyToUse", || async {
+            let snapshot = snapshots.get(SNAPSHOT).await.ok()?;
+            let ready = snapshot.data.pointer("/status/readyToUse")?.as_bool()?;
+            ready.then_some(())
+        })
+        .await;
+    let source = json!({
+        "apiGroup": "snapshot.storage.k8s.io",
+        "kind": "VolumeSnapshot",
+        "name": SNAPSHOT,
+    });
+    let pv = cluster.claim("restored", "96Mi", Some(source)).await;
+    let published = attach_and_publish(cluster, &pv).await;
+    (pv, published)
+}
+
+/// Unmounts and detaches the volumes, deletes the snapshot and the claims,
+/// and waits until nothing of the driver's or oxhorn's is left.
+async fn delete_all(cluster: &mut Cluster, volumes: Vec<(PersistentVolume, Published)>) {
+    for (pv, published) in volumes {
+        cluster.kubelet.unpublish(published).await.unwrap();
+        cluster.detach(&pv).await;
+    }
+    cluster
+        .snapshots()
+        .delete(SNAPSHOT, &DeleteParams::default())
+        .await
+        .unwrap();
+    let claims = cluster.claims();
+    for claim in ["restored", "data"] {
+        claims
+            .delete(claim, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let deleted = Instant::now();
+    let mut left = cluster.leftovers().await;
+    while !left.is_empty() && deleted.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = cluster.leftovers().await;
+    }
+    assert!(left.is_empty(), "left behind: {left:?}\n{}", cluster.logs());
+    cluster.report("every PV, VolumeSnapshotContent and oxhorn object gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted() {
+    let mut cluster = Cluster::start().await;
+    cluster.create_storage_classes().await;
+
+    let pv = provision(&mut cluster).await;
+    let published = attach_and_publish(&mut cluster, &pv).await;
+    write_file(&published.target);
+    assert_eq!(std::fs::read(published.target.join(FILE)).unwrap(), CONTENT);
+
+    let grow_failure = grow(&mut cluster, &pv, &published).await;
+
+    let (restored_pv, restored) = snapshot_and_restore(&mut cluster).await;
+    assert_eq!(
+        std::fs::read(restored.target.join(FILE)).unwrap(),
+        CONTENT,
+        "the restored claim holds the file written before the snapshot"
+    );
+
+    delete_all(&mut cluster, vec![(restored_pv, restored), (pv, published)]).await;
+    assert_eq!(grow_failure, None);
+}
