@@ -28,7 +28,6 @@ use serde_json::json;
 const NODES: u8 = 3;
 /// Where the volume attaches: the node whose socket the sidecars use.
 const NODE: &str = "node-1";
-const ZONE: &str = "topology.kubernetes.io/zone";
 const STORAGE_CLASS: &str = "oxhorn";
 const CLAIM: &str = "demo";
 /// Claims live in the users' namespace, oxhorn's objects in its own.
@@ -79,11 +78,8 @@ async fn run(args: Args) -> Result<(), Failure> {
     let mut managers = Vec::new();
     for i in 1..=NODES {
         let name = format!("node-{i}");
-        // Oxhorn advertises volume accessibility constraints, and
-        // csi-provisioner then wants some node with topology: a zone each.
-        let zone = format!("zone-{i}");
-        testbed::register_kube_node(&client, &name, &[(ZONE, &zone)]).await?;
-        sidecars::register_csi_node(&client, &name, &[ZONE]).await?;
+        testbed::register_kube_node(&client, &name, &[]).await?;
+        sidecars::register_csi_node(&client, &name, &[]).await?;
         let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, DEFAULT_NAMESPACE);
         options.ip = IpAddr::from([127, 0, 10, i]);
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);

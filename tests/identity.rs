@@ -67,13 +67,8 @@ async fn identity_answers_over_the_unix_socket() {
             plugin_capability::Type::VolumeExpansion(e) => expansion.push(e.r#type()),
         }
     }
-    assert_eq!(
-        services,
-        [
-            service::Type::ControllerService,
-            service::Type::VolumeAccessibilityConstraints
-        ]
-    );
+    // Volumes are reachable from every node, so no accessibility constraints.
+    assert_eq!(services, [service::Type::ControllerService]);
     assert_eq!(expansion, [volume_expansion::Type::Online]);
 
     until_ready(&mut identity).await;

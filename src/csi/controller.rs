@@ -751,14 +751,26 @@ fn rpc_capability(kind: rpc::Type) -> ControllerServiceCapability {
     }
 }
 
-/// Runs a call in a span naming its volume.
+/// Runs a call in a span naming its volume, logging its outcome: the CO
+/// retries quietly, so the log is where a stuck or failing call shows.
 async fn traced<T>(
     call: &'static str,
     volume: &str,
     work: impl Future<Output = Result<T, Status>>,
 ) -> Result<Response<T>, Status> {
     let span = info_span!("csi", call, volume = %volume);
-    work.instrument(span).await.map(Response::new)
+    async move {
+        let started = std::time::Instant::now();
+        info!("call started");
+        let result = work.await;
+        match &result {
+            Ok(_) => info!(elapsed = ?started.elapsed(), "call succeeded"),
+            Err(status) => info!(elapsed = ?started.elapsed(), code = ?status.code(), message = status.message(), "call failed"),
+        }
+        result.map(Response::new)
+    }
+    .instrument(span)
+    .await
 }
 
 #[tonic::async_trait]

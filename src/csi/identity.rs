@@ -63,8 +63,9 @@ impl Identity for IdentityService {
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities: vec![
+                // No VolumeAccessibilityConstraints: an engine reaches its
+                // replicas over the network, so a volume attaches on any node.
                 service(service::Type::ControllerService),
-                service(service::Type::VolumeAccessibilityConstraints),
                 expansion(volume_expansion::Type::Online),
             ],
         }))

@@ -143,6 +143,17 @@ fn required_volume_id(volume_id: &str) -> NodeResult<()> {
     crate::names::validate_dns_subdomain("volume_id", volume_id).map_err(NodeError::InvalidArgument)
 }
 
+/// A volume_path names where a volume is already published: one that is not
+/// absolute cannot be, so the volume is not found there (csi-sanity agrees).
+fn volume_path(path: &str) -> NodeResult<&Path> {
+    if !path.is_empty() && !Path::new(path).is_absolute() {
+        return Err(NodeError::NotFound(format!(
+            "no volume is published at the relative path {path:?}"
+        )));
+    }
+    required_path("volume_path", path)
+}
+
 fn required_path<'a>(field: &str, path: &'a str) -> NodeResult<&'a Path> {
     if path.is_empty() {
         return Err(invalid(format!("{field} is required")));
@@ -565,7 +576,7 @@ impl NodeService {
         req: &NodeGetVolumeStatsRequest,
     ) -> NodeResult<NodeGetVolumeStatsResponse> {
         required_volume_id(&req.volume_id)?;
-        let path = required_path("volume_path", &req.volume_path)?;
+        let path = volume_path(&req.volume_path)?;
         let volume = self.volume(&req.volume_id).await?;
         let device = self.current_device(&req.volume_id);
         let usage = match self.published_kind(&req.volume_id, path, device.as_ref())? {
@@ -606,7 +617,7 @@ impl NodeService {
 
     async fn expand(&self, req: &NodeExpandVolumeRequest) -> NodeResult<i64> {
         required_volume_id(&req.volume_id)?;
-        let path = required_path("volume_path", &req.volume_path)?;
+        let path = volume_path(&req.volume_path)?;
         let block = match req.volume_capability.as_ref() {
             Some(capability) => matches!(parse_capability(Some(capability))?.access, Access::Block),
             None => false,

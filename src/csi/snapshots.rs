@@ -110,8 +110,9 @@ fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), St
     }
 }
 
-/// Waits for the snapshot to be taken; a failure to take it is an error, a
-/// snapshot still in progress after the wait is returned not ready.
+/// Waits for the snapshot to be taken. A snapshot whose volume is gone is
+/// an error; one still pending (or failing and being retried) after the wait
+/// is returned not ready, and the CO asks again.
 async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapshot>, Status> {
     let taken = service
         .wait_for(&format!("taking snapshot {id}"), READY_WAIT, || {
@@ -119,8 +120,12 @@ async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapsho
                 return Ok(None);
             };
             let status = snapshot.status.clone().unwrap_or_default();
-            if !status.error.is_empty() {
-                return Err(Status::internal(format!("snapshot {id}: {}", status.error)));
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+            if ready.is_some_and(|c| c.reason == "VolumeNotFound") {
+                return Err(Status::not_found(format!(
+                    "snapshot {id}: {}",
+                    status.error
+                )));
             }
             Ok(status.ready_to_use.then_some(snapshot))
         })

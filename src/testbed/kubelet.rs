@@ -56,6 +56,8 @@ pub struct Kubelet {
 /// A volume staged and published, as for a pod.
 pub struct Published {
     pub volume_id: String,
+    /// The PV's fsType; empty leaves the choice to the plugin.
+    pub fs_type: String,
     pub staging: PathBuf,
     /// Where the pod sees the filesystem.
     pub target: PathBuf,
@@ -74,8 +76,9 @@ impl Kubelet {
         })
     }
 
-    /// Stages and publishes the volume of `pv` (an ext4 filesystem, one
-    /// writer), attached by `attachment`, as the kubelet does for a pod.
+    /// Stages and publishes the volume of `pv` (a filesystem of the PV's
+    /// fsType, or the plugin's default; one writer), attached by
+    /// `attachment`, as the kubelet does for a pod.
     pub async fn publish(
         &mut self,
         pv: &PersistentVolume,
@@ -87,6 +90,7 @@ impl Kubelet {
             .and_then(|s| s.csi.as_ref())
             .ok_or_else(|| Error::Testbed(format!("PV {} is not a CSI volume", pv.name_any())))?;
         let volume_id = csi.volume_handle.clone();
+        let fs_type = csi.fs_type.clone().unwrap_or_default();
         let volume_context: HashMap<String, String> = csi
             .volume_attributes
             .clone()
@@ -112,7 +116,7 @@ impl Kubelet {
                 volume_id: volume_id.clone(),
                 publish_context: publish_context.clone(),
                 staging_target_path: path_string(&staging),
-                volume_capability: Some(capability()),
+                volume_capability: Some(capability(&fs_type)),
                 volume_context: volume_context.clone(),
                 ..NodeStageVolumeRequest::default()
             })
@@ -124,7 +128,7 @@ impl Kubelet {
                 publish_context,
                 staging_target_path: path_string(&staging),
                 target_path: path_string(&target),
-                volume_capability: Some(capability()),
+                volume_capability: Some(capability(&fs_type)),
                 volume_context,
                 ..NodePublishVolumeRequest::default()
             })
@@ -132,6 +136,7 @@ impl Kubelet {
             .map_err(|s| call_failed("NodePublishVolume", &volume_id, s))?;
         Ok(Published {
             volume_id,
+            fs_type,
             staging,
             target,
         })
@@ -150,7 +155,7 @@ impl Kubelet {
                     limit_bytes: 0,
                 }),
                 staging_target_path: path_string(&published.staging),
-                volume_capability: Some(capability()),
+                volume_capability: Some(capability(&published.fs_type)),
                 ..NodeExpandVolumeRequest::default()
             })
             .await
@@ -185,10 +190,10 @@ impl Drop for Kubelet {
     }
 }
 
-fn capability() -> VolumeCapability {
+fn capability(fs_type: &str) -> VolumeCapability {
     VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
+            fs_type: fs_type.into(),
             ..MountVolume::default()
         })),
         access_mode: Some(AccessMode {
