@@ -370,7 +370,7 @@ fn write_file(dir: &Path) {
 /// distinct nodes.
 async fn provision(cluster: &mut Cluster) -> PersistentVolume {
     let pv = cluster.claim("data", "320Mi", None).await;
-    assert_eq!(capacity(&pv), 64 * MIB, "the PV has the claimed size");
+    assert_eq!(capacity(&pv), 320 * MIB, "the PV has the claimed size");
     let (volume, nodes) = cluster.replica_nodes(&pv).await;
     assert_eq!(volume.spec.number_of_replicas, 2, "from the StorageClass");
     let distinct: BTreeSet<&String> = nodes.iter().collect();

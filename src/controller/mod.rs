@@ -19,6 +19,7 @@ pub use lease::hold_lease;
 pub use node::ensure_own_node;
 pub use ownership::{LEASE_SELECTOR, Liveness, lease_name};
 pub use settings::Settings;
+pub use volume::{CLONE_FOR, data_source_of, is_filled};
 
 use std::collections::HashMap;
 use std::fmt::Debug;

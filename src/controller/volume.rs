@@ -9,7 +9,7 @@ mod fill;
 mod snapshots;
 
 use fill::Filling;
-pub use fill::{data_source_of, source_snapshot};
+pub use fill::{CLONE_FOR, data_source_of, is_filled, source_snapshot};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

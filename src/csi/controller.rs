@@ -22,7 +22,7 @@ use super::proto::controller_service_capability::{self, rpc};
 use super::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use super::proto::*;
 use super::snapshots;
-use crate::controller::{Liveness, Settings};
+use crate::controller::{CLONE_FOR, Liveness, Settings, data_source_of};
 use crate::datastore::Datastore;
 use crate::names::object_name;
 use crate::scheduler::{self, Cluster};
@@ -39,8 +39,6 @@ pub const CSI_NAME: &str = "oxhorn.io/csi-name";
 /// Whether the volume was published read-only, to refuse an incompatible
 /// second publish.
 const PUBLISHED_READONLY: &str = "oxhorn.io/published-readonly";
-/// Labels a snapshot taken to clone a volume with the volume it fills.
-pub const CLONE_FOR: &str = "oxhorn.io/clone-for";
 
 const SCHEDULE_WAIT: Duration = Duration::from_secs(30);
 const ATTACH_WAIT: Duration = Duration::from_secs(60);
@@ -203,7 +201,7 @@ impl ControllerService {
                 "the source holds {source_size} bytes, more than the {size} bytes asked for"
             )));
         }
-        Ok(format!("snapshot/{snapshot}"))
+        Ok(data_source_of(&snapshot))
     }
 
     async fn create_volume_object(

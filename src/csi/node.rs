@@ -337,7 +337,12 @@ impl NodeService {
         let fs = self
             .filesystem_for(&device, wanted_fs(&fs_type, &req.volume_context)?)
             .await?;
-        let options = options.or_read_only(read_only);
+        let mut options = options.or_read_only(read_only);
+        if fs == FsType::Xfs && !options.data.iter().any(|o| o == "nouuid") {
+            // A restore or clone carries its source's XFS UUID, and XFS
+            // refuses a second mount of one UUID on a node.
+            options.data.push("nouuid".to_owned());
+        }
         fs::create_dir_all(staging).map_err(|e| HostError::io("creating", staging, e))?;
         mount::mount_filesystem(&device, staging, fs.name(), &options)?;
         info!(device = %device.display(), %fs, "staged");

@@ -10,15 +10,16 @@ use kube::runtime::reflector::ObjectRef;
 use tonic::Status;
 use tracing::info;
 
-use super::controller::{CLONE_FOR, CSI_NAME, ControllerService, paginate, required};
+use super::controller::{CSI_NAME, ControllerService, paginate, required};
 use super::error::api_status;
 use super::proto::{
     CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
 };
+use crate::controller::{CLONE_FOR, data_source_of, is_filled};
 use crate::datastore::Datastore;
 use crate::names::object_name;
-use crate::types::{Condition, Snapshot, SnapshotSpec};
+use crate::types::{Snapshot, SnapshotSpec};
 
 /// Snapshot names are data-plane layer names, at most 63 characters.
 const SNAPSHOT_NAME_MAX: usize = 63;
@@ -170,7 +171,7 @@ pub async fn delete(
 
 /// Volumes restored from `snapshot` whose data is not in place yet.
 fn filling_from(ds: &Datastore, snapshot: &str) -> Vec<String> {
-    let source = format!("snapshot/{snapshot}");
+    let source = data_source_of(snapshot);
     ds.volumes
         .store
         .state()
@@ -178,13 +179,6 @@ fn filling_from(ds: &Datastore, snapshot: &str) -> Vec<String> {
         .filter(|v| v.spec.data_source == source && !is_filled(v))
         .map(|v| v.name_any())
         .collect()
-}
-
-fn is_filled(volume: &crate::types::Volume) -> bool {
-    volume
-        .status
-        .as_ref()
-        .is_some_and(|s| Condition::is_true(&s.conditions, "Filled"))
 }
 
 pub fn list(
