@@ -140,16 +140,7 @@ async fn a_volume_survives_losing_a_node_and_heals_onto_another() {
             "data differs after the rebuild"
         );
     }
-    let events = cluster
-        .api::<k8s_openapi::api::events::v1::Event>()
-        .list(&Default::default())
-        .await
-        .unwrap();
-    let reasons: BTreeSet<String> = events
-        .items
-        .iter()
-        .filter_map(|e| e.reason.clone())
-        .collect();
+    let reasons = cluster.event_reasons().await;
     for reason in ["ReplicaFailed", "Degraded", "Healthy", "Attached"] {
         assert!(
             reasons.contains(reason),

@@ -267,16 +267,7 @@ async fn snapshots_fill_restored_and_cloned_volumes_and_go_when_deleted() {
         "the clone differs from its source"
     );
 
-    let events = cluster
-        .api::<k8s_openapi::api::events::v1::Event>()
-        .list(&Default::default())
-        .await
-        .unwrap();
-    let reasons: BTreeSet<String> = events
-        .items
-        .iter()
-        .filter_map(|e| e.reason.clone())
-        .collect();
+    let reasons = cluster.event_reasons().await;
     for reason in ["SnapshotTaken", "Filled"] {
         assert!(
             reasons.contains(reason),

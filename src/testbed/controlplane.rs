@@ -183,7 +183,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// The path of an installed tool, or an error saying how to install it.
-fn tool(name: &str) -> Result<PathBuf> {
+pub(super) fn tool(name: &str) -> Result<PathBuf> {
     let path = tools_dir().join(name);
     if path.is_file() {
         Ok(path)

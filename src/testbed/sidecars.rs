@@ -15,6 +15,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use tempfile::TempDir;
 
+use super::controlplane::tool;
 use super::process::Supervised;
 use super::{ControlPlane, tools_dir};
 use crate::csi::DRIVER_NAME;
@@ -116,19 +117,6 @@ impl Sidecars {
             .iter()
             .map(|p| format!("==== {} ====\n{}\n", p.name, p.log_tail(lines)))
             .collect()
-    }
-}
-
-/// The path of a built tool, or an error saying how to build it.
-fn tool(name: &str) -> Result<PathBuf> {
-    let path = tools_dir().join(name);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::Testbed(format!(
-            "{} is missing: run hack/install-test-deps.sh",
-            path.display()
-        )))
     }
 }
 

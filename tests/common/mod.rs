@@ -217,6 +217,16 @@ impl Cluster {
     }
 
     /// Deletes the volume and waits until its objects are gone.
+    /// The reasons of every Event in the test's namespace.
+    pub async fn event_reasons(&self) -> std::collections::BTreeSet<String> {
+        let events = self
+            .api::<k8s_openapi::api::events::v1::Event>()
+            .list(&Default::default())
+            .await
+            .unwrap();
+        events.items.into_iter().filter_map(|e| e.reason).collect()
+    }
+
     pub async fn delete_volume(&self, volume: &str) {
         self.api::<Volume>()
             .delete(volume, &DeleteParams::default())

@@ -169,7 +169,7 @@ impl Pass<'_> {
 
     /// The volume's usable replicas with their control addresses, once
     /// every one of them whose node is up runs; empty until then.
-    fn running_replicas(&self) -> Vec<(Arc<Replica>, String)> {
+    pub(super) fn running_replicas(&self) -> Vec<(Arc<Replica>, String)> {
         let usable: Vec<Arc<Replica>> = self
             .usable()
             .into_iter()

@@ -268,16 +268,8 @@ impl Pass<'_> {
                 }
             }
             (DesireState::Stopped, InstanceState::Stopped) => {
-                let usable = self.usable();
-                let up: Vec<&Arc<Replica>> = usable
-                    .iter()
-                    .filter(|r| self.ctx.liveness.is_up(&r.spec.instance.node_id))
-                    .collect();
-                let running: Vec<(Arc<Replica>, String)> = up
-                    .iter()
-                    .filter_map(|r| control::replica_control_address(r).map(|a| (Arc::clone(r), a)))
-                    .collect();
-                if running.is_empty() || running.len() < up.len() {
+                let running = self.running_replicas();
+                if running.is_empty() {
                     return DataPlane::NotYet("waiting for the replicas to run");
                 }
                 DataPlane::Replicas(running)
