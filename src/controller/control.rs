@@ -10,6 +10,9 @@ use tonic::transport::{Channel, Endpoint};
 use super::ControllerError;
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
+use crate::protocol::control::{
+    EngineStatus, EngineStatusRequest, ReplicaStatus, ReplicaStatusRequest,
+};
 use crate::types::{Engine, InstanceState, Replica};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,6 +53,26 @@ impl<C> Control<C> {
             address: self.address.clone(),
             status: Box::new(status),
         }
+    }
+}
+
+impl Control<ReplicaControlClient<Channel>> {
+    /// The replica's chain, revision and flags.
+    pub async fn status(&mut self) -> Result<ReplicaStatus, ControllerError> {
+        let reply = self.client.status(ReplicaStatusRequest {}).await;
+        reply
+            .map(tonic::Response::into_inner)
+            .map_err(|e| self.failed(e))
+    }
+}
+
+impl Control<EngineControlClient<Channel>> {
+    /// The engine's replicas and snapshots.
+    pub async fn status(&mut self) -> Result<EngineStatus, ControllerError> {
+        let reply = self.client.status(EngineStatusRequest {}).await;
+        reply
+            .map(tonic::Response::into_inner)
+            .map_err(|e| self.failed(e))
     }
 }
 

@@ -121,7 +121,14 @@ impl ControllerService {
         let _guard = self.locks.try_lock(&id)?;
         let source = request.volume_content_source.and_then(|s| s.r#type);
         let data_source = self.data_source(&id, source.as_ref(), size).await?;
-        let wanted = self.volume_spec(&parameters, size, &request.volume_capabilities, data_source);
+        let settings = self.settings();
+        let wanted = Self::volume_spec(
+            &settings,
+            &parameters,
+            size,
+            &request.volume_capabilities,
+            data_source,
+        );
         match self.get_volume(&id).await? {
             Some(existing) => compatible(&existing, name, &wanted, range.limit_bytes)?,
             None => {
@@ -136,14 +143,17 @@ impl ControllerService {
         })
     }
 
+    fn settings(&self) -> Settings {
+        Settings::read(&self.ds.settings.store, &self.ds.namespace)
+    }
+
     fn volume_spec(
-        &self,
+        settings: &Settings,
         parameters: &VolumeParameters,
         size: i64,
         capabilities: &[VolumeCapability],
         data_source: String,
     ) -> VolumeSpec {
-        let settings = Settings::read(&self.ds.settings.store, &self.ds.namespace);
         VolumeSpec {
             size,
             number_of_replicas: parameters
@@ -484,9 +494,10 @@ impl ControllerService {
             .try_for_each(capability::check)
             .map_err(Status::invalid_argument)?;
         let parameters = VolumeParameters::parse(&request.parameters)?;
+        let settings = self.settings();
         let template = Volume::new(
             "capacity",
-            self.volume_spec(&parameters, MIN_VOLUME_SIZE, &[], String::new()),
+            Self::volume_spec(&settings, &parameters, MIN_VOLUME_SIZE, &[], String::new()),
         );
         let segments = request
             .accessible_topology
@@ -503,7 +514,6 @@ impl ControllerService {
             replicas: &replicas,
             node_up: &node_up,
         };
-        let settings = Settings::read(&self.ds.settings.store, &self.ds.namespace);
         let space =
             scheduler::schedulable_space(&cluster, &template, &settings.scheduler, &in_segment);
         Ok(GetCapacityResponse {

@@ -169,44 +169,20 @@ fn required_path<'a>(field: &str, path: &'a str) -> NodeResult<&'a Path> {
 
 fn parse_capability(capability: Option<&VolumeCapability>) -> NodeResult<Capability> {
     let capability = capability.ok_or_else(|| invalid("volume_capability is required"))?;
+    super::capability::check(capability).map_err(invalid)?;
     let mode = capability
         .access_mode
         .as_ref()
-        .map(|m| m.mode())
-        .unwrap_or(Mode::Unknown);
-    check_mode(mode)?;
+        .map_or(Mode::Unknown, |m| m.mode());
     let access = match &capability.access_type {
-        Some(AccessType::Block(_)) => Access::Block,
         Some(AccessType::Mount(mount)) => parse_mount(mount)?,
-        None => {
-            return Err(invalid(
-                "volume_capability needs an access type: block or mount",
-            ));
-        }
+        // None was refused by check().
+        Some(AccessType::Block(_)) | None => Access::Block,
     };
     Ok(Capability { access, mode })
 }
 
-fn check_mode(mode: Mode) -> NodeResult<()> {
-    match mode {
-        Mode::SingleNodeWriter
-        | Mode::SingleNodeSingleWriter
-        | Mode::SingleNodeMultiWriter
-        | Mode::SingleNodeReaderOnly => Ok(()),
-        Mode::Unknown => Err(invalid("volume_capability needs an access mode")),
-        Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => {
-            Err(invalid(format!(
-                "access mode {} needs a share manager, not available yet",
-                mode.as_str_name()
-            )))
-        }
-    }
-}
-
 fn parse_mount(mount: &MountVolume) -> NodeResult<Access> {
-    if !mount.fs_type.is_empty() {
-        FsType::parse(&mount.fs_type).map_err(|e| invalid(e.to_string()))?;
-    }
     if !mount.volume_mount_group.is_empty() {
         return Err(invalid("volume_mount_group is not supported"));
     }

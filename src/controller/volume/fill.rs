@@ -20,7 +20,7 @@ use super::super::control::{self, CALL_TIMEOUT};
 use super::super::{ControllerError, delete};
 use super::{Pass, SOON};
 use crate::protocol::control::{
-    MarkCleanRequest, ReplicaStatusRequest, SetRevisionRequest, Snapshot as Layer, SyncFromRequest,
+    MarkCleanRequest, SetRevisionRequest, Snapshot as Layer, SyncFromRequest,
 };
 use crate::types::{Condition, ConditionStatus, Replica, Snapshot, Volume};
 
@@ -237,12 +237,7 @@ impl Pass<'_> {
 
 async fn chain_of(replica: &Replica, address: &str) -> Result<Vec<Layer>, ControllerError> {
     let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
-    let status = control
-        .client
-        .status(ReplicaStatusRequest {})
-        .await
-        .map_err(|e| control.failed(e))?;
-    Ok(status.into_inner().snapshots)
+    Ok(control.status().await?.snapshots)
 }
 
 /// Makes `replica`'s chain equal to `layers` of the source replica at
@@ -283,12 +278,7 @@ async fn settle(replicas: &[(Arc<Replica>, String)]) -> Result<(), ControllerErr
     let mut revision = 0;
     for (replica, address) in replicas {
         let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
-        let status = control
-            .client
-            .status(ReplicaStatusRequest {})
-            .await
-            .map_err(|e| control.failed(e))?
-            .into_inner();
+        let status = control.status().await?;
         revision = revision.max(status.revision);
         controls.push(control);
     }

@@ -18,9 +18,7 @@ use super::super::control::{self, CALL_TIMEOUT};
 use super::super::{ControllerError, FINALIZER, delete, patch_guarded, release, replace_status};
 use super::fill::{data_source_of, is_filled};
 use super::{Pass, SOON, engine_state};
-use crate::protocol::control::{
-    EngineStatusRequest, RemoveSnapshotRequest, ReplicaStatusRequest, SnapshotRequest,
-};
+use crate::protocol::control::{RemoveSnapshotRequest, SnapshotRequest};
 use crate::types::{
     Condition, ConditionStatus, DesireState, Engine, InstanceState, Replica, Snapshot,
     SnapshotStatus,
@@ -301,12 +299,7 @@ async fn snapshot_on_engine(
     name: &str,
 ) -> Result<(), ControllerError> {
     let mut control = control::engine(engine, address).await?;
-    let status = control
-        .client
-        .status(EngineStatusRequest {})
-        .await
-        .map_err(|e| control.failed(e))?
-        .into_inner();
+    let status = control.status().await?;
     if status.snapshots.iter().any(|s| s.name == name) {
         return Ok(());
     }
@@ -327,12 +320,7 @@ async fn snapshot_on_replica(
     name: &str,
 ) -> Result<(), ControllerError> {
     let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
-    let status = control
-        .client
-        .status(ReplicaStatusRequest {})
-        .await
-        .map_err(|e| control.failed(e))?
-        .into_inner();
+    let status = control.status().await?;
     if status.snapshots.iter().any(|s| s.name == name) {
         return Ok(());
     }
@@ -354,12 +342,7 @@ async fn remove_on_engine(
     name: &str,
 ) -> Result<(), ControllerError> {
     let mut control = control::engine(engine, address).await?;
-    let status = control
-        .client
-        .status(EngineStatusRequest {})
-        .await
-        .map_err(|e| control.failed(e))?
-        .into_inner();
+    let status = control.status().await?;
     if !status.snapshots.iter().any(|s| s.name == name) {
         return Ok(());
     }
