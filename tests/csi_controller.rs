@@ -142,3 +142,45 @@ async fn busy_volumes_abort_unplaceable_ones_say_why_and_in_use_ones_stay() {
     assert!(cluster.volume("crowded").await.is_some());
     cluster.delete_volume("crowded").await;
 }
+
+/// A CO that deletes a clone before it is filled (csi-sanity does, in its
+/// cleanup) and then the source: the clone takes the snapshot it was made
+/// through with it, so the source is not held back by that snapshot.
+#[tokio::test]
+async fn a_clone_deleted_before_its_source_lets_the_source_go() {
+    let mut cluster = Cluster::start("csiclone", 2).await;
+    let mut csi = controller(&mut cluster).await;
+    let source = csi
+        .create_volume(create_request("origin", 16 * MIB, "2"))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let mut cloning = create_request("copy", 16 * MIB, "2");
+    cloning.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Volume(
+            volume_content_source::VolumeSource {
+                volume_id: source.clone(),
+            },
+        )),
+    });
+    let clone = csi
+        .create_volume(cloning)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    for volume_id in [clone, source.clone()] {
+        csi.delete_volume(DeleteVolumeRequest {
+            volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    assert!(cluster.volume(&source).await.is_none());
+}

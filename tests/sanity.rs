@@ -51,18 +51,37 @@ async fn csi_sanity_passes_against_a_three_node_cluster() {
         .unwrap();
     let report = String::from_utf8_lossy(&output.stdout);
     println!("{report}{}", String::from_utf8_lossy(&output.stderr));
-    for (spec, reason) in skipped(&json) {
-        println!("skipped: {spec}: {reason}");
+    let specs = spec_reports(&json);
+    for spec in specs.iter().filter(|s| s.state == "skipped") {
+        let reason = if spec.message.is_empty() {
+            "not run"
+        } else {
+            &spec.message
+        };
+        println!("skipped: {}: {reason}", spec.name);
     }
-    let logs = cluster.logs();
+    print_slowest(&specs, 5);
     let summary = report
         .lines()
         .find(|l| l.starts_with("Ran "))
-        .unwrap_or_else(|| panic!("no csi-sanity summary in:\n{report}"));
-    assert!(
-        output.status.success(),
-        "csi-sanity failed: {summary}\nmanager logs:\n{logs}"
-    );
+        .unwrap_or("no csi-sanity summary")
+        .to_owned();
+    if !output.status.success() {
+        // The logs first: the failures must be the last thing printed, as
+        // CI keeps only the tail of the output.
+        println!("manager logs:\n{}", cluster.logs());
+        let failures: Vec<String> = specs
+            .iter()
+            .filter(|s| !matches!(s.state.as_str(), "passed" | "skipped" | "pending"))
+            .map(|s| {
+                format!(
+                    "[{}] {} after {:.1}s: {}",
+                    s.state, s.name, s.seconds, s.message
+                )
+            })
+            .collect();
+        panic!("csi-sanity failed: {summary}\n{}", failures.join("\n"));
+    }
     assert!(!summary.starts_with("Ran 0 "), "{summary}");
     drop(cluster);
     assert!(
@@ -71,8 +90,26 @@ async fn csi_sanity_passes_against_a_three_node_cluster() {
     );
 }
 
-/// The specs csi-sanity skipped, with its reasons, from its JSON report.
-fn skipped(report: &std::path::Path) -> Vec<(String, String)> {
+/// One spec of csi-sanity's JSON report.
+struct Spec {
+    name: String,
+    state: String,
+    seconds: f64,
+    /// Why it failed or was skipped.
+    message: String,
+}
+
+fn print_slowest(specs: &[Spec], count: usize) {
+    let mut by_time: Vec<&Spec> = specs.iter().collect();
+    by_time.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    for spec in by_time.into_iter().take(count) {
+        println!("slowest: {:.1}s {}", spec.seconds, spec.name);
+    }
+}
+
+/// The `It` specs of csi-sanity's JSON report (ginkgo's format: an array of
+/// suites, each with SpecReports; RunTime in nanoseconds).
+fn spec_reports(report: &std::path::Path) -> Vec<Spec> {
     let Ok(text) = std::fs::read_to_string(report) else {
         return Vec::new();
     };
@@ -84,7 +121,7 @@ fn skipped(report: &std::path::Path) -> Vec<(String, String)> {
         .filter_map(|suite| suite["SpecReports"].as_array())
         .flatten();
     specs
-        .filter(|spec| spec["State"] == "skipped" && spec["LeafNodeType"] == "It")
+        .filter(|spec| spec["LeafNodeType"] == "It")
         .map(|spec| {
             let containers = spec["ContainerHierarchyTexts"]
                 .as_array()
@@ -95,11 +132,18 @@ fn skipped(report: &std::path::Path) -> Vec<(String, String)> {
                 .filter_map(|t| t.as_str().map(str::to_owned))
                 .collect();
             name.push(spec["LeafNodeText"].as_str().unwrap_or_default().to_owned());
-            let reason = spec["Failure"]["Message"]
-                .as_str()
-                .unwrap_or("not run")
-                .to_owned();
-            (name.join(" / "), reason)
+            let failure = &spec["Failure"];
+            let location = &failure["Location"];
+            let mut message = failure["Message"].as_str().unwrap_or_default().to_owned();
+            if let Some(file) = location["FileName"].as_str() {
+                message = format!("{message} ({file}:{})", location["LineNumber"]);
+            }
+            Spec {
+                name: name.join(" / "),
+                state: spec["State"].as_str().unwrap_or_default().to_owned(),
+                seconds: spec["RunTime"].as_f64().unwrap_or_default() / 1e9,
+                message,
+            }
         })
         .collect()
 }

@@ -301,12 +301,8 @@ impl ControllerService {
                 volume.spec.node_id
             )));
         }
-        let snapshots = snapshots::of_volume(&self.ds, id);
-        if !snapshots.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "volume {id} has snapshots, which live in its replicas: delete {} first",
-                snapshots.join(", ")
-            )));
+        if let Some(blocker) = snapshots::deletion_blocker(self, id).await? {
+            return Err(Status::failed_precondition(blocker));
         }
         match self.volumes().delete(id, &DeleteParams::default()).await {
             Ok(_) => {}

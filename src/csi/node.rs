@@ -320,7 +320,7 @@ impl NodeService {
             options.data.push("nouuid".to_owned());
         }
         fs::create_dir_all(staging).map_err(|e| HostError::io("creating", staging, e))?;
-        mount::mount_filesystem(&device, staging, fs.name(), &options)?;
+        mount::mount_filesystem(&device, staging, fs.name(), &options).await?;
         info!(device = %device.display(), %fs, "staged");
         Ok(())
     }
@@ -356,14 +356,14 @@ impl NodeService {
         let staging = required_path("staging_target_path", &req.staging_target_path)?;
         let _guard = self.locks.try_lock(&req.volume_id)?;
         // kubelet made the staging directory and removes it itself.
-        self.unmount_all(staging)?;
+        self.unmount_all(staging).await?;
         Ok(())
     }
 
     /// Unmounts whatever is mounted at `path`, stacked mounts included.
-    fn unmount_all(&self, path: &Path) -> NodeResult<()> {
+    async fn unmount_all(&self, path: &Path) -> NodeResult<()> {
         while self.host.mount_at(path)?.is_some() {
-            mount::unmount(path)?;
+            mount::unmount(path).await?;
             info!(path = %path.display(), "unmounted");
         }
         Ok(())
@@ -410,7 +410,7 @@ impl NodeService {
                 fs::create_dir_all(target).map_err(|e| HostError::io("creating", target, e))?
             }
         }
-        mount::bind(&source, target, &options)?;
+        mount::bind(&source, target, &options).await?;
         info!(target = %target.display(), read_only = options.is_read_only(), "published");
         Ok(())
     }
@@ -490,7 +490,7 @@ impl NodeService {
         required_volume_id(&req.volume_id)?;
         let target = required_path("target_path", &req.target_path)?;
         let _guard = self.locks.try_lock(&req.volume_id)?;
-        self.unmount_all(target)?;
+        self.unmount_all(target).await?;
         remove_target(target)?;
         Ok(())
     }

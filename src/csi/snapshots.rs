@@ -28,18 +28,48 @@ const SNAPSHOT_NAME_MAX: usize = 63;
 const READY_WAIT: Duration = Duration::from_secs(20);
 const DELETE_WAIT: Duration = Duration::from_secs(30);
 
-/// The snapshots of `volume`, by name.
-pub fn of_volume(ds: &Datastore, volume: &str) -> Vec<String> {
-    let mut names: Vec<String> = ds
+/// Why `volume` cannot be deleted yet, if its snapshots say so: they live
+/// in its replicas. Snapshots already being deleted do not count, as the
+/// volume's own deletion finishes theirs. The cache may not show yet that a
+/// snapshot is being deleted (a clone deletes its source snapshot as it goes,
+/// and the clone's deletion may be all the CO waited for), so each snapshot
+/// the cache keeps is read again from the API server.
+pub async fn deletion_blocker(
+    service: &ControllerService,
+    volume: &str,
+) -> Result<Option<String>, Status> {
+    let cached: Vec<String> = service
+        .ds
         .snapshots
         .store
         .state()
         .iter()
-        .filter(|s| s.spec.volume == volume)
+        .filter(|s| s.spec.volume == volume && s.metadata.deletion_timestamp.is_none())
         .map(|s| s.name_any())
         .collect();
-    names.sort();
-    names
+    let mut kept = Vec::new();
+    for name in cached {
+        let current = service
+            .snapshots_api()
+            .get_opt(&name)
+            .await
+            .map_err(|e| api_status(&format!("snapshot {name}"), e))?;
+        kept.extend(current.filter(|s| s.metadata.deletion_timestamp.is_none()));
+    }
+    kept.sort_by_key(|s| s.name_any());
+    if let Some(target) = kept.iter().find_map(|s| s.labels().get(CLONE_FOR)) {
+        return Ok(Some(format!(
+            "volume {volume} is being cloned into volume {target}; retry once the clone is \
+             filled or deleted"
+        )));
+    }
+    let names: Vec<String> = kept.iter().map(|s| s.name_any()).collect();
+    Ok((!names.is_empty()).then(|| {
+        format!(
+            "volume {volume} has snapshots, which live in its replicas: delete {} first",
+            names.join(", ")
+        )
+    }))
 }
 
 fn cached(service: &ControllerService, id: &str) -> Option<Arc<Snapshot>> {

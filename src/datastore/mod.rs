@@ -5,16 +5,19 @@
 //! when the server says it is too old, so the caches converge after any gap.
 
 mod changes;
+mod fanout;
 
 pub use changes::changed_only;
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::Arc;
 
-use futures::StreamExt;
+use fanout::Fanout;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::runtime::reflector::{self, ReflectHandle, Store, reflector};
+use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -24,23 +27,20 @@ use tracing::{Instrument, warn};
 
 use crate::types::{Engine, Node, Replica, Setting, Snapshot, Volume};
 
-/// Changes buffered per kind until the slowest controller has seen them.
-const FANOUT_BUFFER: usize = 4096;
-
-/// One kind's cache and the handle controllers subscribe to its changes with.
+/// One kind's cache and the fan-out controllers follow its changes through.
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     pub store: Store<K>,
-    changes: ReflectHandle<K>,
+    changes: Arc<Fanout<K>>,
 }
 
 impl<K> Cache<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    /// A new stream of the objects that changed, starting now: every object
-    /// once after each (re)list, then each applied change.
-    pub fn subscribe(&self) -> ReflectHandle<K> {
-        self.changes.clone()
+    /// Every object in the cache now, then each object as it changes; every
+    /// object again after a re-list, or when the subscriber fell behind.
+    pub fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.changes.subscribe()
     }
 }
 
@@ -171,22 +171,77 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone,
 {
-    let (store, writer) = reflector::store_shared(FANOUT_BUFFER);
-    let changes = writer
-        .subscribe()
-        .expect("a store made by store_shared always has a dispatcher");
+    let (store, writer) = reflector::store();
+    let changes = Arc::new(Fanout::new(store.clone()));
+    let fanout = Arc::clone(&changes);
     let kind = K::kind(&());
     let stream = reflector(
         writer,
         watcher(api, config).modify(|object: &mut K| object.managed_fields_mut().clear()),
     )
     .default_backoff()
-    .for_each(|event| {
-        if let Err(error) = event {
-            warn!(%error, "watch failed; retrying");
+    .for_each(move |event| {
+        match event {
+            Ok(event) => fanout.publish(&event),
+            Err(error) => warn!(%error, "watch failed; retrying"),
         }
         futures::future::ready(())
     });
     tasks.spawn(stream.instrument(tracing::info_span!("watch", %kind)));
     Cache { store, changes }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube::api::{Patch, PatchParams, PostParams};
+    use kube::runtime::reflector::ObjectRef;
+    use serde_json::json;
+
+    use super::*;
+    use crate::testbed::{self, TestNamespace};
+    use crate::types::SettingSpec;
+
+    /// Far more changes of one kind than any fan-out buffer holds, with a
+    /// subscriber that reads none of them: the cache still keeps up.
+    #[tokio::test]
+    async fn a_cache_keeps_up_through_thousands_of_changes() {
+        let control_plane = testbed::shared();
+        let ns = TestNamespace::create(control_plane, "churn").await.unwrap();
+        let client = control_plane.client().unwrap();
+        let datastore = Datastore::start(&client, ns.name());
+        datastore.wait_until_ready().await;
+        let _unread = datastore.settings.subscribe();
+        let settings: Api<Setting> = Api::namespaced(client, ns.name());
+        let churn = Setting::new("churn", SettingSpec { value: "0".into() });
+        settings
+            .create(&PostParams::default(), &churn)
+            .await
+            .unwrap();
+        const CHANGES: usize = 5000;
+        for value in 1..=CHANGES {
+            let patch = json!({"spec": {"value": value.to_string()}});
+            settings
+                .patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+        let key = ObjectRef::new("churn").within(ns.name());
+        let last = CHANGES.to_string();
+        let caught_up = async {
+            while datastore
+                .settings
+                .store
+                .get(&key)
+                .map(|s| s.spec.value.clone())
+                != Some(last.clone())
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), caught_up)
+            .await
+            .expect("the settings cache stopped following its watch");
+    }
 }

@@ -204,45 +204,72 @@ fn validate_option(option: &str) -> Result<()> {
 }
 
 /// Mounts the filesystem `fs_type` on `device` at `at`.
-pub fn mount_filesystem(
+pub async fn mount_filesystem(
     device: &Path,
     at: &Path,
-    fs_type: &str,
+    fs_type: &'static str,
     options: &MountOptions,
 ) -> Result<()> {
-    nix::mount::mount(
-        Some(device),
-        at,
-        Some(fs_type),
-        options.flags,
-        options.data().as_deref(),
-    )
-    .map_err(|e| HostError::io("mounting", at, e))
+    let (device, at, options) = (device.to_owned(), at.to_owned(), options.clone());
+    off_runtime("mounting", at.clone(), move || {
+        nix::mount::mount(
+            Some(&device),
+            &at,
+            Some(fs_type),
+            options.flags,
+            options.data().as_deref(),
+        )
+        .map_err(|e| HostError::io("mounting", &at, e))
+    })
+    .await
 }
 
 /// Bind-mounts `source` (a directory or a device node) at `at`, then applies
 /// `options`' flags, which a bind mount only takes on a remount.
-pub fn bind(source: &Path, at: &Path, options: &MountOptions) -> Result<()> {
-    let none: Option<&str> = None;
-    nix::mount::mount(Some(source), at, none, MsFlags::MS_BIND, none)
-        .map_err(|e| HostError::io("bind-mounting onto", at, e))?;
-    if options.flags.is_empty() {
-        return Ok(());
-    }
-    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | options.flags;
-    nix::mount::mount(none, at, none, flags, none).map_err(|e| {
-        // Leave nothing half done: a writable mount where a read-only one was asked.
-        let _ = nix::mount::umount(at);
-        HostError::io("remounting", at, e)
+pub async fn bind(source: &Path, at: &Path, options: &MountOptions) -> Result<()> {
+    let (source, at, flags) = (source.to_owned(), at.to_owned(), options.flags);
+    off_runtime("bind-mounting onto", at.clone(), move || {
+        let none: Option<&str> = None;
+        nix::mount::mount(Some(&source), &at, none, MsFlags::MS_BIND, none)
+            .map_err(|e| HostError::io("bind-mounting onto", &at, e))?;
+        if flags.is_empty() {
+            return Ok(());
+        }
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags;
+        nix::mount::mount(none, &at, none, flags, none).map_err(|e| {
+            // Leave nothing half done: a writable mount where a read-only one was asked.
+            let _ = nix::mount::umount(&at);
+            HostError::io("remounting", &at, e)
+        })
     })
+    .await
 }
 
 /// Unmounts the filesystem at `at`; nothing to do if none is mounted there.
-pub fn unmount(at: &Path) -> Result<()> {
-    match nix::mount::umount2(at, MntFlags::UMOUNT_NOFOLLOW) {
+pub async fn unmount(at: &Path) -> Result<()> {
+    let at = at.to_owned();
+    off_runtime("unmounting", at.clone(), move || match nix::mount::umount2(
+        &at,
+        MntFlags::UMOUNT_NOFOLLOW,
+    ) {
         Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()),
-        Err(e) => Err(HostError::io("unmounting", at, e)),
-    }
+        Err(e) => Err(HostError::io("unmounting", &at, e)),
+    })
+    .await
+}
+
+/// Runs a mount system call on tokio's blocking pool. mount(2) reads the
+/// superblock and umount(2) flushes dirty pages, both through the volume's
+/// engine: seconds when it is slow, and on an async worker that would stall
+/// every other CSI call and the plugin's caches with it.
+async fn off_runtime(
+    action: &'static str,
+    path: PathBuf,
+    call: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<()> {
+    tokio::task::spawn_blocking(call)
+        .await
+        .unwrap_or_else(|e| Err(HostError::io(action, &path, std::io::Error::other(e))))
 }
 
 #[cfg(test)]
