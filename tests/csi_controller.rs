@@ -47,6 +47,11 @@ fn publish_request(volume: &str, node: &str) -> ControllerPublishVolumeRequest {
     }
 }
 
+async fn created_id(csi: &mut ControllerClient<Channel>, request: CreateVolumeRequest) -> String {
+    let response = csi.create_volume(request).await.unwrap().into_inner();
+    response.volume.unwrap().volume_id
+}
+
 async fn controller(cluster: &mut Cluster) -> ControllerClient<Channel> {
     let channel = cluster.nodes[0].connect(PATIENCE).await.unwrap();
     ControllerClient::new(channel)
@@ -150,14 +155,7 @@ async fn busy_volumes_abort_unplaceable_ones_say_why_and_in_use_ones_stay() {
 async fn a_clone_deleted_before_its_source_lets_the_source_go() {
     let mut cluster = Cluster::start("csiclone", 2).await;
     let mut csi = controller(&mut cluster).await;
-    let source = csi
-        .create_volume(create_request("origin", 16 * MIB, "2"))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let source = created_id(&mut csi, create_request("origin", 16 * MIB, "2")).await;
     let mut cloning = create_request("copy", 16 * MIB, "2");
     cloning.volume_content_source = Some(VolumeContentSource {
         r#type: Some(volume_content_source::Type::Volume(
@@ -166,14 +164,7 @@ async fn a_clone_deleted_before_its_source_lets_the_source_go() {
             },
         )),
     });
-    let clone = csi
-        .create_volume(cloning)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let clone = created_id(&mut csi, cloning).await;
     for volume_id in [clone, source.clone()] {
         csi.delete_volume(DeleteVolumeRequest {
             volume_id,
