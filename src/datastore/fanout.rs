@@ -1,7 +1,9 @@
 //! One kind's changes, fanned out from its watch to every controller that
-//! follows them. A subscriber that falls behind never holds the watch back:
-//! it skips ahead and is handed the cache's current objects instead of the
-//! changes it missed (the changes themselves carry no more than that).
+//! follows them: objects added or changed, and objects deleted (a volume
+//! learns that its last replica is gone from the replica's deletion). A
+//! subscriber that falls behind never holds the watch back: it skips ahead
+//! and is handed the cache's current objects instead of the changes it
+//! missed.
 //!
 //! kube-runtime's own fan-out (`store_shared`) does not fit: its channel
 //! makes the watch wait for the slowest subscriber, so one subscriber left
@@ -18,13 +20,21 @@ use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
-/// The changes kept for subscribers that are momentarily behind. References
-/// only: objects are read from the cache when a subscriber gets to them.
+/// The changes kept for subscribers that are momentarily behind.
 const BUFFER: usize = 1024;
+
+#[derive(Clone)]
+enum Change<K: Resource<DynamicType = ()>> {
+    /// Added or changed: read from the cache when a subscriber gets to it,
+    /// so the buffer holds references, not objects.
+    Applied(ObjectRef<K>),
+    /// Gone from the cache: its last state.
+    Deleted(Arc<K>),
+}
 
 pub struct Fanout<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
-    changes: broadcast::Sender<ObjectRef<K>>,
+    changes: broadcast::Sender<Change<K>>,
 }
 
 impl<K> Fanout<K>
@@ -39,29 +49,32 @@ where
         }
     }
 
-    /// Passes on a watch event the cache has applied: an object that was
-    /// added or changed, or after a (re)list, every object.
+    /// Passes on a watch event the cache has applied: an object added,
+    /// changed or deleted, or after a (re)list, every object.
     pub fn publish(&self, event: &watcher::Event<K>) {
         match event {
-            watcher::Event::Apply(object) => self.send(ObjectRef::from_obj(object)),
+            watcher::Event::Apply(object) => {
+                self.send(Change::Applied(ObjectRef::from_obj(object)))
+            }
+            watcher::Event::Delete(object) => self.send(Change::Deleted(Arc::new(object.clone()))),
             watcher::Event::InitDone => {
                 for object in self.store.state() {
-                    self.send(ObjectRef::from_obj(&*object));
+                    self.send(Change::Applied(ObjectRef::from_obj(&*object)));
                 }
             }
-            // Deletions reach controllers through finalizers; a re-list's
-            // objects come all together at InitDone.
-            watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            // A re-list's objects come all together at InitDone.
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
     }
 
-    fn send(&self, object: ObjectRef<K>) {
+    fn send(&self, change: Change<K>) {
         // No subscriber yet is fine: each starts from the cache's contents.
-        let _ = self.changes.send(object);
+        let _ = self.changes.send(change);
     }
 
-    /// Every object in the cache now, then each object as it changes. A
-    /// subscriber that fell behind gets every object again.
+    /// Every object in the cache now, then each object as it changes or is
+    /// deleted. A subscriber that fell behind gets every object again (the
+    /// deletions it missed are lost; finalizers make up for that).
     pub fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         // Subscribe before reading the cache, so nothing in between is lost.
         let changes = BroadcastStream::new(self.changes.subscribe());
@@ -69,8 +82,9 @@ where
         let current = self.store.state();
         stream::iter(current).chain(changes.flat_map(move |change| {
             let objects = match change {
-                // Gone since (deleted): nothing to pass on.
-                Ok(object) => store.get(&object).into_iter().collect(),
+                // Deleted since: its deletion follows.
+                Ok(Change::Applied(object)) => store.get(&object).into_iter().collect(),
+                Ok(Change::Deleted(object)) => vec![object],
                 Err(BroadcastStreamRecvError::Lagged(_)) => store.state(),
             };
             stream::iter(objects)
@@ -163,13 +177,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_deleted_object_is_skipped_not_waited_for() {
+    async fn a_deletion_is_passed_on_and_not_waited_for() {
         let (store, mut writer) = reflector::store();
         let fanout = Fanout::new(store);
         let mut changes = Box::pin(fanout.subscribe());
         apply(&mut writer, &fanout, config_map("gone", 1));
-        writer.apply_watcher_event(&watcher::Event::Delete(config_map("gone", 2)));
+        let deletion = watcher::Event::Delete(config_map("gone", 2));
+        writer.apply_watcher_event(&deletion);
+        fanout.publish(&deletion);
         apply(&mut writer, &fanout, config_map("kept", 3));
-        assert_eq!(ready(&mut changes), vec![named("kept", 3)]);
+        // The change the subscriber reads after the deletion is skipped.
+        assert_eq!(
+            ready(&mut changes),
+            vec![named("gone", 2), named("kept", 3)]
+        );
     }
 }
