@@ -17,9 +17,8 @@ mod volume;
 
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
-pub use ownership::{LEASE_SELECTOR, Liveness, lease_name};
+pub use ownership::Liveness;
 pub use settings::Settings;
-pub use volume::{CLONE_FOR, data_source_of, is_filled};
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -42,12 +41,8 @@ use tracing::{debug, info, warn};
 
 use crate::datastore::{Datastore, changed_only};
 use crate::instance::{InstanceError, InstanceManager};
-use crate::types::{Engine, Node, Replica, Snapshot, Volume};
+use crate::types::{Engine, FINALIZER, Node, Replica, Snapshot, Volume};
 use ownership::Owned;
-
-/// Finalizer oxhorn puts on its objects so their data and processes are
-/// cleaned up before they go.
-pub const FINALIZER: &str = "oxhorn.io/cleanup";
 
 /// Longest a reconcile waits for the caches to show its own earlier writes.
 const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -444,11 +439,11 @@ fn replicas_on(replicas: &Store<Replica>, node: &str) -> Vec<ObjectRef<Replica>>
 /// and removes it, and the volumes filling from it, which wait for it.
 fn snapshot_concerns(volumes: &Store<Volume>, snapshot: &Snapshot) -> Vec<ObjectRef<Volume>> {
     let ns = snapshot.namespace().unwrap_or_default();
-    let source = volume::data_source_of(&snapshot.name_any());
+    let source = snapshot.name_any();
     volumes
         .state()
         .iter()
-        .filter(|v| v.spec.data_source == source)
+        .filter(|v| v.spec.source_snapshot() == Some(&source))
         .map(|v| ObjectRef::from_obj(&**v))
         .chain([ObjectRef::new(&snapshot.spec.volume).within(&ns)])
         .collect()
@@ -461,7 +456,7 @@ fn filled_from(
     ns: &str,
     volume: &Volume,
 ) -> Option<ObjectRef<Volume>> {
-    let name = volume::source_snapshot(volume)?;
+    let name = volume.spec.source_snapshot()?;
     let snapshot = snapshots.get(&ObjectRef::new(name).within(ns))?;
     Some(ObjectRef::new(&snapshot.spec.volume).within(ns))
 }

@@ -9,7 +9,6 @@ mod fill;
 mod snapshots;
 
 use fill::Filling;
-pub use fill::{CLONE_FOR, data_source_of, is_filled, source_snapshot};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,13 +22,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{
-    Context, ControllerError, FINALIZER, Settings, delete, patch_guarded, release, replace_status,
-};
+use super::{Context, ControllerError, Settings, delete, patch_guarded, release, replace_status};
 use crate::scheduler::{self, Cluster};
 use crate::types::{
-    Condition, ConditionStatus, DesireState, Engine, EngineSpec, InstanceSpec, InstanceState,
-    Replica, ReplicaMode, ReplicaSpec, Robustness, Snapshot, Volume, VolumeState, VolumeStatus,
+    Condition, ConditionStatus, DesireState, Engine, EngineSpec, FINALIZER, InstanceSpec,
+    InstanceState, Replica, ReplicaMode, ReplicaSpec, Robustness, Snapshot, Volume, VolumeState,
+    VolumeStatus,
 };
 
 /// Longest a volume goes unlooked-at: time-based rules (stale replicas,

@@ -774,7 +774,7 @@ mod tests {
                 node_selector: vec![],
                 replica_auto_balance: Default::default(),
                 access_mode: Default::default(),
-                data_source: String::new(),
+                data_source: None,
             },
         )
     }

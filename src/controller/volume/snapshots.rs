@@ -15,12 +15,11 @@ use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::super::control::{self, CALL_TIMEOUT};
-use super::super::{ControllerError, FINALIZER, delete, patch_guarded, release, replace_status};
-use super::fill::{data_source_of, is_filled};
+use super::super::{ControllerError, delete, patch_guarded, release, replace_status};
 use super::{Pass, SOON, engine_state};
 use crate::protocol::control::{RemoveSnapshotRequest, SnapshotRequest};
 use crate::types::{
-    Condition, ConditionStatus, DesireState, Engine, InstanceState, Replica, Snapshot,
+    Condition, ConditionStatus, DesireState, Engine, FINALIZER, InstanceState, Replica, Snapshot,
     SnapshotStatus,
 };
 
@@ -92,15 +91,13 @@ impl Pass<'_> {
     /// copy reads the chain up to that snapshot, which removing any of them
     /// would change (a removed snapshot's data merges into its child).
     fn dependents_filling(&self) -> bool {
-        let sources: BTreeSet<String> = self
-            .snapshots
-            .iter()
-            .map(|s| data_source_of(&s.name_any()))
-            .collect();
+        let sources: BTreeSet<String> = self.snapshots.iter().map(|s| s.name_any()).collect();
         self.ctx.ds.volumes.store.state().iter().any(|v| {
-            sources.contains(&v.spec.data_source)
+            v.spec
+                .source_snapshot()
+                .is_some_and(|s| sources.contains(s))
                 && v.metadata.deletion_timestamp.is_none()
-                && !is_filled(v)
+                && !v.is_filled()
         })
     }
 
