@@ -1,0 +1,1312 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::types::{DesireState, InstanceSpec, NodeSpec, NodeStatus, ReplicaSpec, VolumeSpec};
+
+const GIB: i64 = 1 << 30;
+const VOLUME: &str = "vol";
+
+/// Builds a Node: ready, allowing scheduling, with the disks added by `disk`.
+struct NodeBuilder(Node);
+
+/// A ready, schedulable node without disks.
+fn bare_node(name: &str) -> NodeBuilder {
+    let spec = NodeSpec {
+        disks: BTreeMap::new(),
+        allow_scheduling: true,
+        tags: vec![],
+    };
+    let mut node = Node::new(name, spec);
+    node.status = Some(NodeStatus {
+        conditions: vec![condition("Ready", ConditionStatus::True)],
+        ..NodeStatus::default()
+    });
+    NodeBuilder(node)
+}
+
+/// A ready, schedulable node with one empty 100 GiB disk "default" whose fsid is "{name}-fs".
+fn node(name: &str) -> NodeBuilder {
+    bare_node(name).disk("default", &format!("{name}-fs"), 100 * GIB, 100 * GIB)
+}
+
+impl NodeBuilder {
+    fn status(&mut self) -> &mut NodeStatus {
+        self.0.status.get_or_insert_with(NodeStatus::default)
+    }
+
+    /// Adds (or replaces) a schedulable, ready disk with `maximum` bytes, `available` free.
+    fn disk(mut self, name: &str, fsid: &str, maximum: i64, available: i64) -> Self {
+        let spec = DiskSpec {
+            path: format!("/var/lib/oxhorn/{name}"),
+            allow_scheduling: true,
+            storage_reserved: 0,
+            tags: vec![],
+        };
+        self.0.spec.disks.insert(name.to_string(), spec);
+        let status = DiskStatus {
+            storage_available: available,
+            storage_maximum: maximum,
+            storage_scheduled: 0,
+            fsid: fsid.to_string(),
+            conditions: vec![
+                condition("Ready", ConditionStatus::True),
+                condition("Schedulable", ConditionStatus::True),
+            ],
+        };
+        self.status().disk_status.insert(name.to_string(), status);
+        self
+    }
+
+    fn disk_spec(mut self, name: &str, edit: impl FnOnce(&mut DiskSpec)) -> Self {
+        if let Some(disk) = self.0.spec.disks.get_mut(name) {
+            edit(disk);
+        }
+        self
+    }
+
+    fn disk_status(mut self, name: &str, edit: impl FnOnce(&mut DiskStatus)) -> Self {
+        if let Some(disk) = self.status().disk_status.get_mut(name) {
+            edit(disk);
+        }
+        self
+    }
+
+    fn zone(mut self, zone: &str) -> Self {
+        self.status().zone = zone.to_string();
+        self
+    }
+
+    fn tags(mut self, tags: &[&str]) -> Self {
+        self.0.spec.tags = strings(tags);
+        self
+    }
+
+    fn allow_scheduling(mut self, allow: bool) -> Self {
+        self.0.spec.allow_scheduling = allow;
+        self
+    }
+
+    fn ready(mut self, status: ConditionStatus) -> Self {
+        self.status().conditions = vec![condition("Ready", status)];
+        self
+    }
+}
+
+fn condition(type_: &str, status: ConditionStatus) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status,
+        reason: String::new(),
+        message: String::new(),
+        last_transition_time: None,
+        observed_generation: None,
+    }
+}
+
+fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|s| s.to_string()).collect()
+}
+
+fn volume(size: i64, replicas: i32) -> Volume {
+    Volume::new(
+        VOLUME,
+        VolumeSpec {
+            size,
+            number_of_replicas: replicas,
+            frontend: Default::default(),
+            node_id: String::new(),
+            data_locality: Default::default(),
+            stale_replica_timeout: 2880,
+            from_backup: String::new(),
+            disk_selector: vec![],
+            node_selector: vec![],
+            replica_auto_balance: Default::default(),
+            access_mode: Default::default(),
+            data_source: None,
+        },
+    )
+}
+
+fn replica(name: &str, volume: &str, size: i64, node_id: &str, disk_id: &str) -> Replica {
+    Replica::new(
+        name,
+        ReplicaSpec {
+            instance: InstanceSpec {
+                volume_name: volume.to_string(),
+                volume_size: size,
+                node_id: node_id.to_string(),
+                desire_state: DesireState::Stopped,
+                image: String::new(),
+            },
+            engine_name: String::new(),
+            disk_id: disk_id.to_string(),
+            disk_path: String::new(),
+            data_directory_name: String::new(),
+            healthy_at: None,
+            failed_at: None,
+        },
+    )
+}
+
+/// A cluster: nodes, every replica, and which nodes are down.
+#[derive(Default)]
+struct World {
+    nodes: Vec<Arc<Node>>,
+    replicas: Vec<Arc<Replica>>,
+    down: Vec<String>,
+}
+
+impl World {
+    fn new(nodes: impl IntoIterator<Item = NodeBuilder>) -> Self {
+        Self {
+            nodes: nodes.into_iter().map(|b| Arc::new(b.0)).collect(),
+            ..Self::default()
+        }
+    }
+
+    fn with_replica(mut self, r: Replica) -> Self {
+        self.replicas.push(Arc::new(r));
+        self
+    }
+
+    fn down(mut self, node: &str) -> Self {
+        self.down.push(node.to_string());
+        self
+    }
+
+    /// Schedules a replica of `volume`; its siblings are the replicas of the same volume name.
+    fn schedule(
+        &self,
+        volume: &Volume,
+        settings: &SchedulerSettings,
+        rng: &mut fastrand::Rng,
+    ) -> Result<Placement, Unschedulable> {
+        let name = volume.metadata.name.as_deref().unwrap_or_default();
+        let siblings: Vec<&Replica> = self
+            .replicas
+            .iter()
+            .filter(|r| r.spec.instance.volume_name == name)
+            .map(|r| &**r)
+            .collect();
+        let up = |node: &str| !self.down.iter().any(|d| d == node);
+        let cluster = Cluster {
+            nodes: &self.nodes,
+            replicas: &self.replicas,
+            node_up: &up,
+        };
+        schedule(&cluster, volume, &siblings, settings, rng)
+    }
+
+    /// Schedules with a fresh rng seeded with `seed`.
+    fn schedule_seeded(
+        &self,
+        volume: &Volume,
+        settings: &SchedulerSettings,
+        seed: u64,
+    ) -> Result<Placement, Unschedulable> {
+        self.schedule(volume, settings, &mut fastrand::Rng::with_seed(seed))
+    }
+
+    /// Schedules with the default settings and seed 0.
+    fn schedule_default(&self, volume: &Volume) -> Result<Placement, Unschedulable> {
+        self.schedule_seeded(volume, &SchedulerSettings::default(), 0)
+    }
+
+    /// The nodes chosen over 50 seeds: which nodes the rules leave in the running.
+    fn chosen_nodes(&self, volume: &Volume, settings: &SchedulerSettings) -> BTreeSet<String> {
+        (0..50)
+            .filter_map(|seed| self.schedule_seeded(volume, settings, seed).ok())
+            .map(|p| p.node_id)
+            .collect()
+    }
+
+    /// Schedules a replica of `volume` and records it, as the volume controller would.
+    fn place(
+        &mut self,
+        volume: &Volume,
+        settings: &SchedulerSettings,
+        rng: &mut fastrand::Rng,
+    ) -> Result<Placement, Unschedulable> {
+        let placement = self.schedule(volume, settings, rng)?;
+        let name = format!("{VOLUME}-r-{}", self.replicas.len());
+        let r = replica(
+            &name,
+            VOLUME,
+            volume.spec.size,
+            &placement.node_id,
+            &placement.disk_id,
+        );
+        self.replicas.push(Arc::new(r));
+        Ok(placement)
+    }
+
+    /// Nodes holding a replica of the test volume, in order of placement.
+    fn volume_nodes(&self) -> Vec<String> {
+        self.replicas
+            .iter()
+            .filter(|r| r.spec.instance.volume_name == VOLUME)
+            .map(|r| r.spec.instance.node_id.clone())
+            .collect()
+    }
+}
+
+fn four_nodes() -> World {
+    World::new(["node-a", "node-b", "node-c", "node-d"].map(node))
+}
+
+fn soft_node() -> SchedulerSettings {
+    SchedulerSettings {
+        soft_node_anti_affinity: true,
+        ..SchedulerSettings::default()
+    }
+}
+
+fn hard_zone() -> SchedulerSettings {
+    SchedulerSettings {
+        soft_zone_anti_affinity: false,
+        ..SchedulerSettings::default()
+    }
+}
+
+fn names(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+fn distinct(nodes: &[String]) -> usize {
+    nodes.iter().collect::<HashSet<_>>().len()
+}
+
+#[test]
+fn schedulable_space_counts_promises_headroom_and_segments() {
+    // node-a: 100 GiB, 10 GiB promised; node-b: 40 GiB free of 100; node-c down.
+    let world = World::new([
+        node("node-a").zone("z1"),
+        node("node-b")
+            .zone("z2")
+            .disk_status("default", |d| d.storage_available = 40 * GIB),
+        node("node-c").zone("z1"),
+    ])
+    .with_replica(replica("r1", "other", 10 * GIB, "node-a", "node-a-fs"))
+    .down("node-c");
+    let up = |node: &str| !world.down.iter().any(|d| d == node);
+    let cluster = Cluster {
+        nodes: &world.nodes,
+        replicas: &world.replicas,
+        node_up: &up,
+    };
+    let settings = SchedulerSettings::default();
+    let vol = volume(GIB, 1);
+    let mut all = schedulable_space(&cluster, &vol, &settings, &|_| true);
+    all.sort();
+    // node-b: 40 GiB free minus the 25 GiB that must stay free.
+    assert_eq!(all, vec![15 * GIB, 75 * GIB]);
+    let z1 = schedulable_space(&cluster, &vol, &settings, &|n| zone(n) == "z1");
+    assert_eq!(z1, vec![75 * GIB], "node-c is down");
+    let mut tagged = vol.clone();
+    tagged.spec.disk_selector = strings(&["ssd"]);
+    assert!(schedulable_space(&cluster, &tagged, &settings, &|_| true).is_empty());
+}
+
+#[test]
+fn defaults_are_longhorns() {
+    let s = SchedulerSettings::default();
+    assert_eq!(s.over_provisioning_percentage, 100);
+    assert_eq!(s.minimal_available_percentage, 25);
+    assert!(!s.soft_node_anti_affinity);
+    assert!(s.soft_zone_anti_affinity);
+}
+
+#[test]
+fn three_replicas_over_four_nodes_land_on_three_distinct_nodes() {
+    for seed in 0..50 {
+        let mut world = four_nodes();
+        let mut rng = fastrand::Rng::with_seed(seed);
+        for _ in 0..3 {
+            world
+                .place(
+                    &volume(10 * GIB, 3),
+                    &SchedulerSettings::default(),
+                    &mut rng,
+                )
+                .expect("placed");
+        }
+        assert_eq!(distinct(&world.volume_nodes()), 3, "seed {seed}");
+    }
+}
+
+#[test]
+fn placement_names_the_disk_by_fsid_and_path() {
+    let world = World::new([node("node-a")]);
+    let placement = world
+        .schedule_seeded(&volume(GIB, 1), &SchedulerSettings::default(), 1)
+        .expect("placed");
+    assert_eq!(
+        placement,
+        Placement {
+            node_id: "node-a".into(),
+            disk_name: "default".into(),
+            disk_id: "node-a-fs".into(),
+            disk_path: "/var/lib/oxhorn/default".into(),
+        }
+    );
+}
+
+#[test]
+fn fourth_replica_on_three_nodes_with_hard_anti_affinity_names_the_nodes() {
+    let mut world = World::new(["node-a", "node-b", "node-c"].map(node));
+    let mut rng = fastrand::Rng::with_seed(7);
+    let vol = volume(10 * GIB, 4);
+    let settings = SchedulerSettings::default();
+    for _ in 0..3 {
+        world.place(&vol, &settings, &mut rng).expect("placed");
+    }
+    let err = world
+        .schedule(&vol, &settings, &mut rng)
+        .expect_err("no fourth node");
+    assert_eq!(err.reason, "ReplicaAntiAffinity");
+    assert_eq!(
+        err.message,
+        "4 replicas need 4 nodes with hard node anti-affinity, but only 3 ready nodes allow \
+         scheduling: node-a (has a replica), node-b (has a replica), node-c (has a replica)"
+    );
+    assert_eq!(err.to_string(), err.message);
+}
+
+#[test]
+fn a_replacement_blocked_by_the_replica_it_replaces_says_so() {
+    // A failed replica on node-c still counts as a sibling until it is removed.
+    let world = World::new(["node-a", "node-b", "node-c"].map(node))
+        .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"))
+        .with_replica(replica("r2", VOLUME, GIB, "node-b", "node-b-fs"))
+        .with_replica(replica("r3", VOLUME, GIB, "node-c", "node-c-fs"));
+    let err = world
+        .schedule_default(&volume(GIB, 3))
+        .expect_err("every node has a replica");
+    assert_eq!(
+        err.message,
+        "3 replicas need 3 nodes with hard node anti-affinity, and all 3 ready nodes that \
+         allow scheduling are excluded: node-a (has a replica), node-b (has a replica), \
+         node-c (has a replica)"
+    );
+    let world = World::new([node("node-a")]).with_replica(replica(
+        "r1",
+        VOLUME,
+        GIB,
+        "node-a",
+        "node-a-fs",
+    ));
+    let err = world
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("the only node has the replica");
+    assert_eq!(
+        err.message,
+        "1 replica needs 1 node with hard node anti-affinity, and the only ready node that \
+         allows scheduling is excluded: node-a (has a replica)"
+    );
+}
+
+#[test]
+fn anti_affinity_counts_only_nodes_that_could_take_the_replica() {
+    let mut world = World::new(["node-a", "node-b", "node-c"].map(node))
+        .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"))
+        .with_replica(replica("r2", VOLUME, GIB, "node-b", "node-b-fs"))
+        .down("node-c");
+    let err = world
+        .schedule_default(&volume(GIB, 3))
+        .expect_err("node-c is down");
+    assert_eq!(err.reason, "ReplicaAntiAffinity");
+    assert_eq!(
+        err.message,
+        "3 replicas need 3 nodes with hard node anti-affinity, but only 2 ready nodes allow \
+         scheduling: node-a (has a replica), node-b (has a replica)"
+    );
+    world.down.clear();
+    let placed = world
+        .schedule_default(&volume(GIB, 3))
+        .expect("node-c is back");
+    assert_eq!(placed.node_id, "node-c");
+}
+
+#[test]
+fn siblings_without_a_node_are_ignored() {
+    let world = World::new([node("node-a")]).with_replica(replica("r1", VOLUME, GIB, "", ""));
+    let placed = world
+        .schedule_default(&volume(GIB, 2))
+        .expect("the unscheduled sibling takes no node");
+    assert_eq!(placed.node_id, "node-a");
+}
+
+#[test]
+fn soft_node_anti_affinity_shares_a_node_only_when_it_must() {
+    for seed in 0..50 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut world = World::new(["node-a", "node-b", "node-c"].map(node));
+        for _ in 0..3 {
+            world
+                .place(&volume(GIB, 3), &soft_node(), &mut rng)
+                .expect("placed");
+        }
+        assert_eq!(distinct(&world.volume_nodes()), 3, "seed {seed}");
+
+        let mut world = World::new(["node-a", "node-b"].map(node));
+        for _ in 0..3 {
+            world
+                .place(&volume(GIB, 3), &soft_node(), &mut rng)
+                .expect("placed");
+        }
+        let nodes = world.volume_nodes();
+        assert_eq!(
+            distinct(&nodes[..2]),
+            2,
+            "seed {seed}: shared before it had to"
+        );
+        assert_eq!(distinct(&nodes), 2);
+    }
+}
+
+#[test]
+fn down_disabled_and_not_ready_nodes_take_no_replica() {
+    let world = World::new([
+        node("node-a"),
+        node("node-b").allow_scheduling(false),
+        node("node-c").ready(ConditionStatus::False),
+        node("node-d"),
+    ])
+    .down("node-a");
+    let chosen = world.chosen_nodes(&volume(GIB, 1), &SchedulerSettings::default());
+    assert_eq!(chosen, names(&["node-d"]));
+}
+
+#[test]
+fn ready_unknown_is_not_ready_false() {
+    let world = World::new([node("node-a").ready(ConditionStatus::Unknown)]);
+    let placed = world.schedule_default(&volume(GIB, 1));
+    assert_eq!(placed.expect("placed").node_id, "node-a");
+}
+
+#[test]
+fn no_schedulable_node_says_why_for_each() {
+    let world = World::new([
+        node("node-a").ready(ConditionStatus::False),
+        node("node-b").allow_scheduling(false),
+        node("node-c"),
+    ])
+    .down("node-a")
+    .down("node-c");
+    let err = world
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("nothing schedulable");
+    assert_eq!(err.reason, "NoSchedulableNode");
+    assert_eq!(
+        err.message,
+        "no node is up, ready and allowing scheduling: node-a (down and not ready), \
+         node-b (scheduling disabled), node-c (down)"
+    );
+}
+
+#[test]
+fn an_empty_cluster_has_no_schedulable_node() {
+    let err = World::default()
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("no nodes");
+    assert_eq!(err.reason, "NoSchedulableNode");
+    assert_eq!(err.message, "no oxhorn node exists yet");
+}
+
+#[test]
+fn long_lists_are_cut_short() {
+    let names: Vec<String> = (0..25).map(|i| format!("node-{i:02}")).collect();
+    let mut world = World::new(names.iter().map(|n| node(n)));
+    world.down = names;
+    let err = world
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("all down");
+    assert!(
+        err.message.ends_with("node-09 (down), and 15 more"),
+        "{}",
+        err.message
+    );
+    assert!(!err.message.contains("node-10"));
+}
+
+#[test]
+fn unusable_disks_take_no_replica() {
+    let world = World::new([
+        node("node-a").disk_spec("default", |d| d.allow_scheduling = false),
+        node("node-b").disk_status("default", |d| d.fsid.clear()),
+        node("node-c").disk_status("default", |d| {
+            d.conditions = vec![condition("Ready", ConditionStatus::False)];
+        }),
+        node("node-d").disk_status("default", |d| {
+            d.conditions = vec![condition("Schedulable", ConditionStatus::False)];
+        }),
+        node("node-e").disk_status("default", |d| d.storage_maximum = 0),
+        bare_node("node-f"),
+    ]);
+    let err = world
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("no usable disk");
+    assert_eq!(err.reason, "NoSchedulableDisk");
+    assert_eq!(
+        err.message,
+        "no disk is measured, ready and allowing scheduling on the nodes left for the \
+         replica: node-a/default (scheduling disabled), node-b/default (not measured yet), \
+         node-c/default (not ready), node-d/default (not schedulable), \
+         node-e/default (not measured yet), node-f (no disks)"
+    );
+    let world = World::new([node("node-a")
+        .disk_spec("default", |d| d.allow_scheduling = false)
+        .disk("second", "fs-2", 100 * GIB, 100 * GIB)]);
+    let placed = world
+        .schedule_default(&volume(GIB, 1))
+        .expect("the second disk is fine");
+    assert_eq!(placed.disk_name, "second");
+    assert_eq!(placed.disk_id, "fs-2");
+}
+
+#[test]
+fn a_disk_without_status_is_not_measured_yet() {
+    let mut builder = node("node-a");
+    builder.status().disk_status.clear();
+    let err = World::new([builder])
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("unmeasured");
+    assert_eq!(err.reason, "NoSchedulableDisk");
+    assert!(
+        err.message.contains("node-a/default (not measured yet)"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn a_full_disk_reports_insufficient_storage_with_numbers() {
+    // 25% of 8 GiB must stay free: 4 GiB available leaves 2 GiB for replicas.
+    let world = World::new([bare_node("node-a").disk("default", "fs-a", 8 * GIB, 4 * GIB)]);
+    let err = world
+        .schedule_default(&volume(10 * GIB, 1))
+        .expect_err("full");
+    assert_eq!(err.reason, "InsufficientStorage");
+    assert_eq!(
+        err.message,
+        "no disk has 10 GiB free for the replica: node-a/default: 2 GiB schedulable of 8 GiB \
+         (25% must stay free)"
+    );
+}
+
+#[test]
+fn minimal_available_is_a_boundary_not_a_cliff() {
+    // 100 GiB disk, 25% must stay free: with 35 GiB available a 10 GiB replica just fits.
+    let world = World::new([bare_node("node-a").disk("default", "fs-a", 100 * GIB, 35 * GIB)]);
+    let settings = SchedulerSettings::default();
+    let mut rng = fastrand::Rng::with_seed(0);
+    assert!(
+        world
+            .schedule(&volume(10 * GIB, 1), &settings, &mut rng)
+            .is_ok()
+    );
+    let err = world
+        .schedule(&volume(10 * GIB + 4096, 1), &settings, &mut rng)
+        .expect_err("one block too many");
+    assert_eq!(err.reason, "InsufficientStorage");
+    let lenient = SchedulerSettings {
+        minimal_available_percentage: 0,
+        ..settings
+    };
+    assert!(
+        world
+            .schedule(&volume(35 * GIB, 1), &lenient, &mut rng)
+            .is_ok()
+    );
+}
+
+#[test]
+fn over_provisioning_200_percent_promises_twice_the_disk() {
+    // A thin 100 GiB disk with 100 GiB already promised to another volume.
+    let world = World::new([node("node-a")]).with_replica(replica(
+        "other-r",
+        "other",
+        100 * GIB,
+        "node-a",
+        "node-a-fs",
+    ));
+    let mut rng = fastrand::Rng::with_seed(0);
+    let err = world
+        .schedule(
+            &volume(50 * GIB, 1),
+            &SchedulerSettings::default(),
+            &mut rng,
+        )
+        .expect_err("100% promised");
+    assert_eq!(err.reason, "InsufficientStorage");
+    assert_eq!(
+        err.message,
+        "no disk has 50 GiB free for the replica: node-a/default: 0 B schedulable of 100 GiB \
+         (100 GiB already promised to replicas; 100% over-provisioning allows 100 GiB)"
+    );
+    let twice = SchedulerSettings {
+        over_provisioning_percentage: 200,
+        ..SchedulerSettings::default()
+    };
+    assert!(
+        world
+            .schedule(&volume(50 * GIB, 1), &twice, &mut rng)
+            .is_ok()
+    );
+    assert!(
+        world
+            .schedule(&volume(75 * GIB, 1), &twice, &mut rng)
+            .is_ok()
+    );
+    let world = world.with_replica(replica(
+        "other-r2",
+        "other",
+        100 * GIB,
+        "node-a",
+        "node-a-fs",
+    ));
+    let err = world
+        .schedule(&volume(4096, 1), &twice, &mut rng)
+        .expect_err("200 GiB promised");
+    assert_eq!(err.reason, "InsufficientStorage");
+}
+
+#[test]
+fn reserved_space_is_never_promised() {
+    let world =
+        World::new([node("node-a").disk_spec("default", |d| d.storage_reserved = 60 * GIB)]);
+    let settings = SchedulerSettings::default();
+    let mut rng = fastrand::Rng::with_seed(0);
+    assert!(
+        world
+            .schedule(&volume(40 * GIB, 1), &settings, &mut rng)
+            .is_ok()
+    );
+    let err = world
+        .schedule(&volume(50 * GIB, 1), &settings, &mut rng)
+        .expect_err("only 40 GiB unreserved");
+    assert_eq!(
+        err.message,
+        "no disk has 50 GiB free for the replica: node-a/default: 40 GiB schedulable of \
+         100 GiB (0 B already promised to replicas; 100% over-provisioning with 60 GiB \
+         reserved allows 40 GiB)"
+    );
+}
+
+#[test]
+fn promised_space_counts_every_volume_on_the_same_node_and_disk() {
+    // A thin 100 GiB disk: 80 GiB promised to two other volumes leaves 20 GiB.
+    // Its status still counts nothing as scheduled: that lags, and is ignored.
+    let world = World::new([node("node-a")])
+        .with_replica(replica("x", "other", 50 * GIB, "node-a", "node-a-fs"))
+        .with_replica(replica("y", "third", 30 * GIB, "node-a", "node-a-fs"))
+        // The same fsid on another node, and another disk of this node: neither counts.
+        .with_replica(replica("z", "other", 90 * GIB, "node-b", "node-a-fs"))
+        .with_replica(replica("w", "other", 90 * GIB, "node-a", "elsewhere"));
+    assert!(world.schedule_default(&volume(20 * GIB, 1)).is_ok());
+    let err = world
+        .schedule_default(&volume(21 * GIB, 1))
+        .expect_err("80 GiB promised");
+    assert_eq!(
+        err.message,
+        "no disk has 21 GiB free for the replica: node-a/default: 20 GiB schedulable of \
+         100 GiB (80 GiB already promised to replicas; 100% over-provisioning allows 100 GiB)"
+    );
+}
+
+#[test]
+fn node_selector_limits_nodes_and_explains_a_mismatch() {
+    let world = World::new([
+        node("node-a").tags(&["fast"]),
+        node("node-b").tags(&["fast", "ssd"]),
+        node("node-c"),
+    ]);
+    let mut vol = volume(GIB, 1);
+    vol.spec.node_selector = strings(&["fast", "ssd"]);
+    let chosen = world.chosen_nodes(&vol, &SchedulerSettings::default());
+    assert_eq!(chosen, names(&["node-b"]));
+    vol.spec.node_selector = strings(&["gpu"]);
+    let err = world.schedule_default(&vol).expect_err("no gpu node");
+    assert_eq!(err.reason, "NodeSelectorMismatch");
+    assert_eq!(
+        err.message,
+        "no schedulable node carries every node selector tag (gpu): node-a (tags: fast), \
+         node-b (tags: fast, ssd), node-c (no tags)"
+    );
+}
+
+#[test]
+fn disk_selector_limits_disks_and_explains_a_mismatch() {
+    let world = World::new([
+        node("node-a").disk_spec("default", |d| d.tags = strings(&["hdd"])),
+        node("node-b")
+            .disk("fast", "node-b-nvme", 100 * GIB, 100 * GIB)
+            .disk_spec("fast", |d| d.tags = strings(&["ssd"])),
+    ]);
+    let mut vol = volume(GIB, 1);
+    vol.spec.disk_selector = strings(&["ssd"]);
+    for seed in 0..20 {
+        let placed = world
+            .schedule_seeded(&vol, &SchedulerSettings::default(), seed)
+            .expect("node-b/fast matches");
+        assert_eq!(
+            (placed.node_id.as_str(), placed.disk_name.as_str()),
+            ("node-b", "fast")
+        );
+    }
+    vol.spec.disk_selector = strings(&["nvme"]);
+    let err = world.schedule_default(&vol).expect_err("no nvme disk");
+    assert_eq!(err.reason, "DiskSelectorMismatch");
+    assert_eq!(
+        err.message,
+        "no usable disk carries every disk selector tag (nvme): node-a/default (tags: hdd), \
+         node-b/default (no tags), node-b/fast (tags: ssd)"
+    );
+}
+
+#[test]
+fn failures_are_reported_in_order_of_how_fundamental_they_are() {
+    // Both nodes hold a sibling and have a full disk: a selector mismatch is
+    // reported before anti-affinity, anti-affinity before disks and space.
+    let full = |b: NodeBuilder| b.disk_status("default", |d| d.storage_available = 0);
+    let world = World::new([
+        full(node("node-a").tags(&["t"])),
+        full(node("node-b").tags(&["t"])),
+    ])
+    .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"))
+    .with_replica(replica("r2", VOLUME, GIB, "node-b", "node-b-fs"));
+    let mut vol = volume(GIB, 3);
+    let mut rng = fastrand::Rng::with_seed(0);
+    let settings = SchedulerSettings::default();
+    vol.spec.node_selector = strings(&["other"]);
+    assert_eq!(
+        world
+            .schedule(&vol, &settings, &mut rng)
+            .map_err(|e| e.reason),
+        Err("NodeSelectorMismatch")
+    );
+    vol.spec.node_selector = strings(&["t"]);
+    let err = world
+        .schedule(&vol, &settings, &mut rng)
+        .expect_err("anti-affinity");
+    assert_eq!(err.reason, "ReplicaAntiAffinity");
+    assert!(
+        err.message
+            .contains("only 2 ready nodes allow scheduling and match the node selector"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        world
+            .schedule(&vol, &soft_node(), &mut rng)
+            .map_err(|e| e.reason),
+        Err("InsufficientStorage")
+    );
+    vol.spec.disk_selector = strings(&["ssd"]);
+    assert_eq!(
+        world
+            .schedule(&vol, &soft_node(), &mut rng)
+            .map_err(|e| e.reason),
+        Err("DiskSelectorMismatch")
+    );
+}
+
+#[test]
+fn hard_zone_anti_affinity_keeps_replicas_in_distinct_zones() {
+    let world = World::new([
+        node("node-a").zone("z1"),
+        node("node-b").zone("z1"),
+        node("node-c").zone("z2"),
+    ])
+    .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"));
+    let soft_node_hard_zone = SchedulerSettings {
+        soft_node_anti_affinity: true,
+        ..hard_zone()
+    };
+    for settings in [hard_zone(), soft_node_hard_zone.clone()] {
+        let chosen = world.chosen_nodes(&volume(GIB, 3), &settings);
+        assert_eq!(chosen, names(&["node-c"]), "z2 is the only free zone");
+    }
+    let world = world.with_replica(replica("r2", VOLUME, GIB, "node-c", "node-c-fs"));
+    let err = world
+        .schedule_seeded(&volume(GIB, 3), &soft_node_hard_zone, 0)
+        .expect_err("both zones taken");
+    assert_eq!(err.reason, "ReplicaAntiAffinity");
+    assert_eq!(
+        err.message,
+        "3 replicas need 3 zones with hard zone anti-affinity, and all 3 ready nodes that \
+         allow scheduling are excluded: node-a (zone z1 has a replica), \
+         node-b (zone z1 has a replica), node-c (zone z2 has a replica)"
+    );
+    let err = world
+        .schedule_seeded(&volume(GIB, 3), &hard_zone(), 0)
+        .expect_err("both zones taken");
+    assert!(
+        err.message.starts_with(
+            "3 replicas need 3 nodes in distinct zones with hard node and zone anti-affinity"
+        ) && err
+            .message
+            .contains("node-a (has a replica), node-b (zone z1 has a replica)"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn hard_zone_anti_affinity_ignores_nodes_without_a_zone() {
+    let world = World::new([node("node-a").zone("z1"), node("node-b"), node("node-c")])
+        .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"))
+        .with_replica(replica("r2", VOLUME, GIB, "node-b", "node-b-fs"));
+    let placed = world
+        .schedule_seeded(&volume(GIB, 3), &hard_zone(), 0)
+        .expect("node-c has no zone to share");
+    assert_eq!(placed.node_id, "node-c");
+}
+
+#[test]
+fn soft_zone_anti_affinity_prefers_a_new_zone_but_shares_one_when_it_must() {
+    let world = World::new([
+        node("node-a").zone("z1"),
+        node("node-b").zone("z1"),
+        node("node-c").zone("z1"),
+        node("node-d").zone("z2"),
+    ])
+    .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"));
+    let settings = SchedulerSettings::default();
+    let chosen = world.chosen_nodes(&volume(GIB, 3), &settings);
+    assert_eq!(chosen, names(&["node-d"]));
+    let world = world.with_replica(replica("r2", VOLUME, GIB, "node-d", "node-d-fs"));
+    let chosen = world.chosen_nodes(&volume(GIB, 3), &settings);
+    assert_eq!(
+        chosen,
+        names(&["node-b", "node-c"]),
+        "a shared zone is allowed"
+    );
+}
+
+#[test]
+fn soft_node_prefers_a_free_node_in_a_used_zone_over_a_used_node_in_no_zone() {
+    let world = World::new([
+        node("node-a").zone("z1"),
+        node("node-b").zone("z1"),
+        node("node-c"),
+    ])
+    .with_replica(replica("r1", VOLUME, GIB, "node-a", "node-a-fs"))
+    .with_replica(replica("r2", VOLUME, GIB, "node-c", "node-c-fs"));
+    let chosen = world.chosen_nodes(&volume(GIB, 3), &soft_node());
+    assert_eq!(chosen, names(&["node-b"]));
+}
+
+#[test]
+fn ties_are_broken_at_random_over_every_equal_node() {
+    let world = World::new(["node-a", "node-b", "node-c", "node-d", "node-e"].map(node));
+    let vol = volume(GIB, 1);
+    let settings = SchedulerSettings::default();
+    let mut rng = fastrand::Rng::with_seed(42);
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..500 {
+        let placed = world.schedule(&vol, &settings, &mut rng).expect("placed");
+        *counts.entry(placed.node_id).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 5, "{counts:?}");
+    assert!(counts.values().all(|&n| n > 50), "{counts:?}");
+    let draw = |seed| world.schedule_seeded(&vol, &settings, seed);
+    assert_eq!(draw(3), draw(3), "a seeded rng decides the same way twice");
+}
+
+#[test]
+fn huge_sizes_do_not_overflow() {
+    let huge = |b: NodeBuilder| {
+        b.disk_status("default", |d| {
+            d.storage_maximum = i64::MAX;
+            d.storage_available = i64::MAX;
+        })
+    };
+    let world = World::new([
+        huge(node("node-a")),
+        huge(node("node-b")).disk_spec("default", |d| d.storage_reserved = i64::MIN),
+    ])
+    .with_replica(replica("x", "other", i64::MAX, "node-a", "node-a-fs"))
+    .with_replica(replica("y", "other", i64::MAX, "node-a", "node-a-fs"))
+    .with_replica(replica("z", "other", i64::MIN, "node-b", "node-b-fs"));
+    let mut rng = fastrand::Rng::with_seed(0);
+    for over in [0, 100, u64::MAX] {
+        for minimal in [0, 100, u64::MAX] {
+            let settings = SchedulerSettings {
+                over_provisioning_percentage: over,
+                minimal_available_percentage: minimal,
+                soft_node_anti_affinity: true,
+                ..SchedulerSettings::default()
+            };
+            for size in [i64::MIN, -1, 0, 4096, i64::MAX] {
+                // Any answer will do, as long as there is one.
+                let _ = world.schedule(&volume(size, 3), &settings, &mut rng);
+            }
+        }
+    }
+    let settings = SchedulerSettings {
+        over_provisioning_percentage: u64::MAX,
+        minimal_available_percentage: 0,
+        ..SchedulerSettings::default()
+    };
+    let placed = world
+        .schedule(&volume(i64::MAX, 1), &settings, &mut rng)
+        .expect("room");
+    assert_eq!(placed.node_id, "node-b");
+}
+
+#[test]
+fn human_sizes() {
+    assert_eq!(human(0), "0 B");
+    assert_eq!(human(100), "100 B");
+    assert_eq!(human(4096), "4 KiB");
+    assert_eq!(human(512 << 20), "512 MiB");
+    assert_eq!(human(10 * GIB), "10 GiB");
+    assert_eq!(human(3 * GIB / 2), "1.5 GiB");
+    assert_eq!(human(GIB - 1), "1023.9 MiB");
+    assert_eq!(human(-2 * GIB), "-2 GiB");
+    assert_eq!(human(i64::MAX), "7.9 EiB");
+    assert_eq!(human(i64::MIN), "-8 EiB");
+    assert_eq!(human_i128(i128::MAX), "7.9 EiB");
+    assert_eq!(human_i128(i128::MIN), "-8 EiB");
+}
+
+/// One generated disk: small GiB counts so boundaries are hit often.
+#[derive(Clone, Debug)]
+struct GenDisk {
+    allow: bool,
+    /// Index into a few fsids (or none): disks sharing a filesystem are allowed.
+    fsid: Option<u8>,
+    maximum: i64,
+    available: i64,
+    reserved: i64,
+    ssd: bool,
+    ready: ConditionStatus,
+    schedulable: ConditionStatus,
+}
+
+#[derive(Clone, Debug)]
+struct GenNode {
+    up: bool,
+    allow: bool,
+    ready: ConditionStatus,
+    fast: bool,
+    zone: u8,
+    disks: Vec<GenDisk>,
+}
+
+/// A replica of the test volume (sibling) or of another one, possibly unscheduled (node None).
+#[derive(Clone, Debug)]
+struct GenReplica {
+    sibling: bool,
+    node: Option<u8>,
+    fsid: u8,
+    size: i64,
+}
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    nodes: Vec<GenNode>,
+    replicas: Vec<GenReplica>,
+    settings: SchedulerSettings,
+    size: i64,
+    replica_count: i32,
+    node_selector: bool,
+    disk_selector: bool,
+    seed: u64,
+}
+
+fn condition_status() -> impl Strategy<Value = ConditionStatus> {
+    prop_oneof![
+        6 => Just(ConditionStatus::True),
+        1 => Just(ConditionStatus::False),
+        1 => Just(ConditionStatus::Unknown),
+    ]
+}
+
+fn gen_disk() -> impl Strategy<Value = GenDisk> {
+    (
+        prop::bool::weighted(0.9),
+        prop::option::weighted(0.9, 0..4u8),
+        (0..12i64, 0..12i64, 0..4i64),
+        prop::bool::ANY,
+        condition_status(),
+        condition_status(),
+    )
+        .prop_map(
+            |(allow, fsid, (maximum, available, reserved), ssd, ready, schedulable)| GenDisk {
+                allow,
+                fsid,
+                maximum: maximum * GIB,
+                available: available * GIB,
+                reserved: reserved * GIB,
+                ssd,
+                ready,
+                schedulable,
+            },
+        )
+}
+
+fn gen_node() -> impl Strategy<Value = GenNode> {
+    (
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.9),
+        condition_status(),
+        prop::bool::ANY,
+        0..3u8,
+        prop::collection::vec(gen_disk(), 0..3),
+    )
+        .prop_map(|(up, allow, ready, fast, zone, disks)| GenNode {
+            up,
+            allow,
+            ready,
+            fast,
+            zone,
+            disks,
+        })
+}
+
+fn gen_replica() -> impl Strategy<Value = GenReplica> {
+    (
+        prop::bool::ANY,
+        prop::option::weighted(0.9, 0..7u8),
+        0..4u8,
+        1..6i64,
+    )
+        .prop_map(|(sibling, node, fsid, size)| GenReplica {
+            sibling,
+            node,
+            fsid,
+            size: size * GIB,
+        })
+}
+
+fn gen_scenario() -> impl Strategy<Value = Scenario> {
+    (
+        prop::collection::vec(gen_node(), 0..7),
+        prop::collection::vec(gen_replica(), 0..8),
+        (
+            prop::sample::select(vec![50u64, 100, 200]),
+            prop::sample::select(vec![0u64, 10, 25, 50]),
+            prop::bool::ANY,
+            prop::bool::ANY,
+        ),
+        (
+            1..8i64,
+            1..5i32,
+            prop::bool::weighted(0.3),
+            prop::bool::weighted(0.3),
+        ),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(
+                nodes,
+                replicas,
+                (over, minimal, soft_node, soft_zone),
+                (size, count, ns, ds),
+                seed,
+            )| {
+                Scenario {
+                    nodes,
+                    replicas,
+                    settings: SchedulerSettings {
+                        over_provisioning_percentage: over,
+                        minimal_available_percentage: minimal,
+                        soft_node_anti_affinity: soft_node,
+                        soft_zone_anti_affinity: soft_zone,
+                    },
+                    size: size * GIB,
+                    replica_count: count,
+                    node_selector: ns,
+                    disk_selector: ds,
+                    seed,
+                }
+            },
+        )
+}
+
+const ZONES: [&str; 3] = ["", "z1", "z2"];
+
+impl Scenario {
+    fn world(&self) -> World {
+        let mut world = World::default();
+        for (i, g) in self.nodes.iter().enumerate() {
+            let name = format!("n{i}");
+            let mut b = bare_node(&name)
+                .zone(ZONES[usize::from(g.zone)])
+                .allow_scheduling(g.allow)
+                .ready(g.ready)
+                .tags(if g.fast { &["fast"] } else { &[] });
+            for (j, d) in g.disks.iter().enumerate() {
+                let fsid = d.fsid.map(|f| format!("fs{f}")).unwrap_or_default();
+                b = b
+                    .disk(&format!("d{j}"), &fsid, d.maximum, d.available)
+                    .disk_spec(&format!("d{j}"), |s| {
+                        s.allow_scheduling = d.allow;
+                        s.storage_reserved = d.reserved;
+                        s.tags = if d.ssd { strings(&["ssd"]) } else { vec![] };
+                    })
+                    .disk_status(&format!("d{j}"), |s| {
+                        s.conditions = vec![
+                            condition("Ready", d.ready),
+                            condition("Schedulable", d.schedulable),
+                        ];
+                    });
+            }
+            world.nodes.push(Arc::new(b.0));
+            if !g.up {
+                world.down.push(name);
+            }
+        }
+        for (i, r) in self.replicas.iter().enumerate() {
+            let node = r.node.map(|n| format!("n{n}")).unwrap_or_default();
+            let vol = if r.sibling { VOLUME } else { "other" };
+            let disk = format!("fs{}", r.fsid);
+            world.replicas.push(Arc::new(replica(
+                &format!("r{i}"),
+                vol,
+                r.size,
+                &node,
+                &disk,
+            )));
+        }
+        world
+    }
+
+    fn volume(&self) -> Volume {
+        let mut v = volume(self.size, self.replica_count);
+        if self.node_selector {
+            v.spec.node_selector = strings(&["fast"]);
+        }
+        if self.disk_selector {
+            v.spec.disk_selector = strings(&["ssd"]);
+        }
+        v
+    }
+}
+
+/// Every (node, disk) pair the hard rules allow, with its soft rank, written
+/// straight from the rules rather than from the implementation.
+fn oracle(
+    world: &World,
+    vol: &Volume,
+    settings: &SchedulerSettings,
+) -> Vec<(Placement, (bool, bool))> {
+    let siblings: Vec<&Replica> = world
+        .replicas
+        .iter()
+        .filter(|r| r.spec.instance.volume_name == VOLUME && !r.spec.instance.node_id.is_empty())
+        .map(|r| &**r)
+        .collect();
+    let zone_of = |name: &str| {
+        world
+            .nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .and_then(|n| n.status.as_ref())
+            .map(|s| s.zone.clone())
+            .unwrap_or_default()
+    };
+    let mut allowed = Vec::new();
+    for n in &world.nodes {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let status = n.status.clone().unwrap_or_default();
+        let node_ok = !world.down.contains(&name)
+            && n.spec.allow_scheduling
+            && !status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == ConditionStatus::False)
+            && vol
+                .spec
+                .node_selector
+                .iter()
+                .all(|t| n.spec.tags.contains(t));
+        let on_node = siblings.iter().any(|r| r.spec.instance.node_id == name);
+        let in_zone = !status.zone.is_empty()
+            && siblings
+                .iter()
+                .any(|r| zone_of(&r.spec.instance.node_id) == status.zone);
+        if !node_ok
+            || (!settings.soft_node_anti_affinity && on_node)
+            || (!settings.soft_zone_anti_affinity && in_zone)
+        {
+            continue;
+        }
+        for (disk_name, spec) in &n.spec.disks {
+            let Some(ds) = status.disk_status.get(disk_name) else {
+                continue;
+            };
+            let scheduled: i128 = world
+                .replicas
+                .iter()
+                .filter(|r| r.spec.instance.node_id == name && r.spec.disk_id == ds.fsid)
+                .map(|r| i128::from(r.spec.instance.volume_size))
+                .sum();
+            let size = i128::from(vol.spec.size);
+            let max = i128::from(ds.storage_maximum);
+            let disk_ok = spec.allow_scheduling
+                && !ds.fsid.is_empty()
+                && ds.storage_maximum > 0
+                && !ds.conditions.iter().any(|c| {
+                    (c.type_ == "Ready" || c.type_ == "Schedulable")
+                        && c.status == ConditionStatus::False
+                })
+                && vol.spec.disk_selector.iter().all(|t| spec.tags.contains(t))
+                && scheduled + size
+                    <= (max - i128::from(spec.storage_reserved))
+                        * i128::from(settings.over_provisioning_percentage)
+                        / 100
+                && i128::from(ds.storage_available) - size
+                    >= max * i128::from(settings.minimal_available_percentage) / 100;
+            if disk_ok {
+                let placement = Placement {
+                    node_id: name.clone(),
+                    disk_name: disk_name.clone(),
+                    disk_id: ds.fsid.clone(),
+                    disk_path: spec.path.clone(),
+                };
+                allowed.push((placement, (on_node, in_zone)));
+            }
+        }
+    }
+    allowed
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A placement is returned exactly when the hard rules allow one, and it is
+    /// one of the allowed pairs with the best soft rank.
+    #[test]
+    fn every_placement_satisfies_every_hard_rule(scenario in gen_scenario()) {
+        let world = scenario.world();
+        let vol = scenario.volume();
+        let allowed = oracle(&world, &vol, &scenario.settings);
+        let mut rng = fastrand::Rng::with_seed(scenario.seed);
+        match world.schedule(&vol, &scenario.settings, &mut rng) {
+            Ok(placement) => {
+                let rank = allowed.iter().find(|(p, _)| *p == placement).map(|(_, r)| *r);
+                prop_assert!(rank.is_some(), "{placement:?} breaks a hard rule; allowed: {allowed:?}");
+                let best = allowed.iter().map(|(_, r)| *r).min();
+                prop_assert_eq!(rank, best, "a better-ranked pair was passed over");
+            }
+            Err(e) => {
+                prop_assert!(allowed.is_empty(), "{e:?} although {allowed:?} were allowed");
+                prop_assert!(!e.message.is_empty());
+                prop_assert!([
+                    NO_SCHEDULABLE_NODE,
+                    NODE_SELECTOR_MISMATCH,
+                    REPLICA_ANTI_AFFINITY,
+                    NO_SCHEDULABLE_DISK,
+                    DISK_SELECTOR_MISMATCH,
+                    INSUFFICIENT_STORAGE,
+                ]
+                .contains(&e.reason));
+            }
+        }
+    }
+}
