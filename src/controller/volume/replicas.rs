@@ -36,30 +36,23 @@ impl Pass<'_> {
             if !engine.spec.replica_address_map.contains_key(&name) {
                 continue;
             }
-            let patch = match engine_status.replica_mode_map.get(&name) {
+            match engine_status.replica_mode_map.get(&name) {
                 Some(ReplicaMode::Error) if replica.spec.failed_at.is_none() => {
                     warn!(replica = %name, "replica failed in the engine");
-                    self.ctx
-                        .event(
-                            &self.volume,
-                            EventType::Warning,
-                            "ReplicaFailed",
-                            format!(
-                                "replica {name} on node {} failed and left the I/O path",
-                                replica.spec.instance.node_id
-                            ),
-                        )
-                        .await;
-                    json!({"spec": {"failedAt": now}})
+                    let why = format!(
+                        "replica {name} on node {} failed and left the I/O path",
+                        replica.spec.instance.node_id
+                    );
+                    self.mark_failed(i, &now, why).await?;
                 }
                 Some(ReplicaMode::ReadWrite)
                     if replica.spec.healthy_at.is_none() || replica.spec.failed_at.is_some() =>
                 {
-                    json!({"spec": {"healthyAt": now, "failedAt": null}})
+                    let patch = json!({"spec": {"healthyAt": now, "failedAt": null}});
+                    self.replicas[i] = self.patch_replica(&replica, patch).await?;
                 }
-                _ => continue,
-            };
-            self.replicas[i] = self.patch_replica(&replica, patch).await?;
+                _ => {}
+            }
         }
         self.fail_replicas_on_down_nodes(engine, now).await
     }
@@ -85,21 +78,29 @@ impl Pass<'_> {
                 continue;
             };
             warn!(replica = %replica.name_any(), node = %node, "replica's node is down");
-            self.ctx
-                .event(
-                    &self.volume,
-                    EventType::Warning,
-                    "ReplicaFailed",
-                    format!(
-                        "replica {} failed: {}",
-                        replica.name_any(),
-                        down.message(node)
-                    ),
-                )
-                .await;
-            let patch = json!({"spec": {"failedAt": now}});
-            self.replicas[i] = self.patch_replica(&replica, patch).await?;
+            let why = format!(
+                "replica {} failed: {}",
+                replica.name_any(),
+                down.message(node)
+            );
+            self.mark_failed(i, &now, why).await?;
         }
+        Ok(())
+    }
+
+    /// Marks the volume's replica `i` failed at `now`, with an Event saying why.
+    async fn mark_failed(
+        &mut self,
+        i: usize,
+        now: &Time,
+        why: String,
+    ) -> Result<(), ControllerError> {
+        self.ctx
+            .event(&self.volume, EventType::Warning, "ReplicaFailed", why)
+            .await;
+        let replica = Arc::clone(&self.replicas[i]);
+        let patch = json!({"spec": {"failedAt": now}});
+        self.replicas[i] = self.patch_replica(&replica, patch).await?;
         Ok(())
     }
 
