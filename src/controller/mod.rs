@@ -29,6 +29,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::object::HasStatus;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -312,6 +313,25 @@ where
     Ok(api
         .replace_status(&object.name_any(), &PostParams::default(), object)
         .await?)
+}
+
+/// Writes `status` as `object`'s status, unless the object has it already.
+pub async fn update_status<K>(
+    api: &Api<K>,
+    object: &K,
+    status: K::Status,
+) -> Result<(), ControllerError>
+where
+    K: Resource + HasStatus + Clone + Serialize + DeserializeOwned + Debug,
+    K::Status: PartialEq,
+{
+    if object.status() == Some(&status) {
+        return Ok(());
+    }
+    let mut updated = object.clone();
+    *updated.status_mut() = Some(status);
+    replace_status(api, &updated).await?;
+    Ok(())
 }
 
 /// Merge-patches `object` with `patch`, guarded by the object's

@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::super::control::{self, CALL_TIMEOUT, Control};
-use super::super::{ControllerError, delete, patch_guarded, release, replace_status};
+use super::super::{ControllerError, delete, patch_guarded, release, update_status};
 use super::{Pass, SOON, engine_state};
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
@@ -157,11 +157,7 @@ impl Pass<'_> {
                 }
                 Err(error) => return Err(error),
             }
-            if snapshot.status.as_ref() != Some(&status) {
-                let mut updated = (*snapshot).clone();
-                updated.status = Some(status);
-                replace_status(&self.ctx.api::<Snapshot>(), &updated).await?;
-            }
+            update_status(&self.ctx.api::<Snapshot>(), &*snapshot, status).await?;
         }
         Ok(())
     }
