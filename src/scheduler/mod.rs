@@ -245,21 +245,40 @@ fn matching_nodes<'a>(
     nodes: Vec<&'a Node>,
     volume: &Volume,
 ) -> Result<Vec<&'a Node>, Unschedulable> {
-    let selector = &volume.spec.node_selector;
-    let (matching, others): (Vec<_>, Vec<_>) = nodes
+    carrying_all(
+        nodes,
+        &volume.spec.node_selector,
+        |n| n.spec.tags.as_slice(),
+        |n| node_name(n).to_owned(),
+        NODE_SELECTOR_MISMATCH,
+        "no schedulable node carries every node selector tag",
+    )
+}
+
+/// The candidates carrying every tag of `selector`. When none does: the
+/// failure `reason`, saying `none` and listing the candidates' tags.
+fn carrying_all<T>(
+    candidates: Vec<T>,
+    selector: &[String],
+    tags_of: impl Fn(&T) -> &[String],
+    label: impl Fn(&T) -> String,
+    reason: &'static str,
+    none: &str,
+) -> Result<Vec<T>, Unschedulable> {
+    let (matching, others): (Vec<_>, Vec<_>) = candidates
         .into_iter()
-        .partition(|n| has_all(&n.spec.tags, selector));
+        .partition(|c| has_all(tags_of(c), selector));
     if !matching.is_empty() {
         return Ok(matching);
     }
     let excluded = others
         .iter()
-        .map(|n| format!("{} ({})", node_name(n), tags(&n.spec.tags)))
+        .map(|c| format!("{} ({})", label(c), tags(tags_of(c))))
         .collect();
     Err(unschedulable(
-        NODE_SELECTOR_MISMATCH,
+        reason,
         format!(
-            "no schedulable node carries every node selector tag ({}): {}",
+            "{none} ({}): {}",
             selector.join(", "),
             listing(excluded, ", ")
         ),
@@ -417,25 +436,14 @@ fn matching_disks<'a>(
     disks: Vec<DiskCandidate<'a>>,
     volume: &Volume,
 ) -> Result<Vec<DiskCandidate<'a>>, Unschedulable> {
-    let selector = &volume.spec.disk_selector;
-    let (matching, others): (Vec<_>, Vec<_>) = disks
-        .into_iter()
-        .partition(|d| has_all(&d.spec.tags, selector));
-    if !matching.is_empty() {
-        return Ok(matching);
-    }
-    let excluded = others
-        .iter()
-        .map(|d| format!("{} ({})", d.label(), tags(&d.spec.tags)))
-        .collect();
-    Err(unschedulable(
+    carrying_all(
+        disks,
+        &volume.spec.disk_selector,
+        |d| d.spec.tags.as_slice(),
+        DiskCandidate::label,
         DISK_SELECTOR_MISMATCH,
-        format!(
-            "no usable disk carries every disk selector tag ({}): {}",
-            selector.join(", "),
-            listing(excluded, ", ")
-        ),
-    ))
+        "no usable disk carries every disk selector tag",
+    )
 }
 
 /// Disks with room for a replica of the volume's size.
