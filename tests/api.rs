@@ -114,7 +114,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             node_selector: vec![],
             replica_auto_balance: ReplicaAutoBalance::Ignored,
             access_mode: AccessMode::Rwo,
-            data_source: String::new(),
+            data_source: None,
         },
     );
     round_trip(

@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{Instrument, info, info_span};
 
 use super::process::{announce, never_ran, reflect};
-use super::{Context, ControllerError, release, replace_status};
+use super::{Context, ControllerError, release, update_status};
 use crate::engine::FrontendKind;
 use crate::instance::{InstanceKind, InstanceRequest};
 use crate::protocol::control::engine_control_client::EngineControlClient;
@@ -62,11 +62,7 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
             .as_ref()
             .map_or(InstanceState::Stopped, |s| s.instance.current_state);
         announce(&ctx, &engine, before, status.instance.current_state).await;
-        if engine.status.as_ref() != Some(&status) {
-            let mut updated = engine.clone();
-            updated.status = Some(status);
-            replace_status(&ctx.api::<Engine>(), &updated).await?;
-        }
+        update_status(&ctx.api::<Engine>(), &engine, status).await?;
         Ok(action)
     }
     .instrument(span)

@@ -10,7 +10,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use super::lease_name;
+use crate::types::{MANAGER_LEASE_LABEL, lease_name};
 
 /// Takes this node's lease, then returns the task that renews it every third
 /// of `duration`, forever. Taking it before the controllers start keeps the
@@ -51,10 +51,11 @@ async fn renew(api: &Api<Lease>, node: &str, duration: Duration) -> Result<(), k
             api.replace(&name, &PostParams::default(), &lease).await?;
         }
         None => {
+            let (label, value) = MANAGER_LEASE_LABEL;
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name),
-                    labels: Some([("oxhorn.io/lease".to_owned(), "manager".to_owned())].into()),
+                    labels: Some([(label.to_owned(), value.to_owned())].into()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {

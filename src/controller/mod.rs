@@ -17,9 +17,8 @@ mod volume;
 
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
-pub use ownership::{LEASE_SELECTOR, Liveness, lease_name};
+pub use ownership::Liveness;
 pub use settings::Settings;
-pub use volume::{CLONE_FOR, data_source_of, is_filled};
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -30,6 +29,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::object::HasStatus;
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -42,12 +42,8 @@ use tracing::{debug, info, warn};
 
 use crate::datastore::{Datastore, changed_only};
 use crate::instance::{InstanceError, InstanceManager};
-use crate::types::{Engine, Node, Replica, Snapshot, Volume};
+use crate::types::{Engine, FINALIZER, Node, Replica, Snapshot, Volume};
 use ownership::Owned;
-
-/// Finalizer oxhorn puts on its objects so their data and processes are
-/// cleaned up before they go.
-pub const FINALIZER: &str = "oxhorn.io/cleanup";
 
 /// Longest a reconcile waits for the caches to show its own earlier writes.
 const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -319,6 +315,25 @@ where
         .await?)
 }
 
+/// Writes `status` as `object`'s status, unless the object has it already.
+pub async fn update_status<K>(
+    api: &Api<K>,
+    object: &K,
+    status: K::Status,
+) -> Result<(), ControllerError>
+where
+    K: Resource + HasStatus + Clone + Serialize + DeserializeOwned + Debug,
+    K::Status: PartialEq,
+{
+    if object.status() == Some(&status) {
+        return Ok(());
+    }
+    let mut updated = object.clone();
+    *updated.status_mut() = Some(status);
+    replace_status(api, &updated).await?;
+    Ok(())
+}
+
 /// Merge-patches `object` with `patch`, guarded by the object's
 /// resourceVersion so that a decision made on a stale copy fails as a conflict.
 pub async fn patch_guarded<K>(
@@ -444,11 +459,11 @@ fn replicas_on(replicas: &Store<Replica>, node: &str) -> Vec<ObjectRef<Replica>>
 /// and removes it, and the volumes filling from it, which wait for it.
 fn snapshot_concerns(volumes: &Store<Volume>, snapshot: &Snapshot) -> Vec<ObjectRef<Volume>> {
     let ns = snapshot.namespace().unwrap_or_default();
-    let source = volume::data_source_of(&snapshot.name_any());
+    let source = snapshot.name_any();
     volumes
         .state()
         .iter()
-        .filter(|v| v.spec.data_source == source)
+        .filter(|v| v.spec.source_snapshot() == Some(&source))
         .map(|v| ObjectRef::from_obj(&**v))
         .chain([ObjectRef::new(&snapshot.spec.volume).within(&ns)])
         .collect()
@@ -461,7 +476,7 @@ fn filled_from(
     ns: &str,
     volume: &Volume,
 ) -> Option<ObjectRef<Volume>> {
-    let name = volume::source_snapshot(volume)?;
+    let name = volume.spec.source_snapshot()?;
     let snapshot = snapshots.get(&ObjectRef::new(name).within(ns))?;
     Some(ObjectRef::new(&snapshot.spec.volume).within(ns))
 }

@@ -11,15 +11,7 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::datastore::Datastore;
-use crate::types::{Engine, Node, Replica, Snapshot, Volume};
-
-/// Label every manager lease carries, so the lease cache holds only those.
-pub const LEASE_SELECTOR: &str = "oxhorn.io/lease=manager";
-
-/// The name of the lease a node's manager renews.
-pub fn lease_name(node: &str) -> String {
-    format!("oxhorn-manager-{node}")
-}
+use crate::types::{Engine, Node, Replica, Snapshot, Volume, lease_name};
 
 /// Whether `me` acts on an object whose preferred owner is `preferred` and
 /// whose status names `current`. An empty owner counts as unavailable.

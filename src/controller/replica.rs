@@ -11,7 +11,7 @@ use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::process::{announce, never_ran, reflect};
-use super::{Context, ControllerError, release, replace_status};
+use super::{Context, ControllerError, release, update_status};
 use crate::instance::{InstanceKind, InstanceRequest};
 use crate::types::{DesireState, InstanceState, InstanceStatus, Replica};
 
@@ -56,11 +56,7 @@ pub async fn reconcile(
             .as_ref()
             .map_or(InstanceState::Stopped, |s| s.current_state);
         announce(&ctx, &replica, before, status.current_state).await;
-        if replica.status.as_ref() != Some(&status) {
-            let mut updated = replica.clone();
-            updated.status = Some(status);
-            replace_status(&ctx.api::<Replica>(), &updated).await?;
-        }
+        update_status(&ctx.api::<Replica>(), &replica, status).await?;
         Ok(Action::await_change())
     }
     .instrument(span)

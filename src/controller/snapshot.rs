@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, info, info_span};
 
-use super::{Context, ControllerError, release, replace_status};
+use super::{Context, ControllerError, release, update_status};
 use crate::types::{Condition, ConditionStatus, Snapshot, Volume};
 
 pub async fn reconcile(
@@ -42,11 +42,7 @@ pub async fn reconcile(
             "VolumeNotFound",
             message,
         );
-        if snapshot.status.as_ref() != Some(&status) {
-            let mut updated = snapshot.clone();
-            updated.status = Some(status);
-            replace_status(&ctx.api::<Snapshot>(), &updated).await?;
-        }
+        update_status(&ctx.api::<Snapshot>(), &snapshot, status).await?;
         Ok(Action::await_change())
     }
     .instrument(span)

@@ -22,13 +22,13 @@ use super::proto::controller_service_capability::{self, rpc};
 use super::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use super::proto::*;
 use super::snapshots;
-use crate::controller::{CLONE_FOR, Liveness, Settings, data_source_of};
+use crate::controller::{Liveness, Settings};
 use crate::datastore::Datastore;
 use crate::names::object_name;
 use crate::scheduler::{self, Cluster};
 use crate::types::{
-    AccessMode, Condition, ConditionStatus, InstanceState, Robustness, Snapshot, SnapshotSpec,
-    Volume, VolumeSpec, VolumeState,
+    AccessMode, CLONE_FOR, Condition, ConditionStatus, DataSource, InstanceState, Robustness,
+    Snapshot, SnapshotSpec, Volume, VolumeSpec, VolumeState,
 };
 
 /// Longest volume name: replica names, labels and clone snapshot names add
@@ -152,7 +152,7 @@ impl ControllerService {
         parameters: &VolumeParameters,
         size: i64,
         capabilities: &[VolumeCapability],
-        data_source: String,
+        data_source: Option<DataSource>,
     ) -> VolumeSpec {
         VolumeSpec {
             size,
@@ -186,9 +186,9 @@ impl ControllerService {
         id: &str,
         source: Option<&Source>,
         size: i64,
-    ) -> Result<String, Status> {
+    ) -> Result<Option<DataSource>, Status> {
         let (snapshot, source_size) = match source {
-            None => return Ok(String::new()),
+            None => return Ok(None),
             Some(Source::Snapshot(SnapshotSource { snapshot_id })) => {
                 let snapshot = self.snapshots_api().get_opt(snapshot_id).await;
                 let snapshot = snapshot
@@ -211,7 +211,7 @@ impl ControllerService {
                 "the source holds {source_size} bytes, more than the {size} bytes asked for"
             )));
         }
-        Ok(data_source_of(&snapshot))
+        Ok(Some(DataSource::Snapshot(snapshot)))
     }
 
     async fn create_volume_object(
@@ -493,7 +493,7 @@ impl ControllerService {
         let settings = self.settings();
         let template = Volume::new(
             "capacity",
-            Self::volume_spec(&settings, &parameters, MIN_VOLUME_SIZE, &[], String::new()),
+            Self::volume_spec(&settings, &parameters, MIN_VOLUME_SIZE, &[], None),
         );
         let segments = request
             .accessible_topology
@@ -625,7 +625,12 @@ fn compatible(
         ),
         (
             have.data_source != wanted.data_source,
-            format!("its data source is {:?}", have.data_source),
+            format!(
+                "its data source is {:?}",
+                have.data_source
+                    .as_ref()
+                    .map_or(String::new(), ToString::to_string)
+            ),
         ),
         (
             have.disk_selector != wanted.disk_selector

@@ -16,10 +16,9 @@ use super::proto::{
     CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
 };
-use crate::controller::{CLONE_FOR, data_source_of, is_filled};
 use crate::datastore::Datastore;
 use crate::names::object_name;
-use crate::types::{Snapshot, SnapshotSpec};
+use crate::types::{CLONE_FOR, Snapshot, SnapshotSpec};
 
 /// Snapshot names are data-plane layer names, at most 63 characters.
 const SNAPSHOT_NAME_MAX: usize = 63;
@@ -201,12 +200,11 @@ pub async fn delete(
 
 /// Volumes restored from `snapshot` whose data is not in place yet.
 fn filling_from(ds: &Datastore, snapshot: &str) -> Vec<String> {
-    let source = data_source_of(snapshot);
     ds.volumes
         .store
         .state()
         .iter()
-        .filter(|v| v.spec.data_source == source && !is_filled(v))
+        .filter(|v| v.spec.source_snapshot() == Some(snapshot) && !v.is_filled())
         .map(|v| v.name_any())
         .collect()
 }

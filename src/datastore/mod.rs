@@ -103,7 +103,7 @@ impl Datastore {
         let leases = cache::<Lease>(
             &mut tasks,
             Api::namespaced(client.clone(), namespace),
-            watcher::Config::default().labels(crate::controller::LEASE_SELECTOR),
+            watcher::Config::default().labels(crate::types::MANAGER_LEASE_SELECTOR),
         );
 
         let (ready_tx, ready) = watch::channel(false);

@@ -9,6 +9,7 @@
 mod condition;
 mod engine;
 mod instance;
+mod lease;
 mod node;
 mod replica;
 mod setting;
@@ -18,13 +19,14 @@ mod volume;
 pub use condition::{Condition, ConditionStatus};
 pub use engine::{Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo};
 pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
+pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
 pub use node::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
-pub use snapshot::{Snapshot, SnapshotSpec, SnapshotStatus};
+pub use snapshot::{CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};
 pub use volume::{
-    AccessMode, DataLocality, Frontend, ReplicaAutoBalance, Robustness, Volume, VolumeSpec,
-    VolumeState, VolumeStatus,
+    AccessMode, DataLocality, DataSource, FILLED, Frontend, ReplicaAutoBalance, Robustness, Volume,
+    VolumeSpec, VolumeState, VolumeStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -32,6 +34,10 @@ use kube::CustomResourceExt;
 
 /// The API group of every oxhorn resource.
 pub const GROUP: &str = "oxhorn.io";
+
+/// Finalizer oxhorn puts on its objects so their data and processes are
+/// cleaned up before they go.
+pub const FINALIZER: &str = "oxhorn.io/cleanup";
 
 /// A Kubernetes Node's zone and region labels: where oxhorn reads a node's
 /// topology, and the CSI topology keys it reports.

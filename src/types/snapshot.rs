@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use super::Condition;
 
+/// Label on a Snapshot made only to clone a volume: the clone it is for.
+/// The clone deletes it once filled (or when deleted first).
+pub const CLONE_FOR: &str = "oxhorn.io/clone-for";
+
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "oxhorn.io",

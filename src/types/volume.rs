@@ -1,6 +1,8 @@
 //! Volume: the user-facing resource. Its spec is desired state written by users
 //! and the CSI controller; its status is written only by the owning manager.
 
+use std::fmt;
+
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -96,10 +98,90 @@ pub struct VolumeSpec {
     /// What fills a new volume before first use: `snapshot/<Snapshot name>`
     /// (a restore or, for a clone, a snapshot of the source volume); empty
     /// for a zeroed volume. It cannot change.
-    #[serde(default)]
-    #[schemars(regex(pattern = r"^$|^snapshot/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[serde(default, with = "data_source_wire")]
+    #[schemars(
+        with = "String",
+        regex(pattern = r"^$|^snapshot/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("the data source of a volume cannot change"))]
-    pub data_source: String,
+    pub data_source: Option<DataSource>,
+}
+
+impl VolumeSpec {
+    /// The name of the Snapshot the volume fills from, if it has a data source.
+    pub fn source_snapshot(&self) -> Option<&str> {
+        match &self.data_source {
+            Some(DataSource::Snapshot(name)) => Some(name),
+            None => None,
+        }
+    }
+}
+
+impl Volume {
+    /// Whether the volume holds its data source's data, as last written.
+    pub fn is_filled(&self) -> bool {
+        self.spec.data_source.is_none()
+            || self
+                .status
+                .as_ref()
+                .is_some_and(|s| Condition::is_true(&s.conditions, FILLED))
+    }
+}
+
+/// The volume's condition saying whether it holds its data source's data.
+pub const FILLED: &str = "Filled";
+
+/// What fills a new volume before first use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataSource {
+    /// The Snapshot of this name: a restore or, for a clone, a snapshot of
+    /// the source volume taken for it.
+    Snapshot(String),
+}
+
+impl fmt::Display for DataSource {
+    /// The wire form, as the CRD's `dataSource` string holds it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataSource::Snapshot(name) => write!(f, "{SNAPSHOT_PREFIX}{name}"),
+        }
+    }
+}
+
+const SNAPSHOT_PREFIX: &str = "snapshot/";
+
+/// `dataSource` stays the string it always was (`snapshot/<name>`, empty for
+/// none), so stored objects and the CRD schema do not change.
+mod data_source_wire {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{DataSource, SNAPSHOT_PREFIX};
+
+    pub fn serialize<S: Serializer>(
+        source: &Option<DataSource>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match source {
+            Some(source) => serializer.collect_str(source),
+            None => serializer.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<DataSource>, D::Error> {
+        let wire = String::deserialize(deserializer)?;
+        if wire.is_empty() {
+            return Ok(None);
+        }
+        match wire.strip_prefix(SNAPSHOT_PREFIX) {
+            Some(name) => Ok(Some(DataSource::Snapshot(name.to_owned()))),
+            None => Err(D::Error::custom(format!(
+                "data source {wire:?} is not {SNAPSHOT_PREFIX}<name>"
+            ))),
+        }
+    }
 }
 
 fn default_replicas() -> i32 {
@@ -204,4 +286,29 @@ pub enum Robustness {
     Degraded,
     /// No healthy replica is left.
     Faulted,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_data_source_keeps_its_wire_form() {
+        for (wire, typed) in [
+            ("", None),
+            ("snapshot/s-1", Some(DataSource::Snapshot("s-1".to_owned()))),
+        ] {
+            let spec: VolumeSpec =
+                serde_json::from_value(json!({"size": 4096, "dataSource": wire})).unwrap();
+            assert_eq!(spec.data_source, typed);
+            assert_eq!(serde_json::to_value(&spec).unwrap()["dataSource"], wire);
+        }
+        let absent: VolumeSpec = serde_json::from_value(json!({"size": 4096})).unwrap();
+        assert_eq!(absent.data_source, None);
+        let unknown =
+            serde_json::from_value::<VolumeSpec>(json!({"size": 4096, "dataSource": "backup/b"}));
+        assert!(unknown.is_err());
+    }
 }

@@ -22,32 +22,7 @@ use super::{Pass, SOON};
 use crate::protocol::control::{
     MarkCleanRequest, SetRevisionRequest, Snapshot as Layer, SyncFromRequest,
 };
-use crate::types::{Condition, ConditionStatus, Replica, Snapshot, Volume};
-
-/// The volume's condition saying whether it holds its data source's data.
-pub const FILLED: &str = "Filled";
-/// Label on a Snapshot made only to clone a volume: the clone it is for.
-/// The clone deletes it once filled (or when deleted first).
-pub const CLONE_FOR: &str = "oxhorn.io/clone-for";
-
-/// The name of the Snapshot a volume fills from, if it has a data source.
-pub fn source_snapshot(volume: &Volume) -> Option<&str> {
-    volume.spec.data_source.strip_prefix("snapshot/")
-}
-
-/// The dataSource of a volume filled from the snapshot `name`.
-pub fn data_source_of(name: &str) -> String {
-    format!("snapshot/{name}")
-}
-
-/// Whether the volume holds its data source's data, as last written.
-pub fn is_filled(volume: &Volume) -> bool {
-    source_snapshot(volume).is_none()
-        || volume
-            .status
-            .as_ref()
-            .is_some_and(|s| Condition::is_true(&s.conditions, FILLED))
-}
+use crate::types::{CLONE_FOR, Condition, ConditionStatus, FILLED, Replica, Snapshot};
 
 /// Where filling stands after a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,14 +48,14 @@ const BLOCKED: [&str; 3] = ["SourceNotFound", "WaitingForSource", "SourceTooLarg
 impl Pass<'_> {
     /// Whether the volume holds its data source's data, as this pass sees it.
     pub(super) fn holds_its_data(&self) -> bool {
-        source_snapshot(&self.volume).is_none()
+        self.volume.spec.data_source.is_none()
             || Condition::is_true(&self.status.conditions, FILLED)
     }
 
     /// Fills the volume from its data source if it is not filled yet, and
     /// says where that stands: a volume attaches only once it is Done.
     pub(super) async fn fill(&mut self) -> Result<Filling, ControllerError> {
-        let Some(source) = source_snapshot(&self.volume).map(str::to_owned) else {
+        let Some(source) = self.volume.spec.source_snapshot().map(str::to_owned) else {
             return Ok(Filling::Done);
         };
         if self.holds_its_data() {
@@ -219,7 +194,7 @@ impl Pass<'_> {
     /// Deletes the snapshot the volume was cloned through: it was made for
     /// this volume alone.
     pub(super) async fn drop_clone_source(&self) -> Result<(), ControllerError> {
-        let Some(name) = source_snapshot(&self.volume) else {
+        let Some(name) = self.volume.spec.source_snapshot() else {
             return Ok(());
         };
         let found = ObjectRef::new(name).within(&self.ctx.ds.namespace);

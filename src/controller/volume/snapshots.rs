@@ -12,26 +12,42 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use serde_json::json;
+use tonic::transport::Channel;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::super::control::{self, CALL_TIMEOUT};
-use super::super::{ControllerError, FINALIZER, delete, patch_guarded, release, replace_status};
-use super::fill::{data_source_of, is_filled};
+use super::super::control::{self, CALL_TIMEOUT, Control};
+use super::super::{ControllerError, delete, patch_guarded, release, update_status};
 use super::{Pass, SOON, engine_state};
+use crate::protocol::control::engine_control_client::EngineControlClient;
+use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{RemoveSnapshotRequest, SnapshotRequest};
 use crate::types::{
-    Condition, ConditionStatus, DesireState, Engine, InstanceState, Replica, Snapshot,
+    Condition, ConditionStatus, DesireState, Engine, FINALIZER, InstanceState, Replica, Snapshot,
     SnapshotStatus,
 };
 
 /// Where a snapshot can be taken or removed now.
-enum DataPlane {
-    /// The engine runs: at a quiesced point of the volume's I/O.
-    Engine(String),
-    /// The engine is stopped: on each of these running replicas.
-    Replicas(Vec<(Arc<Replica>, String)>),
+enum DataPlane<'a> {
+    /// On each of these in turn: the running engine alone, or when it is
+    /// stopped, each running replica.
+    On(Vec<Site<'a>>),
     /// Neither yet, and why.
     NotYet(&'static str),
+}
+
+/// A data-plane process snapshot work runs on, at its control address.
+enum Site<'a> {
+    /// The engine: at one quiesced point of the volume's I/O, on every
+    /// replica it uses.
+    Engine(&'a Engine, String),
+    /// One replica, on its own chain.
+    Replica(Arc<Replica>, String),
+}
+
+/// A site's control API, connected.
+enum SiteControl {
+    Engine(Control<EngineControlClient<Channel>>),
+    Replica(Control<ReplicaControlClient<Channel>>),
 }
 
 fn has_finalizer(snapshot: &Snapshot) -> bool {
@@ -92,15 +108,13 @@ impl Pass<'_> {
     /// copy reads the chain up to that snapshot, which removing any of them
     /// would change (a removed snapshot's data merges into its child).
     fn dependents_filling(&self) -> bool {
-        let sources: BTreeSet<String> = self
-            .snapshots
-            .iter()
-            .map(|s| data_source_of(&s.name_any()))
-            .collect();
+        let sources: BTreeSet<String> = self.snapshots.iter().map(|s| s.name_any()).collect();
         self.ctx.ds.volumes.store.state().iter().any(|v| {
-            sources.contains(&v.spec.data_source)
+            v.spec
+                .source_snapshot()
+                .is_some_and(|s| sources.contains(s))
                 && v.metadata.deletion_timestamp.is_none()
-                && !is_filled(v)
+                && !v.is_filled()
         })
     }
 
@@ -143,11 +157,7 @@ impl Pass<'_> {
                 }
                 Err(error) => return Err(error),
             }
-            if snapshot.status.as_ref() != Some(&status) {
-                let mut updated = (*snapshot).clone();
-                updated.status = Some(status);
-                replace_status(&self.ctx.api::<Snapshot>(), &updated).await?;
-            }
+            update_status(&self.ctx.api::<Snapshot>(), &*snapshot, status).await?;
         }
         Ok(())
     }
@@ -164,17 +174,15 @@ impl Pass<'_> {
             self.not_yet(status, "WaitingForFill", why);
             return Ok(());
         }
-        match self.data_plane(engine) {
+        let sites = match self.data_plane(engine) {
             DataPlane::NotYet(why) => {
                 self.not_yet(status, "Pending", why);
                 return Ok(());
             }
-            DataPlane::Engine(address) => snapshot_on_engine(engine, &address, &name).await?,
-            DataPlane::Replicas(replicas) => {
-                for (replica, address) in &replicas {
-                    snapshot_on_replica(replica, address, &name).await?;
-                }
-            }
+            DataPlane::On(sites) => sites,
+        };
+        for site in &sites {
+            site.take(&name).await?;
         }
         info!("snapshot taken");
         status.ready_to_use = true;
@@ -228,8 +236,7 @@ impl Pass<'_> {
                 self.wait_at_most(SOON);
                 return Ok(());
             }
-            DataPlane::Engine(address) => remove_on_engine(engine, &address, &name).await,
-            DataPlane::Replicas(replicas) => remove_on_replicas(&replicas, &name).await,
+            DataPlane::On(sites) => remove_from(&sites, &name).await,
         };
         if let Err(error) = removed {
             if !error.is_data_plane() {
@@ -256,12 +263,12 @@ impl Pass<'_> {
     /// on the running replicas when the engine is stopped. Replicas on nodes
     /// that are down are passed over; a rebuild later gives them the
     /// chain of a healthy replica.
-    fn data_plane(&self, engine: &Engine) -> DataPlane {
+    fn data_plane<'e>(&self, engine: &'e Engine) -> DataPlane<'e> {
         let desire = engine.spec.instance.desire_state;
         match (desire, engine_state(engine)) {
             (DesireState::Running, InstanceState::Running) => {
                 match control::engine_control_address(engine) {
-                    Some(address) => DataPlane::Engine(address),
+                    Some(address) => DataPlane::On(vec![Site::Engine(engine, address)]),
                     None => DataPlane::NotYet("the engine has no address yet"),
                 }
             }
@@ -270,7 +277,8 @@ impl Pass<'_> {
                 if running.is_empty() {
                     return DataPlane::NotYet("waiting for the replicas to run");
                 }
-                DataPlane::Replicas(running)
+                let sites = running.into_iter().map(|(r, a)| Site::Replica(r, a));
+                DataPlane::On(sites.collect())
             }
             _ => DataPlane::NotYet("the volume is attaching or detaching"),
         }
@@ -293,84 +301,95 @@ impl Pass<'_> {
     }
 }
 
-async fn snapshot_on_engine(
-    engine: &Engine,
-    address: &str,
-    name: &str,
-) -> Result<(), ControllerError> {
-    let mut control = control::engine(engine, address).await?;
-    let status = control.status().await?;
-    if status.snapshots.iter().any(|s| s.name == name) {
-        return Ok(());
+async fn remove_from(sites: &[Site<'_>], name: &str) -> Result<(), ControllerError> {
+    for site in sites {
+        site.remove(name).await?;
     }
-    let request = SnapshotRequest {
-        name: name.to_owned(),
-        user_created: true,
-        labels: Default::default(),
-    };
-    match control.client.snapshot(request).await {
-        Err(status) if status.code() != tonic::Code::AlreadyExists => Err(control.failed(status)),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
-async fn snapshot_on_replica(
-    replica: &Replica,
-    address: &str,
-    name: &str,
-) -> Result<(), ControllerError> {
-    let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
-    let status = control.status().await?;
-    if status.snapshots.iter().any(|s| s.name == name) {
-        return Ok(());
+impl Site<'_> {
+    async fn connect(&self) -> Result<SiteControl, ControllerError> {
+        Ok(match self {
+            Site::Engine(engine, address) => {
+                SiteControl::Engine(control::engine(engine, address).await?)
+            }
+            Site::Replica(replica, address) => {
+                SiteControl::Replica(control::replica(replica, address, Some(CALL_TIMEOUT)).await?)
+            }
+        })
     }
-    let request = SnapshotRequest {
-        name: name.to_owned(),
-        user_created: true,
-        labels: Default::default(),
-    };
-    info!(replica = %replica.name_any(), "taking the snapshot on the replica");
-    match control.client.snapshot(request).await {
-        Err(status) if status.code() != tonic::Code::AlreadyExists => Err(control.failed(status)),
-        _ => Ok(()),
-    }
-}
 
-async fn remove_on_engine(
-    engine: &Engine,
-    address: &str,
-    name: &str,
-) -> Result<(), ControllerError> {
-    let mut control = control::engine(engine, address).await?;
-    let status = control.status().await?;
-    if !status.snapshots.iter().any(|s| s.name == name) {
-        return Ok(());
+    /// Takes snapshot `name` unless the process holds it already.
+    async fn take(&self, name: &str) -> Result<(), ControllerError> {
+        let mut control = self.connect().await?;
+        if control.holds(name).await? {
+            return Ok(());
+        }
+        let request = SnapshotRequest {
+            name: name.to_owned(),
+            user_created: true,
+            labels: Default::default(),
+        };
+        if let Site::Replica(replica, _) = self {
+            info!(replica = %replica.name_any(), "taking the snapshot on the replica");
+        }
+        let reply = match &mut control {
+            SiteControl::Engine(c) => c.client.snapshot(request).await.map(drop),
+            SiteControl::Replica(c) => c.client.snapshot(request).await.map(drop),
+        };
+        control.done_unless(reply, tonic::Code::AlreadyExists)
     }
-    let request = RemoveSnapshotRequest {
-        name: name.to_owned(),
-    };
-    match control.client.remove_snapshot(request).await {
-        Err(status) if status.code() != tonic::Code::NotFound => Err(control.failed(status)),
-        _ => Ok(()),
-    }
-}
 
-async fn remove_on_replicas(
-    replicas: &[(Arc<Replica>, String)],
-    name: &str,
-) -> Result<(), ControllerError> {
-    for (replica, address) in replicas {
-        let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
+    /// Removes snapshot `name`; gone already is fine.
+    async fn remove(&self, name: &str) -> Result<(), ControllerError> {
+        let mut control = self.connect().await?;
+        match self {
+            // Through the engine, removal pauses the volume's I/O: not for
+            // a snapshot it does not hold.
+            Site::Engine(..) => {
+                if !control.holds(name).await? {
+                    return Ok(());
+                }
+            }
+            Site::Replica(replica, _) => {
+                info!(replica = %replica.name_any(), "removing the snapshot from the replica");
+            }
+        }
         let request = RemoveSnapshotRequest {
             name: name.to_owned(),
         };
-        info!(replica = %replica.name_any(), "removing the snapshot from the replica");
-        match control.client.remove_snapshot(request).await {
-            Err(status) if status.code() != tonic::Code::NotFound => {
-                return Err(control.failed(status));
-            }
-            _ => {}
+        let reply = match &mut control {
+            SiteControl::Engine(c) => c.client.remove_snapshot(request).await.map(drop),
+            SiteControl::Replica(c) => c.client.remove_snapshot(request).await.map(drop),
+        };
+        control.done_unless(reply, tonic::Code::NotFound)
+    }
+}
+
+impl SiteControl {
+    /// Whether the process holds snapshot `name`.
+    async fn holds(&mut self, name: &str) -> Result<bool, ControllerError> {
+        let snapshots = match self {
+            SiteControl::Engine(c) => c.status().await?.snapshots,
+            SiteControl::Replica(c) => c.status().await?.snapshots,
+        };
+        Ok(snapshots.iter().any(|s| s.name == name))
+    }
+
+    /// A call's reply as done, or the error naming the process; `already`
+    /// is the answer of a call an earlier pass made already.
+    fn done_unless(
+        &self,
+        reply: Result<(), tonic::Status>,
+        already: tonic::Code,
+    ) -> Result<(), ControllerError> {
+        match reply {
+            Err(status) if status.code() != already => Err(match self {
+                SiteControl::Engine(c) => c.failed(status),
+                SiteControl::Replica(c) => c.failed(status),
+            }),
+            _ => Ok(()),
         }
     }
-    Ok(())
 }

@@ -1,0 +1,384 @@
+//! A volume's replicas: their health as the engine reports it, new ones
+//! while fewer than numberOfReplicas are healthy, the surplus removed,
+//! placement on nodes and disks, and failed ones removed once stale.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::super::{ControllerError, delete, patch_guarded, replace_status};
+use super::{Pass, replica_address, running_status};
+use crate::scheduler::{self, Cluster};
+use crate::types::{
+    Condition, ConditionStatus, DesireState, Engine, FINALIZER, Replica, ReplicaMode, ReplicaSpec,
+};
+
+impl Pass<'_> {
+    /// Records in each replica when it last became healthy and when it failed,
+    /// from what the running engine reports.
+    pub(super) async fn track_replica_health(
+        &mut self,
+        engine: &Engine,
+    ) -> Result<(), ControllerError> {
+        let Some(engine_status) = running_status(engine) else {
+            return Ok(());
+        };
+        let now = Time(jiff::Timestamp::now());
+        for i in 0..self.replicas.len() {
+            let replica = Arc::clone(&self.replicas[i]);
+            let name = replica.name_any();
+            if !engine.spec.replica_address_map.contains_key(&name) {
+                continue;
+            }
+            match engine_status.replica_mode_map.get(&name) {
+                Some(ReplicaMode::Error) if replica.spec.failed_at.is_none() => {
+                    warn!(replica = %name, "replica failed in the engine");
+                    let why = format!(
+                        "replica {name} on node {} failed and left the I/O path",
+                        replica.spec.instance.node_id
+                    );
+                    self.mark_failed(i, &now, why).await?;
+                }
+                Some(ReplicaMode::ReadWrite)
+                    if replica.spec.healthy_at.is_none() || replica.spec.failed_at.is_some() =>
+                {
+                    let patch = json!({"spec": {"healthyAt": now, "failedAt": null}});
+                    self.replicas[i] = self.patch_replica(&replica, patch).await?;
+                }
+                _ => {}
+            }
+        }
+        self.fail_replicas_on_down_nodes(engine, now).await
+    }
+
+    /// A replica on a node that went down cannot answer the engine, and once
+    /// it is out of the engine's replica set the engine no longer reports it:
+    /// mark it failed here, so that it gets replaced.
+    async fn fail_replicas_on_down_nodes(
+        &mut self,
+        engine: &Engine,
+        now: Time,
+    ) -> Result<(), ControllerError> {
+        if engine.spec.instance.desire_state != DesireState::Running {
+            return Ok(());
+        }
+        for i in 0..self.replicas.len() {
+            let replica = Arc::clone(&self.replicas[i]);
+            let node = &replica.spec.instance.node_id;
+            if replica.spec.failed_at.is_some() || node.is_empty() {
+                continue;
+            }
+            let Some(down) = self.ctx.liveness.down(node) else {
+                continue;
+            };
+            warn!(replica = %replica.name_any(), node = %node, "replica's node is down");
+            let why = format!(
+                "replica {} failed: {}",
+                replica.name_any(),
+                down.message(node)
+            );
+            self.mark_failed(i, &now, why).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks the volume's replica `i` failed at `now`, with an Event saying why.
+    async fn mark_failed(
+        &mut self,
+        i: usize,
+        now: &Time,
+        why: String,
+    ) -> Result<(), ControllerError> {
+        self.ctx
+            .event(&self.volume, EventType::Warning, "ReplicaFailed", why)
+            .await;
+        let replica = Arc::clone(&self.replicas[i]);
+        let patch = json!({"spec": {"failedAt": now}});
+        self.replicas[i] = self.patch_replica(&replica, patch).await?;
+        Ok(())
+    }
+
+    /// Replicas that count toward numberOfReplicas: not failed, not going.
+    pub(super) fn healthy(&self) -> impl Iterator<Item = &Arc<Replica>> {
+        self.replicas
+            .iter()
+            .filter(|r| r.spec.failed_at.is_none() && r.metadata.deletion_timestamp.is_none())
+    }
+
+    pub(super) fn failed(&self) -> impl Iterator<Item = &Arc<Replica>> {
+        self.replicas
+            .iter()
+            .filter(|r| r.spec.failed_at.is_some() && r.metadata.deletion_timestamp.is_none())
+    }
+
+    /// Creates replicas until numberOfReplicas of them are not failed. A failed
+    /// replica gets the replenishment wait to come back before it is replaced;
+    /// when every replica failed, salvage brings the best of them back instead.
+    pub(super) async fn replenish(&mut self) -> Result<(), ControllerError> {
+        let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
+        let healthy = self.healthy().count();
+        if healthy >= wanted {
+            return Ok(());
+        }
+        if healthy == 0 && self.failed().next().is_some() {
+            return Ok(());
+        }
+        let wait = self.settings.replenishment_wait;
+        let youngest_failure = self.failed().filter_map(|r| failed_for(r)).min();
+        if let Some(failed_for) = youngest_failure
+            && failed_for < wait
+        {
+            self.wait_at_most(wait - failed_for);
+            return Ok(());
+        }
+        let mut all_replicas = self.ctx.ds.replicas.store.state();
+        for _ in healthy..wanted {
+            let mut replica = self.new_replica();
+            // Placed as it is created: one write instead of two. One that
+            // cannot be placed now is created anyway, and schedule() says why.
+            if let Ok(placement) = self.place(&replica, &all_replicas) {
+                replica.spec.instance.node_id = placement.node_id;
+                replica.spec.disk_id = placement.disk_id;
+                replica.spec.disk_path = placement.disk_path;
+                replica.spec.data_directory_name = replica.name_any();
+            }
+            let created = self
+                .ctx
+                .api::<Replica>()
+                .create(&PostParams::default(), &replica)
+                .await?;
+            info!(replica = %created.name_any(), node = %created.spec.instance.node_id, "replica created");
+            self.ctx.expected.created(&self.name(), created.name_any());
+            let created = Arc::new(created);
+            all_replicas.push(Arc::clone(&created));
+            self.replicas.push(created);
+        }
+        Ok(())
+    }
+
+    /// Deletes replicas beyond numberOfReplicas (two managers that both
+    /// believed they owned the volume for a moment, or a lowered count): the
+    /// unplaced ones first, then those the engine does not use.
+    pub(super) async fn trim_surplus(&mut self) -> Result<(), ControllerError> {
+        let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
+        let in_engine = |r: &Replica| {
+            self.engine
+                .as_ref()
+                .is_some_and(|e| e.spec.replica_address_map.contains_key(&r.name_any()))
+        };
+        let mut surplus: Vec<Arc<Replica>> =
+            self.healthy().filter(|r| !in_engine(r)).cloned().collect();
+        let healthy = self.healthy().count();
+        if healthy <= wanted {
+            return Ok(());
+        }
+        // Unplaced first, then stopped ones.
+        surplus.sort_by_key(|r| {
+            (
+                !r.spec.instance.node_id.is_empty(),
+                replica_address(r).is_some(),
+            )
+        });
+        for replica in surplus.into_iter().take(healthy - wanted) {
+            info!(replica = %replica.name_any(), "removing a replica beyond numberOfReplicas");
+            delete(&self.ctx.api::<Replica>(), &*replica).await?;
+            self.replicas.retain(|r| r.name_any() != replica.name_any());
+        }
+        Ok(())
+    }
+
+    fn new_replica(&self) -> Replica {
+        let suffix = format!("{:08x}", fastrand::u32(..));
+        let mut replica = Replica::new(
+            &format!("{}-r-{suffix}", self.name()),
+            ReplicaSpec {
+                instance: self.instance_spec(),
+                engine_name: self
+                    .engine
+                    .as_ref()
+                    .map(|e| e.name_any())
+                    .unwrap_or_default(),
+                disk_id: String::new(),
+                disk_path: String::new(),
+                data_directory_name: String::new(),
+                healthy_at: None,
+                failed_at: None,
+            },
+        );
+        replica.metadata.owner_references = self.owner_reference().map(|r| vec![r]);
+        replica.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
+        replica
+    }
+
+    /// Where `replica` should go, given the volume's other replicas and every
+    /// replica in the cluster (for the space already promised on each disk).
+    fn place(
+        &self,
+        replica: &Replica,
+        all_replicas: &[Arc<Replica>],
+    ) -> Result<scheduler::Placement, scheduler::Unschedulable> {
+        let nodes = self.ctx.ds.nodes.store.state();
+        let liveness = self.ctx.liveness.clone();
+        let node_up = move |node: &str| liveness.is_up(node);
+        let siblings: Vec<&Replica> = self
+            .replicas
+            .iter()
+            .filter(|r| r.name_any() != replica.name_any())
+            .map(|r| &**r)
+            .collect();
+        let cluster = Cluster {
+            nodes: &nodes,
+            replicas: all_replicas,
+            node_up: &node_up,
+        };
+        scheduler::schedule(
+            &cluster,
+            &self.volume,
+            &siblings,
+            &self.settings.scheduler,
+            &mut fastrand::Rng::new(),
+        )
+    }
+
+    /// Places every unscheduled replica, or says in the Scheduled condition
+    /// why it cannot be placed.
+    pub(super) async fn schedule(&mut self) -> Result<(), ControllerError> {
+        let mut all_replicas = self.ctx.ds.replicas.store.state();
+        let mut failure = None;
+        for i in 0..self.replicas.len() {
+            let replica = Arc::clone(&self.replicas[i]);
+            if !replica.spec.instance.node_id.is_empty()
+                || replica.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            match self.place(&replica, &all_replicas) {
+                Ok(placement) => {
+                    let patch = json!({"spec": {
+                        "nodeID": placement.node_id,
+                        "diskID": placement.disk_id,
+                        "diskPath": placement.disk_path,
+                        "dataDirectoryName": replica.name_any(),
+                    }});
+                    let scheduled = self.patch_replica(&replica, patch).await?;
+                    info!(replica = %replica.name_any(), node = %placement.node_id, disk = %placement.disk_name, "replica scheduled");
+                    all_replicas.push(Arc::clone(&scheduled));
+                    self.replicas[i] = scheduled;
+                }
+                Err(unschedulable) => failure = Some((replica, unschedulable)),
+            }
+        }
+        let flipped = match &failure {
+            None => Condition::set(
+                &mut self.status.conditions,
+                "Scheduled",
+                ConditionStatus::True,
+                "ReplicasScheduled",
+                "every replica has a node and disk",
+            ),
+            Some((replica, why)) => {
+                self.wait_at_most(Duration::from_secs(10));
+                Condition::set(
+                    &mut self.status.conditions,
+                    "Scheduled",
+                    ConditionStatus::False,
+                    why.reason,
+                    format!("replica {}: {}", replica.name_any(), why.message),
+                )
+            }
+        };
+        if let Some((replica, why)) = failure {
+            let unchanged = replica.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Scheduled" && c.message == why.message)
+            });
+            if flipped {
+                warn!(replica = %replica.name_any(), reason = why.reason, %why, "replica cannot be scheduled");
+                self.ctx
+                    .event(
+                        &self.volume,
+                        EventType::Warning,
+                        why.reason,
+                        why.message.clone(),
+                    )
+                    .await;
+            }
+            if !unchanged {
+                let mut updated = (*replica).clone();
+                let status = updated.status.get_or_insert_default();
+                Condition::set(
+                    &mut status.conditions,
+                    "Scheduled",
+                    ConditionStatus::False,
+                    why.reason,
+                    why.message,
+                );
+                replace_status(&self.ctx.api::<Replica>(), &updated).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes failed replicas past the volume's staleReplicaTimeout, once
+    /// enough healthy ones exist to keep the data safe without them.
+    pub(super) async fn remove_stale(&mut self) -> Result<(), ControllerError> {
+        let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
+        if self.healthy().count() < wanted {
+            return Ok(());
+        }
+        let timeout = Duration::from_secs(
+            self.volume
+                .spec
+                .stale_replica_timeout
+                .unsigned_abs()
+                .saturating_mul(60),
+        );
+        let stale: Vec<Arc<Replica>> = self
+            .failed()
+            .filter(|r| failed_for(r).is_some_and(|f| f >= timeout))
+            .cloned()
+            .collect();
+        for replica in stale {
+            info!(replica = %replica.name_any(), "removing a stale failed replica");
+            delete(&self.ctx.api::<Replica>(), &*replica).await?;
+        }
+        if let Some(oldest) = self.failed().filter_map(|r| failed_for(r)).max() {
+            self.wait_at_most(timeout.saturating_sub(oldest));
+        }
+        Ok(())
+    }
+
+    /// Replicas the engine may use: scheduled, not failed, not going.
+    pub(super) fn usable(&self) -> Vec<Arc<Replica>> {
+        self.healthy()
+            .filter(|r| !r.spec.instance.node_id.is_empty())
+            .cloned()
+            .collect()
+    }
+
+    /// Changes one of the volume's replicas, remembering the write until the
+    /// cache shows it.
+    pub(super) async fn patch_replica(
+        &self,
+        replica: &Replica,
+        patch: serde_json::Value,
+    ) -> Result<Arc<Replica>, ControllerError> {
+        let written = patch_guarded(&self.ctx.api::<Replica>(), replica, patch).await?;
+        self.ctx.expected.changed(&self.name(), replica, &written);
+        Ok(Arc::new(written))
+    }
+}
+
+/// How long ago the replica failed.
+fn failed_for(replica: &Replica) -> Option<Duration> {
+    let failed = replica.spec.failed_at.as_ref()?;
+    let elapsed = jiff::Timestamp::now().duration_since(failed.0);
+    Some(Duration::try_from(elapsed).unwrap_or_default())
+}
