@@ -86,7 +86,10 @@ impl Engine {
     }
 
     async fn rebuild(&self, target: &Member) -> Result<(), EngineError> {
-        let (source, layers) = {
+        // One quiesced point: the target joins the writes, every replica
+        // snapshots, and the target is told to sync (which marks it
+        // rebuilding) before any write or discard reaches it.
+        let (source, mut progress) = {
             let _quiet = self.gate.write().await;
             let source = self
                 .members_in(&[Mode::ReadWrite])
@@ -97,21 +100,21 @@ impl Engine {
             target.set_rebuild_progress(Some((0, 0)));
             self.snapshot_quiesced(&rebuild_snapshot_name(), false)
                 .await?;
-            let status = control_status(&source).await?;
-            (source, status.snapshots)
+            let layers = control_status(&source).await?.snapshots;
+            info!(source = %source.address, layers = layers.len(), "copying snapshot layers");
+            let request = SyncFromRequest {
+                source: source.control_address(),
+                layers,
+            };
+            let progress = target
+                .control
+                .clone()
+                .sync_from(request)
+                .await
+                .map_err(|e| EngineError::Control(target.address.clone(), e))?
+                .into_inner();
+            (source, progress)
         };
-        info!(source = %source.address, layers = layers.len(), "copying snapshot layers");
-        let request = SyncFromRequest {
-            source: source.control_address(),
-            layers,
-        };
-        let mut progress = target
-            .control
-            .clone()
-            .sync_from(request)
-            .await
-            .map_err(|e| EngineError::Control(target.address.clone(), e))?
-            .into_inner();
         let mut copied = 0;
         while let Some(step) = progress
             .message()
