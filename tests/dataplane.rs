@@ -548,3 +548,39 @@ async fn rebuilds_and_a_snapshot_under_writes_and_discards_lose_nothing() {
         );
     }
 }
+
+/// A replica that hangs (SIGSTOP: its sockets stay open, nothing answers)
+/// is taken out of the I/O path within the keepalive bound, even by calls
+/// made while I/O is quiesced, and I/O goes on with the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_replica_leaves_the_io_path_and_io_goes_on() {
+    let mut replicas = Replicas::start(3).await;
+    let engine = Engine::start("vol-hung", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    let mut rng = Rng(0x57);
+    write_random(&engine, &model, &mut rng, WHOLE, 100, 8).await;
+
+    replicas.processes[1].pause().unwrap();
+    // Expand holds the I/O gate while it asks every replica.
+    tokio::time::timeout(PATIENCE, engine.expand(SIZE + (16 << 20)))
+        .await
+        .expect("expand waited on a hung replica")
+        .unwrap();
+    let status = tokio::time::timeout(PATIENCE, engine.status())
+        .await
+        .expect("status waited on a hung replica");
+    assert_eq!(
+        modes(&status),
+        [ReplicaMode::Rw, ReplicaMode::Err, ReplicaMode::Rw],
+        "{status:#?}"
+    );
+    write_random(&engine, &model, &mut rng, WHOLE, 100, 8).await;
+    assert_same(
+        &read_all(&*engine).await,
+        &model.lock().unwrap().data,
+        "volume with a hung replica",
+    );
+    replicas.processes[1].resume().unwrap();
+    replicas.processes[1].kill();
+}

@@ -34,7 +34,7 @@ use tonic::transport::Channel;
 use crate::frontend::BlockDevice;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
-use crate::protocol::{ConnectionError, MAX_PAYLOAD, Status};
+use crate::protocol::{self, ConnectionError, MAX_PAYLOAD, Status};
 use member::Member;
 use ranges::RangeLocks;
 
@@ -260,7 +260,7 @@ impl Engine {
         Fut: Future<Output = Result<(), tonic::Status>>,
     {
         self.to_all(what, |m| {
-            let done = call(m.control.clone());
+            let done = protocol::within_deadline(call(m.control.clone()));
             async move {
                 done.await
                     .map_err(|status| EngineError::Control(m.address.clone(), status))

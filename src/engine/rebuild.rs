@@ -14,6 +14,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::member::Member;
 use super::{Engine, EngineError, Mode, write};
+use crate::protocol;
 use crate::protocol::control::{ReplicaStatusRequest, SetRevisionRequest, SyncFromRequest};
 
 impl Engine {
@@ -106,10 +107,7 @@ impl Engine {
                 source: source.control_address(),
                 layers,
             };
-            let progress = target
-                .control
-                .clone()
-                .sync_from(request)
+            let progress = protocol::within_deadline(target.control.clone().sync_from(request))
                 .await
                 .map_err(|e| EngineError::Control(target.address.clone(), e))?
                 .into_inner();
@@ -130,12 +128,14 @@ impl Engine {
 
         let _quiet = self.gate.write().await;
         let revision = control_status(&source).await?.revision;
-        target
-            .control
-            .clone()
-            .set_revision(SetRevisionRequest { revision })
-            .await
-            .map_err(|e| EngineError::Control(target.address.clone(), e))?;
+        protocol::within_deadline(
+            target
+                .control
+                .clone()
+                .set_revision(SetRevisionRequest { revision }),
+        )
+        .await
+        .map_err(|e| EngineError::Control(target.address.clone(), e))?;
         target.set_rebuild_progress(None);
         target.set_rebuild_copied(copied);
         target.set_mode(Mode::ReadWrite);
@@ -146,13 +146,12 @@ impl Engine {
 async fn control_status(
     member: &Member,
 ) -> Result<crate::protocol::control::ReplicaStatus, EngineError> {
-    Ok(member
-        .control
-        .clone()
-        .status(ReplicaStatusRequest {})
-        .await
-        .map_err(|e| EngineError::Control(member.address.clone(), e))?
-        .into_inner())
+    Ok(
+        protocol::within_deadline(member.control.clone().status(ReplicaStatusRequest {}))
+            .await
+            .map_err(|e| EngineError::Control(member.address.clone(), e))?
+            .into_inner(),
+    )
 }
 
 /// A system snapshot's name: unique, and sorting by time.

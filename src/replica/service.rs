@@ -400,7 +400,7 @@ impl ReplicaControl for ControlService {
 }
 
 async fn connect(address: &str) -> Result<ReplicaControlClient<Channel>, GrpcStatus> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+    let endpoint = crate::protocol::control_endpoint(address)
         .map_err(|e| GrpcStatus::invalid_argument(format!("source {address:?}: {e}")))?
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW);
