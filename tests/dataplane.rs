@@ -442,3 +442,145 @@ async fn a_cleanly_stopped_engine_restarts_without_a_rebuild() {
         "volume after a clean restart",
     );
 }
+
+/// Writes `count` random extents of 1 to 64 blocks in `region`, `parallel`
+/// at a time with no care for overlaps, and discards one extent in four
+/// instead of writing it. Every request must succeed.
+async fn write_overlapping(
+    engine: &Arc<Engine>,
+    rng: &mut Rng,
+    region: Range<u64>,
+    count: usize,
+    parallel: usize,
+) {
+    for _ in 0..count.div_ceil(parallel) {
+        let batch: Vec<_> = (0..parallel)
+            .map(|_| {
+                let (offset, len) = rng.extent(&region);
+                let discard = rng.next().is_multiple_of(4);
+                (offset, len, (!discard).then(|| rng.data(len)))
+            })
+            .collect();
+        let requests = batch.into_iter().map(|(offset, len, data)| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                match data {
+                    Some(data) => engine.write(offset, data).await,
+                    None => engine.unmap(offset, len).await,
+                }
+            })
+        });
+        for result in futures::future::join_all(requests).await {
+            result.unwrap().expect("request failed");
+        }
+    }
+}
+
+/// Overlapping writes and discards in flight together may land in any
+/// order, but in the same order on every replica: the replicas end up
+/// byte-identical, and the volume reads as they do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_writes_leave_the_replicas_identical() {
+    let replicas = Replicas::start(3).await;
+    let engine = Engine::start("vol-overlap", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    write_overlapping(&engine, &mut Rng(0xfeed), 0..1 << 20, 2000, 32).await;
+    let volume = read_all(&*engine).await;
+    drop(engine);
+    for (i, address) in replicas.addresses().iter().enumerate() {
+        assert_same(
+            &read_replica(address).await,
+            &volume,
+            &format!("replica {i}"),
+        );
+    }
+}
+
+/// Two replicas added back to back, and a snapshot taken, while writes and
+/// discards go on: each rebuild's target also takes the other's rebuild
+/// snapshot and the user's, and none of them may lose what those hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rebuilds_and_a_snapshot_under_writes_and_discards_lose_nothing() {
+    let replicas = Replicas::start(3).await;
+    let addresses = replicas.addresses();
+    let engine = Engine::start("vol-rebuilds", SIZE, &addresses[..1]).await;
+    until_all_rw(&engine, 1).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    let mut rng = Rng(0x5eed);
+    write_random(&engine, &model, &mut rng, WHOLE, 300, 8).await;
+
+    let writer = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            write_overlapping(&engine, &mut Rng(99), 0..16 << 20, 600, 8).await;
+        })
+    };
+    engine.add_replica(&addresses[1]).await.unwrap();
+    engine.add_replica(&addresses[2]).await.unwrap();
+    engine.snapshot("during-rebuild", true).await.unwrap();
+    writer.await.unwrap();
+    until_all_rw(&engine, 3).await;
+
+    let volume = read_all(&*engine).await;
+    let untouched = 16 << 20..SIZE as usize;
+    assert_same(
+        &volume[untouched.clone()],
+        &model.lock().unwrap().data[untouched],
+        "volume beyond the region written during the rebuilds",
+    );
+    let names: Vec<_> = engine
+        .status()
+        .await
+        .snapshots
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "during-rebuild"),
+        "snapshots: {names:?}"
+    );
+    drop(engine);
+    for (i, address) in addresses.iter().enumerate() {
+        assert_same(
+            &read_replica(address).await,
+            &volume,
+            &format!("replica {i}"),
+        );
+    }
+}
+
+/// A replica that hangs (SIGSTOP: its sockets stay open, nothing answers)
+/// is taken out of the I/O path within the keepalive bound, even by calls
+/// made while I/O is quiesced, and I/O goes on with the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_replica_leaves_the_io_path_and_io_goes_on() {
+    let mut replicas = Replicas::start(3).await;
+    let engine = Engine::start("vol-hung", SIZE, &replicas.addresses()).await;
+    until_all_rw(&engine, 3).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    let mut rng = Rng(0x57);
+    write_random(&engine, &model, &mut rng, WHOLE, 100, 8).await;
+
+    replicas.processes[1].pause().unwrap();
+    // Expand holds the I/O gate while it asks every replica.
+    tokio::time::timeout(PATIENCE, engine.expand(SIZE + (16 << 20)))
+        .await
+        .expect("expand waited on a hung replica")
+        .unwrap();
+    let status = tokio::time::timeout(PATIENCE, engine.status())
+        .await
+        .expect("status waited on a hung replica");
+    assert_eq!(
+        modes(&status),
+        [ReplicaMode::Rw, ReplicaMode::Err, ReplicaMode::Rw],
+        "{status:#?}"
+    );
+    write_random(&engine, &model, &mut rng, WHOLE, 100, 8).await;
+    assert_same(
+        &read_all(&*engine).await,
+        &model.lock().unwrap().data,
+        "volume with a hung replica",
+    );
+    replicas.processes[1].resume().unwrap();
+    replicas.processes[1].kill();
+}

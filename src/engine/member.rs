@@ -60,17 +60,16 @@ impl Member {
     pub async fn connect(address: &str) -> Result<(Self, ReplicaStatus), EngineError> {
         let control_address = control_address(address)?;
         let data = Connection::connect(address).await?;
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{control_address}"))
-            .map_err(|e| EngineError::InvalidAddress(address.to_string(), e.to_string()))?;
-        let channel = endpoint.connect().await.map_err(|e| {
-            EngineError::Control(
-                address.to_string(),
-                tonic::Status::unavailable(e.to_string()),
-            )
-        })?;
+        let channel = protocol::control_channel(&control_address)
+            .await
+            .map_err(|e| {
+                EngineError::Control(
+                    address.to_string(),
+                    tonic::Status::unavailable(e.to_string()),
+                )
+            })?;
         let mut control = ReplicaControlClient::new(channel);
-        let status = control
-            .status(ReplicaStatusRequest {})
+        let status = protocol::within_deadline(control.status(ReplicaStatusRequest {}))
             .await
             .map_err(|e| EngineError::Control(address.to_string(), e))?
             .into_inner();

@@ -5,11 +5,15 @@
 //! of the I/O path. Reads go to RW replicas only, spread over them and retried
 //! on another one when one fails. With no RW replica left, I/O fails with EIO.
 //! Snapshots, rebuild hand-offs and expansion happen at a quiesced point: I/O
-//! holds the gate shared, those operations hold it exclusively.
+//! holds the gate shared, those operations hold it exclusively. Overlapping
+//! writes and discards are applied one after the other, in the order they
+//! arrived, so that every replica applies them in the same order (see
+//! `ranges.rs`).
 
 mod control;
 mod member;
 mod process;
+mod ranges;
 mod rebuild;
 mod status;
 
@@ -30,8 +34,9 @@ use tonic::transport::Channel;
 use crate::frontend::BlockDevice;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
-use crate::protocol::{ConnectionError, MAX_PAYLOAD, Status};
+use crate::protocol::{self, ConnectionError, MAX_PAYLOAD, Status};
 use member::Member;
+use ranges::RangeLocks;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -84,6 +89,8 @@ pub struct Engine {
     /// Replicas named at start that could not be reached, with why.
     absent: RwLock<Vec<(String, String)>>,
     gate: tokio::sync::RwLock<()>,
+    /// Writes and discards in flight, by byte range.
+    in_flight: RangeLocks,
     next_read: AtomicUsize,
     /// Tells the frontend the volume grew.
     resized: tokio::sync::watch::Sender<u64>,
@@ -100,6 +107,7 @@ impl Engine {
             members: RwLock::new(Vec::new()),
             absent: RwLock::new(Vec::new()),
             gate: tokio::sync::RwLock::new(()),
+            in_flight: RangeLocks::default(),
             next_read: AtomicUsize::new(0),
             resized: tokio::sync::watch::Sender::new(size),
             myself: myself.clone(),
@@ -252,7 +260,7 @@ impl Engine {
         Fut: Future<Output = Result<(), tonic::Status>>,
     {
         self.to_all(what, |m| {
-            let done = call(m.control.clone());
+            let done = protocol::within_deadline(call(m.control.clone()));
             async move {
                 done.await
                     .map_err(|status| EngineError::Control(m.address.clone(), status))
@@ -364,6 +372,13 @@ impl Drop for Engine {
     }
 }
 
+/// The end of `[offset, offset + length)`; EINVAL past the largest offset.
+fn end(offset: u64, length: u64) -> io::Result<u64> {
+    offset
+        .checked_add(length)
+        .ok_or_else(|| io::Error::from_raw_os_error(nix::libc::EINVAL))
+}
+
 /// Splits `[offset, offset + length)` into pieces one frame can carry.
 fn pieces(offset: u64, length: u64) -> impl Iterator<Item = (u64, u64)> {
     let step = u64::from(MAX_PAYLOAD);
@@ -408,6 +423,10 @@ impl BlockDevice for Engine {
 
     async fn write(&self, offset: u64, data: Bytes) -> io::Result<()> {
         let _io = self.gate.read().await;
+        let _range = self
+            .in_flight
+            .lock(offset, end(offset, data.len() as u64)?)
+            .await;
         for (at, length) in pieces(offset, data.len() as u64) {
             let start = (at - offset) as usize;
             let piece = data.slice(start..start + length as usize);
@@ -429,6 +448,7 @@ impl BlockDevice for Engine {
 
     async fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         let _io = self.gate.read().await;
+        let _range = self.in_flight.lock(offset, end(offset, len)?).await;
         for (at, length) in pieces(offset, len) {
             self.replicate(
                 "unmap",

@@ -14,6 +14,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::member::Member;
 use super::{Engine, EngineError, Mode, write};
+use crate::protocol;
 use crate::protocol::control::{ReplicaStatusRequest, SetRevisionRequest, SyncFromRequest};
 
 impl Engine {
@@ -86,7 +87,10 @@ impl Engine {
     }
 
     async fn rebuild(&self, target: &Member) -> Result<(), EngineError> {
-        let (source, layers) = {
+        // One quiesced point: the target joins the writes, every replica
+        // snapshots, and the target is told to sync (which marks it
+        // rebuilding) before any write or discard reaches it.
+        let (source, mut progress) = {
             let _quiet = self.gate.write().await;
             let source = self
                 .members_in(&[Mode::ReadWrite])
@@ -97,21 +101,18 @@ impl Engine {
             target.set_rebuild_progress(Some((0, 0)));
             self.snapshot_quiesced(&rebuild_snapshot_name(), false)
                 .await?;
-            let status = control_status(&source).await?;
-            (source, status.snapshots)
+            let layers = control_status(&source).await?.snapshots;
+            info!(source = %source.address, layers = layers.len(), "copying snapshot layers");
+            let request = SyncFromRequest {
+                source: source.control_address(),
+                layers,
+            };
+            let progress = protocol::within_deadline(target.control.clone().sync_from(request))
+                .await
+                .map_err(|e| EngineError::Control(target.address.clone(), e))?
+                .into_inner();
+            (source, progress)
         };
-        info!(source = %source.address, layers = layers.len(), "copying snapshot layers");
-        let request = SyncFromRequest {
-            source: source.control_address(),
-            layers,
-        };
-        let mut progress = target
-            .control
-            .clone()
-            .sync_from(request)
-            .await
-            .map_err(|e| EngineError::Control(target.address.clone(), e))?
-            .into_inner();
         let mut copied = 0;
         while let Some(step) = progress
             .message()
@@ -127,12 +128,14 @@ impl Engine {
 
         let _quiet = self.gate.write().await;
         let revision = control_status(&source).await?.revision;
-        target
-            .control
-            .clone()
-            .set_revision(SetRevisionRequest { revision })
-            .await
-            .map_err(|e| EngineError::Control(target.address.clone(), e))?;
+        protocol::within_deadline(
+            target
+                .control
+                .clone()
+                .set_revision(SetRevisionRequest { revision }),
+        )
+        .await
+        .map_err(|e| EngineError::Control(target.address.clone(), e))?;
         target.set_rebuild_progress(None);
         target.set_rebuild_copied(copied);
         target.set_mode(Mode::ReadWrite);
@@ -143,13 +146,12 @@ impl Engine {
 async fn control_status(
     member: &Member,
 ) -> Result<crate::protocol::control::ReplicaStatus, EngineError> {
-    Ok(member
-        .control
-        .clone()
-        .status(ReplicaStatusRequest {})
-        .await
-        .map_err(|e| EngineError::Control(member.address.clone(), e))?
-        .into_inner())
+    Ok(
+        protocol::within_deadline(member.control.clone().status(ReplicaStatusRequest {}))
+            .await
+            .map_err(|e| EngineError::Control(member.address.clone(), e))?
+            .into_inner(),
+    )
 }
 
 /// A system snapshot's name: unique, and sorting by time.

@@ -2,6 +2,7 @@
 
 use super::{Engine, Mode};
 use crate::frontend::BlockDevice;
+use crate::protocol;
 use crate::protocol::control::{self, EngineReplica, EngineStatus, ReplicaStatusRequest};
 
 impl Engine {
@@ -13,7 +14,9 @@ impl Engine {
         for member in members {
             let mode = member.mode();
             let report = member.report();
-            let revision = match member.control.clone().status(ReplicaStatusRequest {}).await {
+            let mut control = member.control.clone();
+            let status = protocol::within_deadline(control.status(ReplicaStatusRequest {}));
+            let revision = match status.await {
                 Ok(status) => {
                     let status = status.into_inner();
                     if mode == Mode::ReadWrite && snapshots.is_empty() {

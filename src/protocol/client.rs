@@ -20,11 +20,11 @@ use super::frame::{ClientCodec, Op, Request, Response, Status};
 
 /// A replica that does not answer a request within this is failed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// An idle connection is pinged this often; a ping must be answered within
 /// [`PING_TIMEOUT`], so a dead peer is noticed within their sum.
-const KEEPALIVE: Duration = Duration::from_secs(2);
-const PING_TIMEOUT: Duration = Duration::from_secs(4);
+pub(super) const KEEPALIVE: Duration = Duration::from_secs(2);
+pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(4);
 /// Requests queued for the writer before callers wait.
 const QUEUE: usize = 1024;
 

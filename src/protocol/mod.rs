@@ -4,10 +4,12 @@
 //! connection, never the process. Control operations use gRPC instead
 //! (proto/dataplane.proto) on the port after the data port.
 
+mod channel;
 mod client;
 mod frame;
 mod server;
 
+pub use channel::{CONTROL_DEADLINE, control_channel, control_endpoint, within_deadline};
 pub use client::{Connection, ConnectionError};
 pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
 pub use server::{Handler, serve};

@@ -45,7 +45,7 @@ fn snapshot_name(layer: &Layer) -> String {
 }
 
 impl State {
-    fn find_snapshot(&self, name: &str) -> Result<usize> {
+    pub(super) fn find_snapshot(&self, name: &str) -> Result<usize> {
         let file = snapshot_file(name);
         self.snapshots
             .iter()
@@ -202,8 +202,9 @@ impl ReplicaStore {
     }
 
     /// Grows the volume to `new_size` bytes; new space reads as zeros.
-    /// Layer files grow first, then `volume.meta` commits the new size (a
-    /// file longer than the volume is harmless).
+    /// Layer files grow first, staged ones included (a rebuild installs them
+    /// later), then `volume.meta` commits the new size (a file longer than
+    /// the volume is harmless).
     pub fn expand(&self, new_size: u64) -> Result<()> {
         check_size(new_size)?;
         let mut state = lock::write(&self.state)?;
@@ -218,7 +219,8 @@ impl ReplicaStore {
             return Ok(());
         }
         self.flush_locked(&state)?;
-        for layer in state.snapshots.iter().chain([&state.head]) {
+        let staged = state.staged.values();
+        for layer in state.snapshots.iter().chain(staged).chain([&state.head]) {
             layer.grow(new_size)?;
         }
         state.update_meta(&self.dir, |meta| meta.size = new_size)

@@ -48,6 +48,9 @@ pub enum StorageError {
     #[error("snapshot {0:?} already exists")]
     SnapshotExists(String),
 
+    #[error("snapshot {0:?} is newer here than the chain being installed, which lists it below")]
+    ChainOrder(String),
+
     #[error("invalid snapshot name {0:?}: must match [a-z0-9][a-z0-9._-]{{0,62}}")]
     InvalidName(String),
 

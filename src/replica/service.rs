@@ -188,7 +188,8 @@ fn grpc(error: StorageError) -> GrpcStatus {
         | StorageError::Unaligned { .. }
         | StorageError::OutOfRange { .. }
         | StorageError::InvalidSize { .. }
-        | StorageError::CannotShrink { .. } => GrpcStatus::invalid_argument(message),
+        | StorageError::CannotShrink { .. }
+        | StorageError::ChainOrder(_) => GrpcStatus::invalid_argument(message),
         StorageError::NoSpace { .. } => GrpcStatus::resource_exhausted(message),
         _ => GrpcStatus::internal(message),
     }
@@ -374,6 +375,12 @@ impl ReplicaControl for ControlService {
         request: Request<SyncFromRequest>,
     ) -> Result<Response<Self::SyncFromStream>, GrpcStatus> {
         let request = request.into_inner();
+        // Marked before the answer: the engine asks while its I/O is
+        // quiesced, so no write or discard reaches the layers unmarked.
+        let store = self.store.clone();
+        blocking(move || store.set_rebuilding(true))
+            .await
+            .map_err(grpc)?;
         let source = connect(&request.source).await?;
         let (tx, rx) = mpsc::channel(16);
         let store = self.store.clone();
@@ -393,7 +400,7 @@ impl ReplicaControl for ControlService {
 }
 
 async fn connect(address: &str) -> Result<ReplicaControlClient<Channel>, GrpcStatus> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+    let endpoint = crate::protocol::control_endpoint(address)
         .map_err(|e| GrpcStatus::invalid_argument(format!("source {address:?}: {e}")))?
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW);
@@ -414,10 +421,6 @@ async fn sync(
     layers: &[control::Snapshot],
     progress: &mpsc::Sender<Result<SyncProgress, GrpcStatus>>,
 ) -> Result<(), GrpcStatus> {
-    let store_ = store.clone();
-    blocking(move || store_.set_rebuilding(true))
-        .await
-        .map_err(grpc)?;
     let mut plans = Vec::new();
     for layer in layers {
         plans.push(plan_layer(store, &mut source, layer).await?);

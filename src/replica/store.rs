@@ -231,7 +231,9 @@ impl ReplicaStore {
 
     /// Discards `len` bytes at `offset`: they read as zeros afterwards. Holes
     /// are punched only where no snapshot holds the block; elsewhere zeros
-    /// are written, since a hole would let the older data show through.
+    /// are written, since a hole would let the older data show through. A
+    /// replica being rebuilt writes zeros everywhere: the layers below its
+    /// head are still being filled, and a hole would show what they receive.
     pub fn unmap(&self, offset: u64, len: u64) -> Result<()> {
         self.mark_dirty()?;
         let state = lock::read(&self.state)?;
@@ -241,7 +243,13 @@ impl ReplicaStore {
             size: state.meta.size,
         })?;
         let (start, end) = state.blocks(offset, len)?;
-        let shadowing = state.snapshot_blocks(start, end)?;
+        let shadowing = if state.meta.rebuilding {
+            let mut all = ExtentSet::new();
+            all.insert(start, end);
+            all
+        } else {
+            state.snapshot_blocks(start, end)?
+        };
         for (s, e) in shadowing.gaps(start, end) {
             state.head.punch(s, e)?;
         }

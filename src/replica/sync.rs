@@ -190,16 +190,32 @@ impl ReplicaStore {
         Ok(())
     }
 
-    /// Makes the snapshot chain exactly `chain` (oldest first; every layer in
-    /// the chain or staged), under the current head. Snapshots not in
-    /// `chain` are deleted. The replica must be marked rebuilding: the
-    /// layer metadata is rewritten one file at a time.
+    /// Makes the snapshot chain `chain` (oldest first; every layer in the
+    /// chain or staged), under the current head. Snapshots this replica took
+    /// after the newest layer of `chain` stay on top of it: the engine
+    /// snapshots a rebuild target with the other replicas, and such a
+    /// snapshot holds writes the source's layer list, read before it, does
+    /// not know of. Other snapshots not in `chain` are deleted. The replica
+    /// must be marked rebuilding: the layer metadata is rewritten one file
+    /// at a time.
     pub fn install_chain(&self, chain: &[String]) -> Result<()> {
         let mut state = lock::write(&self.state)?;
+        let keep_from = match chain.last() {
+            Some(last) => state.find_snapshot(last).map_or(0, |i| i + 1),
+            None => 0,
+        };
         for name in chain {
             state.layer_or_err(name)?;
+            if keep_from > 0 && state.find_snapshot(name).is_ok_and(|i| i >= keep_from) {
+                return Err(StorageError::ChainOrder(name.clone()));
+            }
         }
         let state = &mut *state;
+        let newer = if keep_from > 0 {
+            state.snapshots.split_off(keep_from)
+        } else {
+            Vec::new()
+        };
         let mut old: BTreeMap<String, Layer> = state
             .snapshots
             .drain(..)
@@ -213,16 +229,14 @@ impl ReplicaStore {
         let mut parent = String::new();
         for name in chain {
             let file = snapshot_file(name);
-            let mut layer = old
+            let layer = old
                 .remove(&file)
                 .ok_or_else(|| StorageError::SnapshotNotFound(name.clone()))?;
             layer.sync_data()?;
-            if layer.meta.parent != parent {
-                layer.meta.parent.clone_from(&parent);
-                layer.meta.save(&self.dir)?;
-            }
-            parent = file;
-            state.snapshots.push(layer);
+            parent = self.link(state, layer, parent)?;
+        }
+        for layer in newer {
+            parent = self.link(state, layer, parent)?;
         }
         state.head.meta.parent.clone_from(&parent);
         state.head.meta.save(&self.dir)?;
@@ -230,6 +244,19 @@ impl ReplicaStore {
         let unused: Vec<String> = old.into_keys().collect();
         self.delete_layer_files(&unused);
         Ok(())
+    }
+
+    /// Appends `layer` to the chain on top of `parent`, rewriting its
+    /// metadata only when its parent changes; returns its file name, the
+    /// next layer's parent.
+    fn link(&self, state: &mut State, mut layer: Layer, parent: String) -> Result<String> {
+        if layer.meta.parent != parent {
+            layer.meta.parent = parent;
+            layer.meta.save(&self.dir)?;
+        }
+        let file = layer.file_name.clone();
+        state.snapshots.push(layer);
+        Ok(file)
     }
 
     /// Sets the revision counter (a rebuilt replica taking its source's).
@@ -249,4 +276,127 @@ fn checksum(layer: &Layer, runs: &[(u64, u64)], buf: &mut Vec<u8>) -> Result<u64
         hasher.update(buf);
     }
     Ok(hasher.digest())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::testutil::{block_bytes, blocks, new_store, reopen};
+
+    fn spec(name: &str) -> LayerSpec {
+        LayerSpec {
+            name: name.to_string(),
+            created: 1,
+            user_created: false,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    fn snapshot_names(store: &ReplicaStore) -> Vec<String> {
+        store
+            .snapshots()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    /// The engine snapshots a rebuild target with every other replica; a
+    /// snapshot taken after the source's layer list was read holds writes
+    /// that exist nowhere else on this replica.
+    #[test]
+    fn a_snapshot_taken_during_a_rebuild_keeps_its_writes() {
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.snapshot("r1", false, BTreeMap::new()).unwrap();
+        store.write_at(2 * BLOCK_SIZE, &blocks(7, 1)).unwrap();
+        store.snapshot("s2", true, BTreeMap::new()).unwrap();
+        store.write_at(3 * BLOCK_SIZE, &blocks(8, 1)).unwrap();
+        store.install_chain(&["r1".to_string()]).unwrap();
+        store.set_rebuilding(false).unwrap();
+        assert_eq!(block_bytes(&store), [0, 0, 7, 8, 0, 0, 0, 0]);
+        assert_eq!(snapshot_names(&store), ["r1", "s2"]);
+        let store = reopen(store);
+        assert_eq!(block_bytes(&store), [0, 0, 7, 8, 0, 0, 0, 0]);
+        assert_eq!(snapshot_names(&store), ["r1", "s2"]);
+    }
+
+    /// Two rebuilds back to back: the first one's chain ends at its own
+    /// rebuild snapshot, and the second rebuild's snapshot, taken on this
+    /// replica meanwhile, stays on top of it with the writes it holds.
+    #[test]
+    fn a_second_rebuild_snapshot_survives_the_first_rebuild() {
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.snapshot("rebuild-1", false, BTreeMap::new()).unwrap();
+        store.write_at(0, &blocks(1, 1)).unwrap();
+        store.snapshot("rebuild-2", false, BTreeMap::new()).unwrap();
+        store.write_at(BLOCK_SIZE, &blocks(2, 1)).unwrap();
+        store.stage_layer(&spec("base")).unwrap();
+        store
+            .patch_layer("base", 0, 8 * BLOCK_SIZE, &[(4 * BLOCK_SIZE, blocks(4, 1))])
+            .unwrap();
+        let chain = ["base".to_string(), "rebuild-1".to_string()];
+        store.install_chain(&chain).unwrap();
+        assert_eq!(snapshot_names(&store), ["base", "rebuild-1", "rebuild-2"]);
+        assert_eq!(block_bytes(&reopen(store)), [1, 2, 0, 0, 4, 0, 0, 0]);
+    }
+
+    /// A chain that lists below its newest layer a snapshot this replica
+    /// holds above it would reorder history: refused, and nothing changes.
+    #[test]
+    fn a_chain_out_of_order_is_refused() {
+        let (_tmp, store) = new_store(8);
+        store.snapshot("a", false, BTreeMap::new()).unwrap();
+        store.snapshot("b", false, BTreeMap::new()).unwrap();
+        let err = store
+            .install_chain(&["b".to_string(), "a".to_string()])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::ChainOrder(ref n) if n == "b"),
+            "{err}"
+        );
+        assert_eq!(snapshot_names(&reopen(store)), ["a", "b"]);
+    }
+
+    /// A discard that reaches a rebuild target before the layers below it
+    /// are filled must not let the data filled in later show through.
+    #[test]
+    fn a_discard_during_a_rebuild_stays_discarded() {
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.snapshot("r1", false, BTreeMap::new()).unwrap();
+        store.unmap(2 * BLOCK_SIZE, 2 * BLOCK_SIZE).unwrap();
+        store.stage_layer(&spec("base")).unwrap();
+        let old = [(2 * BLOCK_SIZE, blocks(5, 1))];
+        store.patch_layer("base", 0, 8 * BLOCK_SIZE, &old).unwrap();
+        store.stage_layer(&spec("r1")).unwrap();
+        let old = [(3 * BLOCK_SIZE, blocks(6, 2))];
+        store.patch_layer("r1", 0, 8 * BLOCK_SIZE, &old).unwrap();
+        store
+            .install_chain(&["base".to_string(), "r1".to_string()])
+            .unwrap();
+        store.set_rebuilding(false).unwrap();
+        assert_eq!(block_bytes(&store), [0, 0, 0, 0, 6, 0, 0, 0]);
+        assert_eq!(block_bytes(&reopen(store)), [0, 0, 0, 0, 6, 0, 0, 0]);
+    }
+
+    /// A volume grown while a rebuild fills staged layers: the staged layers
+    /// grow too, and the replica opens again at the new size.
+    #[test]
+    fn expanding_during_a_rebuild_grows_the_staged_layers() {
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.stage_layer(&spec("base")).unwrap();
+        store.expand(16 * BLOCK_SIZE).unwrap();
+        let data = [(12 * BLOCK_SIZE, blocks(3, 1))];
+        store
+            .patch_layer("base", 8 * BLOCK_SIZE, 8 * BLOCK_SIZE, &data)
+            .unwrap();
+        store.install_chain(&["base".to_string()]).unwrap();
+        store.set_rebuilding(false).unwrap();
+        let store = reopen(store);
+        assert_eq!(store.size().unwrap(), 16 * BLOCK_SIZE);
+        assert_eq!(block_bytes(&store)[12], 3);
+    }
 }

@@ -63,6 +63,13 @@ impl Restartable {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        self.process
+            .as_ref()
+            .ok_or_else(|| Error::Testbed(format!("{} not running", self.name)))?
+            .signal(signal)
+    }
+
     /// Polls `ready` until it yields, failing when the process exits or
     /// `timeout` passes.
     async fn wait_for<T>(
@@ -136,6 +143,17 @@ impl ReplicaProcess {
     /// Sends SIGTERM and waits for the exit.
     pub fn stop(&mut self) -> Result<ExitStatus> {
         self.process.stop(Duration::from_secs(10))
+    }
+
+    /// Stops the process with SIGSTOP: it keeps its sockets but answers
+    /// nothing, as a hung process would.
+    pub fn pause(&self) -> Result<()> {
+        self.process.signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) -> Result<()> {
+        self.process.signal(nix::sys::signal::Signal::SIGCONT)
     }
 
     /// The process's output so far.

@@ -89,6 +89,13 @@ impl Supervised {
     }
 
     /// Kills the process with SIGKILL and reaps it; nothing if it is gone.
+    /// Sends `signal` (SIGSTOP, SIGCONT: a process that hangs and recovers).
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal)
+            .map_err(|e| Error::Testbed(format!("{} {signal}: {e}", self.name)))
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
