@@ -11,7 +11,6 @@ mod guard;
 mod identity;
 mod node;
 mod parameters;
-mod snapshots;
 
 pub use controller::ControllerService;
 pub use guard::VolumeLocks;

@@ -10,13 +10,13 @@ use kube::runtime::reflector::ObjectRef;
 use tonic::Status;
 use tracing::info;
 
-use super::controller::{CSI_NAME, ControllerService, paginate, required};
-use super::error::api_status;
-use super::proto::{
+use super::{CSI_NAME, ControllerService, paginate, required};
+use crate::controller::{CLONE_FOR, data_source_of, is_filled};
+use crate::csi::error::api_status;
+use crate::csi::proto::{
     CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
 };
-use crate::controller::{CLONE_FOR, data_source_of, is_filled};
 use crate::datastore::Datastore;
 use crate::names::object_name;
 use crate::types::{Snapshot, SnapshotSpec};
