@@ -14,8 +14,9 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::{Instant, sleep, timeout};
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, info, info_span};
+use tracing::info;
 
+use super::error::NodeError;
 use super::guard::VolumeLocks;
 use super::proto::node_server::Node;
 use super::proto::node_service_capability::{self, rpc};
@@ -31,6 +32,7 @@ use super::proto::{
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology, VolumeCapability,
     VolumeCondition, VolumeUsage,
 };
+use super::traced::traced;
 use crate::datastore::Datastore;
 use crate::host::device::{self, DeviceNumber};
 use crate::host::filesystem::{self, Content, FsType};
@@ -65,44 +67,6 @@ pub struct NodeService {
     datastore: Arc<Datastore>,
     host: Host,
     locks: VolumeLocks,
-}
-
-/// Why a Node call failed; [`Status`] is made from it in one place.
-#[derive(Debug, thiserror::Error)]
-enum NodeError {
-    #[error("{0}")]
-    InvalidArgument(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    AlreadyExists(String),
-    #[error("{0}")]
-    FailedPrecondition(String),
-    #[error("{0}")]
-    OutOfRange(String),
-    #[error("{0}")]
-    Unavailable(String),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    /// Already a status: the per-volume guard's ABORTED.
-    #[error("{}", .0.message())]
-    Status(#[from] Status),
-}
-
-impl From<NodeError> for Status {
-    fn from(err: NodeError) -> Self {
-        let message = err.to_string();
-        match err {
-            NodeError::InvalidArgument(_) => Status::invalid_argument(message),
-            NodeError::NotFound(_) => Status::not_found(message),
-            NodeError::AlreadyExists(_) => Status::already_exists(message),
-            NodeError::FailedPrecondition(_) => Status::failed_precondition(message),
-            NodeError::OutOfRange(_) => Status::out_of_range(message),
-            NodeError::Unavailable(_) => Status::unavailable(message),
-            NodeError::Host(_) => Status::internal(message),
-            NodeError::Status(status) => status,
-        }
-    }
 }
 
 type NodeResult<T> = Result<T, NodeError>;
@@ -757,10 +721,10 @@ impl Node for NodeService {
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
         let req = request.into_inner();
-        let span =
-            info_span!("node_stage_volume", volume = %req.volume_id, node = %self.config.node_id);
-        self.stage(&req).instrument(span).await?;
-        Ok(Response::new(NodeStageVolumeResponse {}))
+        traced("NodeStageVolume", &req.volume_id, async {
+            self.stage(&req).await.map(|()| NodeStageVolumeResponse {})
+        })
+        .await
     }
 
     async fn node_unstage_volume(
@@ -768,10 +732,12 @@ impl Node for NodeService {
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let req = request.into_inner();
-        let span =
-            info_span!("node_unstage_volume", volume = %req.volume_id, node = %self.config.node_id);
-        self.unstage(&req).instrument(span).await?;
-        Ok(Response::new(NodeUnstageVolumeResponse {}))
+        traced("NodeUnstageVolume", &req.volume_id, async {
+            self.unstage(&req)
+                .await
+                .map(|()| NodeUnstageVolumeResponse {})
+        })
+        .await
     }
 
     async fn node_publish_volume(
@@ -779,10 +745,12 @@ impl Node for NodeService {
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let span =
-            info_span!("node_publish_volume", volume = %req.volume_id, node = %self.config.node_id);
-        self.publish(&req).instrument(span).await?;
-        Ok(Response::new(NodePublishVolumeResponse {}))
+        traced("NodePublishVolume", &req.volume_id, async {
+            self.publish(&req)
+                .await
+                .map(|()| NodePublishVolumeResponse {})
+        })
+        .await
     }
 
     async fn node_unpublish_volume(
@@ -790,18 +758,20 @@ impl Node for NodeService {
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let span = info_span!("node_unpublish_volume", volume = %req.volume_id, node = %self.config.node_id);
-        self.unpublish(&req).instrument(span).await?;
-        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+        traced("NodeUnpublishVolume", &req.volume_id, async {
+            self.unpublish(&req)
+                .await
+                .map(|()| NodeUnpublishVolumeResponse {})
+        })
+        .await
     }
 
     async fn node_get_volume_stats(
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        let req = request.into_inner();
-        let span = info_span!("node_get_volume_stats", volume = %req.volume_id, node = %self.config.node_id);
-        Ok(Response::new(self.stats(&req).instrument(span).await?))
+        // Polled by the kubelet: not logged, as the controller's listings.
+        Ok(Response::new(self.stats(request.get_ref()).await?))
     }
 
     async fn node_expand_volume(
@@ -809,10 +779,11 @@ impl Node for NodeService {
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
-        let span =
-            info_span!("node_expand_volume", volume = %req.volume_id, node = %self.config.node_id);
-        let capacity_bytes = self.expand(&req).instrument(span).await?;
-        Ok(Response::new(NodeExpandVolumeResponse { capacity_bytes }))
+        traced("NodeExpandVolume", &req.volume_id, async {
+            let capacity_bytes = self.expand(&req).await?;
+            Ok::<_, NodeError>(NodeExpandVolumeResponse { capacity_bytes })
+        })
+        .await
     }
 
     async fn node_get_capabilities(

@@ -2,11 +2,10 @@
 
 use std::collections::HashMap;
 
-use tonic::Status;
-
 use super::ControllerService;
 use crate::controller::Liveness;
 use crate::csi::capability;
+use crate::csi::error::ControllerError;
 use crate::csi::parameters::{MIN_VOLUME_SIZE, VolumeParameters};
 use crate::csi::proto::*;
 use crate::scheduler::{self, Cluster};
@@ -16,12 +15,12 @@ impl ControllerService {
     pub(super) fn capacity(
         &self,
         request: &GetCapacityRequest,
-    ) -> Result<GetCapacityResponse, Status> {
+    ) -> Result<GetCapacityResponse, ControllerError> {
         request
             .volume_capabilities
             .iter()
             .try_for_each(capability::check)
-            .map_err(Status::invalid_argument)?;
+            .map_err(ControllerError::InvalidArgument)?;
         let parameters = VolumeParameters::parse(&request.parameters)?;
         let settings = self.settings();
         let template = Volume::new(

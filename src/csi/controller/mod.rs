@@ -17,13 +17,13 @@ use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, info, info_span};
 
-use super::error::api_status;
+use super::error::ControllerError;
 use super::guard::VolumeLocks;
 use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
 use super::proto::*;
+use super::traced::traced;
 use crate::controller::Settings;
 use crate::datastore::Datastore;
 use crate::types::{Snapshot, Volume};
@@ -53,13 +53,11 @@ impl ControllerService {
     }
 
     /// CSI calls before the caches synced would decide on an empty view.
-    fn ready(&self) -> Result<(), Status> {
+    fn ready(&self) -> Result<(), ControllerError> {
         if *self.ds.readiness().borrow() {
             Ok(())
         } else {
-            Err(Status::unavailable(
-                "the manager's caches are still syncing",
-            ))
+            Err(ControllerError::NotReady)
         }
     }
 
@@ -70,11 +68,11 @@ impl ControllerService {
             .get(&ObjectRef::new(id).within(&self.ds.namespace))
     }
 
-    async fn get_volume(&self, id: &str) -> Result<Option<Volume>, Status> {
+    async fn get_volume(&self, id: &str) -> Result<Option<Volume>, ControllerError> {
         self.volumes()
             .get_opt(id)
             .await
-            .map_err(|e| api_status(&format!("volume {id}"), e))
+            .map_err(|e| ControllerError::api(format!("volume {id}"), e))
     }
 
     /// Polls `check` against the caches until it answers, or DEADLINE_EXCEEDED
@@ -83,26 +81,27 @@ impl ControllerService {
         &self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut() -> Result<Option<T>, Status>,
-    ) -> Result<T, Status> {
+        mut check: impl FnMut() -> Result<Option<T>, ControllerError>,
+    ) -> Result<T, ControllerError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(done) = check()? {
                 return Ok(done);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(Status::deadline_exceeded(format!(
-                    "{what}: not done after {timeout:?}; the call can be retried"
-                )));
+                return Err(ControllerError::Timeout {
+                    what: what.to_owned(),
+                    timeout,
+                });
             }
             tokio::time::sleep(POLL).await;
         }
     }
 
-    async fn existing_volume(&self, id: &str) -> Result<Volume, Status> {
+    async fn existing_volume(&self, id: &str) -> Result<Volume, ControllerError> {
         self.get_volume(id)
             .await?
-            .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))
+            .ok_or_else(|| ControllerError::VolumeNotFound(id.to_owned()))
     }
 
     fn settings(&self) -> Settings {
@@ -111,9 +110,9 @@ impl ControllerService {
 }
 
 /// A required string field, or INVALID_ARGUMENT naming it.
-fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+fn required<'a>(value: &'a str, field: &'static str) -> Result<&'a str, ControllerError> {
     if value.is_empty() {
-        Err(Status::invalid_argument(format!("{field} is required")))
+        Err(ControllerError::Required(field))
     } else {
         Ok(value)
     }
@@ -125,9 +124,11 @@ fn paginate<'a, T>(
     items: &'a [T],
     max_entries: i32,
     token: &str,
-) -> Result<(&'a [T], String), Status> {
+) -> Result<(&'a [T], String), ControllerError> {
     if max_entries < 0 {
-        return Err(Status::invalid_argument("max_entries cannot be negative"));
+        return Err(ControllerError::InvalidArgument(
+            "max_entries cannot be negative".into(),
+        ));
     }
     let start = if token.is_empty() {
         0
@@ -136,7 +137,9 @@ fn paginate<'a, T>(
             .parse::<usize>()
             .ok()
             .filter(|&i| i <= items.len())
-            .ok_or_else(|| Status::aborted(format!("starting_token {token:?} is not valid")))?
+            .ok_or_else(|| {
+                ControllerError::Aborted(format!("starting_token {token:?} is not valid"))
+            })?
     };
     let rest = &items[start..];
     let take = match usize::try_from(max_entries) {
@@ -159,28 +162,6 @@ fn rpc_capability(kind: rpc::Type) -> ControllerServiceCapability {
             },
         )),
     }
-}
-
-/// Runs a call in a span naming its volume, logging its outcome: the CO
-/// retries quietly, so the log is where a stuck or failing call shows.
-async fn traced<T>(
-    call: &'static str,
-    volume: &str,
-    work: impl Future<Output = Result<T, Status>>,
-) -> Result<Response<T>, Status> {
-    let span = info_span!("csi", call, volume = %volume);
-    async move {
-        let started = std::time::Instant::now();
-        info!("call started");
-        let result = work.await;
-        match &result {
-            Ok(_) => info!(elapsed = ?started.elapsed(), "call succeeded"),
-            Err(status) => info!(elapsed = ?started.elapsed(), code = ?status.code(), message = status.message(), "call failed"),
-        }
-        result.map(Response::new)
-    }
-    .instrument(span)
-    .await
 }
 
 #[tonic::async_trait]
@@ -248,7 +229,7 @@ impl Controller for ControllerService {
         request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
         self.ready()?;
-        self.list(request.get_ref()).map(Response::new)
+        Ok(Response::new(self.list(request.get_ref())?))
     }
 
     async fn get_capacity(
@@ -256,7 +237,7 @@ impl Controller for ControllerService {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         self.ready()?;
-        self.capacity(request.get_ref()).map(Response::new)
+        Ok(Response::new(self.capacity(request.get_ref())?))
     }
 
     async fn controller_get_capabilities(
@@ -307,7 +288,7 @@ impl Controller for ControllerService {
         request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
         self.ready()?;
-        snapshots::list(self, request.get_ref()).map(Response::new)
+        Ok(Response::new(snapshots::list(self, request.get_ref())?))
     }
 
     async fn get_snapshot(
@@ -315,9 +296,10 @@ impl Controller for ControllerService {
         _: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
         // Not advertised: csi-sanity v5.4 fails plugins that name the capability.
-        Err(Status::unimplemented(
-            "GetSnapshot is not supported; use ListSnapshots",
-        ))
+        Err(
+            ControllerError::Unimplemented("GetSnapshot is not supported; use ListSnapshots")
+                .into(),
+        )
     }
 
     async fn controller_expand_volume(
@@ -336,16 +318,14 @@ impl Controller for ControllerService {
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
         self.ready()?;
         let id = required(&request.get_ref().volume_id, "volume_id")?;
-        self.get(id).map(Response::new)
+        Ok(Response::new(self.get(id)?))
     }
 
     async fn controller_modify_volume(
         &self,
         _: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "volume attribute classes are not supported",
-        ))
+        Err(ControllerError::Unimplemented("volume attribute classes are not supported").into())
     }
 }
 
@@ -363,14 +343,10 @@ mod tests {
         let (page, next) = paginate(&items, 0, &next).unwrap();
         assert_eq!((page, next.as_str()), (&[4][..], ""));
         for forged in ["invalid-token", "6", "-1"] {
-            assert_eq!(
-                paginate(&items, 1, forged).unwrap_err().code(),
-                tonic::Code::Aborted
-            );
+            let refused = paginate(&items, 1, forged);
+            assert!(matches!(refused, Err(ControllerError::Aborted(_))));
         }
-        assert_eq!(
-            paginate(&items, -1, "").unwrap_err().code(),
-            tonic::Code::InvalidArgument
-        );
+        let negative = paginate(&items, -1, "");
+        assert!(matches!(negative, Err(ControllerError::InvalidArgument(_))));
     }
 }

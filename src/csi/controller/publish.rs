@@ -8,12 +8,11 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
-use tonic::Status;
 use tracing::info;
 
 use super::{ControllerService, required};
 use crate::csi::capability;
-use crate::csi::error::api_status;
+use crate::csi::error::ControllerError;
 use crate::csi::proto::*;
 use crate::types::{Volume, VolumeState};
 
@@ -27,14 +26,14 @@ impl ControllerService {
     pub(super) async fn publish(
         &self,
         request: ControllerPublishVolumeRequest,
-    ) -> Result<ControllerPublishVolumeResponse, Status> {
+    ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
         let id = required(&request.volume_id, "volume_id")?;
         let node = required(&request.node_id, "node_id")?;
         let capability = request
             .volume_capability
             .as_ref()
-            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-        capability::check(capability).map_err(Status::invalid_argument)?;
+            .ok_or_else(|| ControllerError::Required("volume_capability"))?;
+        capability::check(capability).map_err(ControllerError::InvalidArgument)?;
         let _guard = self.locks.try_lock(id)?;
         let volume = self.existing_volume(id).await?;
         self.existing_node(node)?;
@@ -44,14 +43,14 @@ impl ControllerService {
             "" => self.set_attachment(&volume, node, Some(&readonly)).await?,
             current if current == node => {
                 if published_readonly.is_some_and(|r| *r != readonly) {
-                    return Err(Status::already_exists(format!(
+                    return Err(ControllerError::AlreadyExists(format!(
                         "volume {id} is published to {node} with readonly={}",
                         published_readonly.map_or("", String::as_str)
                     )));
                 }
             }
             other => {
-                return Err(Status::failed_precondition(format!(
+                return Err(ControllerError::FailedPrecondition(format!(
                     "volume {id} is attached to node {other}; a single-node volume cannot also attach to {node}"
                 )));
             }
@@ -62,11 +61,11 @@ impl ControllerService {
         })
     }
 
-    fn existing_node(&self, node: &str) -> Result<(), Status> {
+    fn existing_node(&self, node: &str) -> Result<(), ControllerError> {
         let key = ObjectRef::new(node).within(&self.ds.namespace);
         match self.ds.nodes.store.get(&key) {
             Some(_) => Ok(()),
-            None => Err(Status::not_found(format!(
+            None => Err(ControllerError::NotFound(format!(
                 "node {node} is not an oxhorn node"
             ))),
         }
@@ -79,7 +78,7 @@ impl ControllerService {
         volume: &Volume,
         node: &str,
         readonly: Option<&str>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), ControllerError> {
         let id = volume.name_any();
         let patch = json!({
             "metadata": {
@@ -91,12 +90,12 @@ impl ControllerService {
         self.volumes()
             .patch(&id, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| api_status(&format!("volume {id}"), e))?;
+            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
         info!(volume = %id, node = %node, "volume attachment requested");
         Ok(())
     }
 
-    async fn wait_attached(&self, id: &str, node: &str) -> Result<(), Status> {
+    async fn wait_attached(&self, id: &str, node: &str) -> Result<(), ControllerError> {
         self.wait_for(
             &format!("attaching volume {id} to {node}"),
             ATTACH_WAIT,
@@ -114,7 +113,7 @@ impl ControllerService {
     pub(super) async fn unpublish(
         &self,
         request: ControllerUnpublishVolumeRequest,
-    ) -> Result<(), Status> {
+    ) -> Result<(), ControllerError> {
         let id = required(&request.volume_id, "volume_id")?;
         let node = request.node_id.as_str();
         let _guard = self.locks.try_lock(id)?;

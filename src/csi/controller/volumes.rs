@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
-use tonic::Status;
 use tracing::info;
 
 use super::{CSI_NAME, ControllerService, paginate, required, snapshots};
 use crate::controller::{CLONE_FOR, Settings, data_source_of};
 use crate::csi::capability;
-use crate::csi::error::api_status;
+use crate::csi::error::ControllerError;
 use crate::csi::parameters::{VolumeParameters, volume_size};
 use crate::csi::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::csi::proto::*;
@@ -33,7 +32,7 @@ impl ControllerService {
     pub(super) async fn create(
         &self,
         request: CreateVolumeRequest,
-    ) -> Result<CreateVolumeResponse, Status> {
+    ) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required(&request.name, "name")?;
         capability::check_all(&request.volume_capabilities)?;
         let parameters = VolumeParameters::parse(&request.parameters)?;
@@ -104,28 +103,30 @@ impl ControllerService {
         id: &str,
         source: Option<&Source>,
         size: i64,
-    ) -> Result<String, Status> {
+    ) -> Result<String, ControllerError> {
         let (snapshot, source_size) = match source {
             None => return Ok(String::new()),
             Some(Source::Snapshot(SnapshotSource { snapshot_id })) => {
                 let snapshot = self.snapshots_api().get_opt(snapshot_id).await;
                 let snapshot = snapshot
-                    .map_err(|e| api_status(&format!("snapshot {snapshot_id}"), e))?
+                    .map_err(|e| ControllerError::api(format!("snapshot {snapshot_id}"), e))?
                     .ok_or_else(|| {
-                        Status::not_found(format!("source snapshot {snapshot_id} does not exist"))
+                        ControllerError::NotFound(format!(
+                            "source snapshot {snapshot_id} does not exist"
+                        ))
                     })?;
                 let size = snapshot.status.as_ref().map_or(0, |s| s.size);
                 (snapshot_id.clone(), size)
             }
             Some(Source::Volume(VolumeSource { volume_id })) => {
                 let volume = self.get_volume(volume_id).await?.ok_or_else(|| {
-                    Status::not_found(format!("source volume {volume_id} does not exist"))
+                    ControllerError::NotFound(format!("source volume {volume_id} does not exist"))
                 })?;
                 (clone_snapshot_name(id), volume.spec.size)
             }
         };
         if source_size > size {
-            return Err(Status::out_of_range(format!(
+            return Err(ControllerError::OutOfRange(format!(
                 "the source holds {source_size} bytes, more than the {size} bytes asked for"
             )));
         }
@@ -138,7 +139,7 @@ impl ControllerService {
         name: &str,
         spec: VolumeSpec,
         source: Option<&Source>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), ControllerError> {
         if let Some(Source::Volume(VolumeSource { volume_id })) = source {
             self.snapshot_for_clone(id, volume_id).await?;
         }
@@ -151,14 +152,14 @@ impl ControllerService {
         self.volumes()
             .create(&PostParams::default(), &volume)
             .await
-            .map_err(|e| api_status(&format!("volume {id}"), e))?;
+            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
         info!(volume = %id, csi_name = %name, "volume created");
         Ok(())
     }
 
     /// A clone is a restore from a snapshot of the source taken for it; the
     /// volume controller deletes that snapshot once the clone is filled.
-    async fn snapshot_for_clone(&self, id: &str, source: &str) -> Result<(), Status> {
+    async fn snapshot_for_clone(&self, id: &str, source: &str) -> Result<(), ControllerError> {
         let name = clone_snapshot_name(id);
         let mut snapshot = Snapshot::new(
             &name,
@@ -176,13 +177,13 @@ impl ControllerService {
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-            Err(e) => Err(api_status(&format!("snapshot {name}"), e)),
+            Err(e) => Err(ControllerError::api(format!("snapshot {name}"), e)),
         }
     }
 
     /// Waits for the first placement of the volume's replicas: done when every
     /// replica has a node and disk, an error saying why when one cannot.
-    async fn wait_scheduled(&self, id: &str) -> Result<Arc<Volume>, Status> {
+    async fn wait_scheduled(&self, id: &str) -> Result<Arc<Volume>, ControllerError> {
         self.wait_for(&format!("scheduling volume {id}"), SCHEDULE_WAIT, || {
             let Some(volume) = self.cached_volume(id) else {
                 return Ok(None);
@@ -195,11 +196,13 @@ impl ControllerService {
             match scheduled.map(|c| c.status) {
                 Some(ConditionStatus::True) => Ok(Some(Arc::clone(&volume))),
                 Some(ConditionStatus::False) => {
-                    let c = scheduled.map(|c| (c.reason.as_str(), c.message.as_str()));
+                    let c = scheduled.map(|c| (c.reason.clone(), c.message.clone()));
                     let (reason, message) = c.unwrap_or_default();
-                    Err(Status::resource_exhausted(format!(
-                        "volume {id} cannot be placed ({reason}): {message}"
-                    )))
+                    Err(ControllerError::Unplaceable {
+                        volume: id.to_owned(),
+                        reason,
+                        message,
+                    })
                 }
                 _ => Ok(None),
             }
@@ -207,25 +210,25 @@ impl ControllerService {
         .await
     }
 
-    pub(super) async fn delete(&self, request: DeleteVolumeRequest) -> Result<(), Status> {
+    pub(super) async fn delete(&self, request: DeleteVolumeRequest) -> Result<(), ControllerError> {
         let id = required(&request.volume_id, "volume_id")?;
         let _guard = self.locks.try_lock(id)?;
         let Some(volume) = self.get_volume(id).await? else {
             return Ok(());
         };
         if !volume.spec.node_id.is_empty() {
-            return Err(Status::failed_precondition(format!(
+            return Err(ControllerError::FailedPrecondition(format!(
                 "volume {id} is attached to node {}; unpublish it first",
                 volume.spec.node_id
             )));
         }
         if let Some(blocker) = snapshots::deletion_blocker(self, id).await? {
-            return Err(Status::failed_precondition(blocker));
+            return Err(ControllerError::FailedPrecondition(blocker));
         }
         match self.volumes().delete(id, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(e) => return Err(api_status(&format!("volume {id}"), e)),
+            Err(e) => return Err(ControllerError::api(format!("volume {id}"), e)),
         }
         info!(volume = %id, "volume deletion requested");
         self.wait_for(&format!("deleting volume {id}"), DELETE_WAIT, || {
@@ -237,10 +240,12 @@ impl ControllerService {
     pub(super) async fn validate(
         &self,
         request: ValidateVolumeCapabilitiesRequest,
-    ) -> Result<ValidateVolumeCapabilitiesResponse, Status> {
+    ) -> Result<ValidateVolumeCapabilitiesResponse, ControllerError> {
         let id = required(&request.volume_id, "volume_id")?;
         if request.volume_capabilities.is_empty() {
-            return Err(Status::invalid_argument("volume_capabilities are required"));
+            return Err(ControllerError::InvalidArgument(
+                "volume_capabilities are required".into(),
+            ));
         }
         self.existing_volume(id).await?;
         let refused: Vec<String> = request
@@ -266,7 +271,10 @@ impl ControllerService {
         })
     }
 
-    pub(super) fn list(&self, request: &ListVolumesRequest) -> Result<ListVolumesResponse, Status> {
+    pub(super) fn list(
+        &self,
+        request: &ListVolumesRequest,
+    ) -> Result<ListVolumesResponse, ControllerError> {
         let mut volumes = self.ds.volumes.store.state();
         volumes.sort_by_key(|v| v.name_any());
         let (page, next_token) = paginate(&volumes, request.max_entries, &request.starting_token)?;
@@ -286,10 +294,10 @@ impl ControllerService {
         })
     }
 
-    pub(super) fn get(&self, id: &str) -> Result<ControllerGetVolumeResponse, Status> {
+    pub(super) fn get(&self, id: &str) -> Result<ControllerGetVolumeResponse, ControllerError> {
         let volume = self
             .cached_volume(id)
-            .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| ControllerError::VolumeNotFound(id.to_owned()))?;
         Ok(ControllerGetVolumeResponse {
             volume: Some(csi_volume(&volume, HashMap::new(), None)),
             status: Some(controller_get_volume_response::VolumeStatus {
@@ -311,10 +319,10 @@ fn compatible(
     name: &str,
     wanted: &VolumeSpec,
     limit: i64,
-) -> Result<(), Status> {
+) -> Result<(), ControllerError> {
     let id = existing.name_any();
     if existing.metadata.deletion_timestamp.is_some() {
-        return Err(Status::aborted(format!(
+        return Err(ControllerError::Aborted(format!(
             "volume {id} is being deleted; retry later"
         )));
     }
@@ -351,7 +359,7 @@ fn compatible(
     if why.is_empty() {
         Ok(())
     } else {
-        Err(Status::already_exists(format!(
+        Err(ControllerError::AlreadyExists(format!(
             "volume {id} exists and does not match the request: {}",
             why.join("; ")
         )))
