@@ -1,4 +1,6 @@
-//! The crate's error type. CSI services map it to gRPC codes in one place.
+//! The process-level error of `main` and the manager. The data-plane
+//! processes have their own (`StorageError`, `EngineError`), which `main`
+//! turns into this one; CSI services have theirs in `csi/error.rs`.
 
 use std::path::PathBuf;
 
@@ -35,11 +37,13 @@ pub enum Error {
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
 
-    #[error("replica storage: {0}")]
-    Storage(#[from] crate::replica::StorageError),
+    /// `oxhorn replica` failed; its messages say what and where.
+    #[error(transparent)]
+    Replica(#[from] crate::replica::StorageError),
 
-    #[error("frontend: {0}")]
-    Frontend(#[from] crate::frontend::FrontendError),
+    /// `oxhorn engine` failed.
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
 
     #[error("a task stopped unexpectedly: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -73,17 +73,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs a daemon on a multi-threaded runtime until SIGTERM or SIGINT.
-fn run_until_signal<F, Fut>(daemon: F) -> oxhorn::Result<()>
+/// Runs a daemon on a multi-threaded runtime until SIGTERM or SIGINT. Each
+/// daemon has its own error type; the process reports them all alike.
+fn run_until_signal<F, Fut, E>(daemon: F) -> oxhorn::Result<()>
 where
     F: FnOnce(Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
-    Fut: Future<Output = oxhorn::Result<()>>,
+    Fut: Future<Output = Result<(), E>>,
+    E: Into<oxhorn::Error>,
 {
     let runtime =
         tokio::runtime::Runtime::new().map_err(|e| oxhorn::Error::io("tokio runtime", e))?;
     runtime.block_on(async {
         let shutdown = shutdown_signal()?;
-        daemon(Box::pin(shutdown)).await
+        daemon(Box::pin(shutdown)).await.map_err(Into::into)
     })
 }
 

@@ -1,6 +1,8 @@
-//! Clients of the data plane's control APIs for the volume controller's
-//! snapshot and fill work. Calls are bounded so that a hung process fails a
-//! pass instead of stalling the volume for good; a fill's copy is not.
+//! Clients of the data plane's control APIs: the engine controller's polls
+//! and the volume controller's snapshot and fill work. Every failure is a
+//! `DataPlane`/`DataPlaneConnect` error naming the process. Calls are bounded
+//! so that a hung process fails a pass instead of stalling the volume for
+//! good; a fill's copy is not.
 
 use std::time::Duration;
 
@@ -92,13 +94,23 @@ pub async fn replica(
     })
 }
 
-/// The control API of `engine`'s process at `address`.
+/// The control API of `engine`'s process at `address`, for snapshot work.
 pub async fn engine(
     engine: &Engine,
     address: &str,
 ) -> Result<Control<EngineControlClient<Channel>>, ControllerError> {
+    engine_with_timeout(engine, address, CALL_TIMEOUT).await
+}
+
+/// The control API of `engine`'s process at `address`; `timeout` bounds
+/// each call.
+pub async fn engine_with_timeout(
+    engine: &Engine,
+    address: &str,
+    timeout: Duration,
+) -> Result<Control<EngineControlClient<Channel>>, ControllerError> {
     let target = format!("engine {}", engine.name_any());
-    let channel = connect(&target, address, Some(CALL_TIMEOUT)).await?;
+    let channel = connect(&target, address, Some(timeout)).await?;
     Ok(Control {
         client: EngineControlClient::new(channel),
         target,
@@ -123,4 +135,38 @@ async fn connect(
         endpoint = endpoint.timeout(timeout);
     }
     endpoint.connect().await.map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{EngineSpec, Frontend, InstanceSpec};
+
+    #[tokio::test]
+    async fn an_engine_that_cannot_be_reached_is_a_data_plane_failure() {
+        // A port nothing listens on: bound, then released.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let engine = Engine::new(
+            "vol-e",
+            EngineSpec {
+                instance: InstanceSpec {
+                    volume_name: "vol".into(),
+                    volume_size: 1 << 20,
+                    node_id: String::new(),
+                    desire_state: Default::default(),
+                    image: String::new(),
+                },
+                replica_address_map: Default::default(),
+                frontend: Frontend::Fuse,
+            },
+        );
+        let timeout = Duration::from_secs(5);
+        let Err(error) = engine_with_timeout(&engine, &address, timeout).await else {
+            panic!("connected to {address}, where nothing listens");
+        };
+        assert!(error.is_data_plane(), "{error}");
+        assert!(error.to_string().contains("engine vol-e"), "{error}");
+    }
 }

@@ -9,16 +9,17 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{Instrument, info, info_span};
 
+use super::control::{self, Control};
 use super::process::{announce, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::engine::FrontendKind;
 use crate::instance::{InstanceKind, InstanceRequest};
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::{
-    self, AddReplicaRequest, EngineStatusRequest, ExpandRequest, RemoveReplicaRequest,
+    self as protocol, AddReplicaRequest, ExpandRequest, RemoveReplicaRequest,
 };
 use crate::types::{
     Condition, ConditionStatus, DesireState, Engine, EngineStatus, Frontend, InstanceState,
@@ -27,6 +28,7 @@ use crate::types::{
 
 /// How often a running engine is polled into its status.
 const POLL: Duration = Duration::from_secs(2);
+/// Bounds each call of a poll, so that a hung engine fails the pass.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
@@ -125,50 +127,19 @@ async fn run_here(
         return Ok(Action::requeue(POLL));
     }
     let address = format!("{}:{}", info.ip, info.port);
-    let mut client = connect(engine, &address).await?;
-    let observed = converge(engine, &mut client).await?;
+    let mut api = control::engine_with_timeout(engine, &address, CONTROL_TIMEOUT).await?;
+    let observed = converge(engine, &mut api).await?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))
-}
-
-async fn connect(
-    engine: &Engine,
-    address: &str,
-) -> Result<EngineControlClient<Channel>, ControllerError> {
-    let endpoint = Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|source| ControllerError::EngineConnect {
-            engine: engine.name_any(),
-            address: address.to_owned(),
-            source,
-        })?
-        .connect_timeout(CONTROL_TIMEOUT)
-        .timeout(CONTROL_TIMEOUT);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|source| ControllerError::EngineConnect {
-            engine: engine.name_any(),
-            address: address.to_owned(),
-            source,
-        })?;
-    Ok(EngineControlClient::new(channel))
 }
 
 /// Brings the running engine to the spec: replicas added (and rebuilt) or
 /// removed, size grown. Returns the engine's status afterwards.
 async fn converge(
     engine: &Engine,
-    client: &mut EngineControlClient<Channel>,
-) -> Result<control::EngineStatus, ControllerError> {
-    let failed = |status: tonic::Status| ControllerError::EngineControl {
-        engine: engine.name_any(),
-        status: Box::new(status),
-    };
-    let mut observed = client
-        .status(EngineStatusRequest {})
-        .await
-        .map_err(failed)?
-        .into_inner();
+    api: &mut Control<EngineControlClient<Channel>>,
+) -> Result<protocol::EngineStatus, ControllerError> {
+    let mut observed = api.status().await?;
     let wanted: BTreeSet<&String> = engine.spec.replica_address_map.values().collect();
     let present: BTreeSet<String> = observed
         .replicas
@@ -177,31 +148,34 @@ async fn converge(
         .collect();
     for address in present.iter().filter(|a| !wanted.contains(a)) {
         info!(replica = %address, "removing replica from the engine");
-        observed = client
+        observed = api
+            .client
             .remove_replica(RemoveReplicaRequest {
                 address: address.clone(),
             })
             .await
-            .map_err(failed)?
+            .map_err(|e| api.failed(e))?
             .into_inner();
     }
     for address in wanted.iter().filter(|a| !present.contains(a.as_str())) {
         info!(replica = %address, "adding replica to the engine; it rebuilds");
-        observed = client
+        observed = api
+            .client
             .add_replica(AddReplicaRequest {
                 address: (*address).clone(),
             })
             .await
-            .map_err(failed)?
+            .map_err(|e| api.failed(e))?
             .into_inner();
     }
     let size = engine.spec.instance.volume_size.unsigned_abs();
     if observed.size < size {
         info!(from = observed.size, to = size, "expanding the volume");
-        observed = client
+        observed = api
+            .client
             .expand(ExpandRequest { size })
             .await
-            .map_err(failed)?
+            .map_err(|e| api.failed(e))?
             .into_inner();
     }
     Ok(observed)
@@ -209,7 +183,7 @@ async fn converge(
 
 /// Translates what the engine reports into the Engine's status, naming
 /// replicas by object name rather than address.
-fn fill_status(engine: &Engine, observed: &control::EngineStatus, status: &mut EngineStatus) {
+fn fill_status(engine: &Engine, observed: &protocol::EngineStatus, status: &mut EngineStatus) {
     let names: BTreeMap<&str, &str> = engine
         .spec
         .replica_address_map
@@ -269,10 +243,10 @@ fn fill_status(engine: &Engine, observed: &control::EngineStatus, status: &mut E
         .collect();
 }
 
-fn mode(mode: control::ReplicaMode) -> ReplicaMode {
+fn mode(mode: protocol::ReplicaMode) -> ReplicaMode {
     match mode {
-        control::ReplicaMode::Rw => ReplicaMode::ReadWrite,
-        control::ReplicaMode::Wo => ReplicaMode::WriteOnly,
-        control::ReplicaMode::Err | control::ReplicaMode::Unspecified => ReplicaMode::Error,
+        protocol::ReplicaMode::Rw => ReplicaMode::ReadWrite,
+        protocol::ReplicaMode::Wo => ReplicaMode::WriteOnly,
+        protocol::ReplicaMode::Err | protocol::ReplicaMode::Unspecified => ReplicaMode::Error,
     }
 }

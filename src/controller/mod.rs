@@ -58,17 +58,6 @@ pub enum ControllerError {
     Kube(#[from] kube::Error),
     #[error("instance manager: {0}")]
     Instance(#[from] InstanceError),
-    #[error("engine {engine}: {status}")]
-    EngineControl {
-        engine: String,
-        status: Box<tonic::Status>,
-    },
-    #[error("engine {engine} control at {address}: {source}")]
-    EngineConnect {
-        engine: String,
-        address: String,
-        source: tonic::transport::Error,
-    },
     #[error("{target} control at {address}: {}", .status.message())]
     DataPlane {
         target: String,

@@ -2,8 +2,7 @@
 //! pods of one node. Multi-node access needs a share manager, which does not
 //! exist yet.
 
-use tonic::Status;
-
+use super::error::ControllerError;
 use super::proto::VolumeCapability;
 use super::proto::volume_capability::access_mode::Mode;
 use super::proto::volume_capability::{AccessMode, AccessType};
@@ -44,14 +43,16 @@ pub fn check(capability: &VolumeCapability) -> Result<(), String> {
 }
 
 /// Checks a request's capabilities: at least one, each served.
-pub fn check_all(capabilities: &[VolumeCapability]) -> Result<(), Status> {
+pub fn check_all(capabilities: &[VolumeCapability]) -> Result<(), ControllerError> {
     if capabilities.is_empty() {
-        return Err(Status::invalid_argument("volume_capabilities are required"));
+        return Err(ControllerError::InvalidArgument(
+            "volume_capabilities are required".into(),
+        ));
     }
     capabilities
         .iter()
         .try_for_each(check)
-        .map_err(Status::invalid_argument)
+        .map_err(ControllerError::InvalidArgument)
 }
 
 /// A mount capability needs its filesystem grown after the volume grows.
@@ -72,6 +73,8 @@ pub fn is_single_writer(capabilities: &[VolumeCapability]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::proto::volume_capability::{BlockVolume, MountVolume};
+    use tonic::Status;
+
     use super::*;
 
     fn capability(access: Option<AccessType>, mode: Mode) -> VolumeCapability {
@@ -125,7 +128,7 @@ mod tests {
             assert!(why.contains(says), "{why}");
         }
         assert_eq!(
-            check_all(&[]).unwrap_err().code(),
+            check_all(&[]).map_err(Status::from).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
     }

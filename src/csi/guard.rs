@@ -4,13 +4,16 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tonic::Status;
-
 /// The volumes with an operation in flight. Clones share the same set.
 #[derive(Debug, Clone, Default)]
 pub struct VolumeLocks {
     busy: Arc<Mutex<HashSet<String>>>,
 }
+
+/// An operation on the volume is in flight; both services answer ABORTED.
+#[derive(Debug, thiserror::Error)]
+#[error("an operation on volume {0} is in progress")]
+pub struct VolumeBusy(String);
 
 /// Marks a volume busy until dropped.
 #[derive(Debug)]
@@ -24,12 +27,10 @@ impl VolumeLocks {
         Self::default()
     }
 
-    /// Marks `volume_id` busy, or ABORTED if an operation on it is in flight.
-    pub fn try_lock(&self, volume_id: &str) -> Result<VolumeGuard, Status> {
+    /// Marks `volume_id` busy, or says it is.
+    pub fn try_lock(&self, volume_id: &str) -> Result<VolumeGuard, VolumeBusy> {
         if !lock(&self.busy).insert(volume_id.to_string()) {
-            return Err(Status::aborted(format!(
-                "an operation on volume {volume_id} is in progress"
-            )));
+            return Err(VolumeBusy(volume_id.to_string()));
         }
         Ok(VolumeGuard {
             busy: Arc::clone(&self.busy),
@@ -55,12 +56,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_second_operation_on_the_same_volume_is_aborted() {
+    fn a_second_operation_on_the_same_volume_is_refused() {
         let locks = VolumeLocks::new();
         let guard = locks.try_lock("vol-a").unwrap();
         let err = locks.clone().try_lock("vol-a").unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Aborted);
-        assert!(err.message().contains("vol-a"), "{}", err.message());
+        assert!(err.to_string().contains("vol-a"), "{err}");
         // Other volumes are independent.
         let _other = locks.try_lock("vol-b").unwrap();
         drop(guard);

@@ -1,6 +1,7 @@
 //! The CSI services that Kubernetes (kubelet and the CSI sidecars) calls, served
-//! over a unix socket. Each service lives in a file of its own; `error.rs`
-//! maps API failures to CSI codes in one place.
+//! over a unix socket. Each service lives in a module of its own (the
+//! controller's split by concern); `error.rs` maps each service's errors to
+//! CSI codes in one place, and `traced.rs` logs every call the same way.
 
 mod capability;
 pub mod client;
@@ -11,7 +12,7 @@ mod guard;
 mod identity;
 mod node;
 mod parameters;
-mod snapshots;
+mod traced;
 
 pub use controller::ControllerService;
 pub use guard::VolumeLocks;

@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 
-use tonic::Status;
-
+use super::error::ControllerError;
 use crate::host::filesystem::FsType;
 use crate::types::{DataLocality, Frontend, ReplicaAutoBalance};
 
@@ -49,7 +48,7 @@ pub struct VolumeParameters {
 }
 
 impl VolumeParameters {
-    pub fn parse(parameters: &HashMap<String, String>) -> Result<Self, Status> {
+    pub fn parse(parameters: &HashMap<String, String>) -> Result<Self, ControllerError> {
         let mut parsed = Self::default();
         let mut keys: Vec<&String> = parameters.keys().collect();
         keys.sort();
@@ -59,7 +58,7 @@ impl VolumeParameters {
                 continue;
             }
             parsed.set(key, value).map_err(|why| {
-                Status::invalid_argument(format!("parameter {key}={value:?}: {why}"))
+                ControllerError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
             })?;
         }
         Ok(parsed)
@@ -174,14 +173,14 @@ fn tags(value: &str) -> Result<Vec<String>, String> {
 /// The size of a new volume from a CSI capacity range: at least
 /// `required_bytes` (and [`MIN_VOLUME_SIZE`]), rounded up to a whole number of
 /// [`SIZE_GRANULE`], at most `limit_bytes`. OUT_OF_RANGE when no such size exists.
-pub fn volume_size(required: i64, limit: i64) -> Result<i64, Status> {
+pub fn volume_size(required: i64, limit: i64) -> Result<i64, ControllerError> {
     if required < 0 || limit < 0 {
-        return Err(Status::invalid_argument(
-            "capacity_range bytes cannot be negative",
+        return Err(ControllerError::InvalidArgument(
+            "capacity_range bytes cannot be negative".into(),
         ));
     }
     if limit > 0 && required > limit {
-        return Err(Status::out_of_range(format!(
+        return Err(ControllerError::OutOfRange(format!(
             "required_bytes {required} exceeds limit_bytes {limit}"
         )));
     }
@@ -193,9 +192,9 @@ pub fn volume_size(required: i64, limit: i64) -> Result<i64, Status> {
         DEFAULT_VOLUME_SIZE
     };
     let size = round_up(wanted.max(MIN_VOLUME_SIZE))
-        .ok_or_else(|| Status::out_of_range(format!("{wanted} bytes is too large")))?;
+        .ok_or_else(|| ControllerError::OutOfRange(format!("{wanted} bytes is too large")))?;
     if limit > 0 && size > limit {
-        return Err(Status::out_of_range(format!(
+        return Err(ControllerError::OutOfRange(format!(
             "limit_bytes {limit} is below {size}, the smallest size oxhorn can give: volumes are at least {MIN_VOLUME_SIZE} bytes, in whole multiples of {SIZE_GRANULE}"
         )));
     }
@@ -210,6 +209,8 @@ fn round_up(bytes: i64) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
+    use tonic::Status;
+
     use super::*;
     use tonic::Code;
 
@@ -261,11 +262,18 @@ mod tests {
             ("frontend", "iscsi", "not available yet"),
             ("fromBackup", "s3://bucket/backup", "not available yet"),
         ] {
-            let error = VolumeParameters::parse(&params(&[(key, value)])).unwrap_err();
+            let error = VolumeParameters::parse(&params(&[(key, value)]))
+                .map_err(Status::from)
+                .unwrap_err();
             assert_eq!(error.code(), Code::InvalidArgument, "{key}");
             assert!(error.message().contains(key), "{}", error.message());
             assert!(error.message().contains(says), "{}", error.message());
         }
+    }
+
+    /// The gRPC code a refused size answers with.
+    fn code(size: Result<i64, ControllerError>) -> Code {
+        Status::from(size.unwrap_err()).code()
     }
 
     #[test]
@@ -276,20 +284,12 @@ mod tests {
         assert_eq!(volume_size(0, 64 * MIB).unwrap(), 64 * MIB);
         assert_eq!(volume_size(20 * MIB, 21 * MIB).unwrap(), 20 * MIB);
         assert_eq!(
-            volume_size(21 * MIB, 21 * MIB + MIB / 2)
-                .unwrap_err()
-                .code(),
+            code(volume_size(21 * MIB, 21 * MIB + MIB / 2)),
             Code::OutOfRange
         );
-        assert_eq!(volume_size(0, MIB).unwrap_err().code(), Code::OutOfRange);
-        assert_eq!(volume_size(2, 1).unwrap_err().code(), Code::OutOfRange);
-        assert_eq!(
-            volume_size(i64::MAX, 0).unwrap_err().code(),
-            Code::OutOfRange
-        );
-        assert_eq!(
-            volume_size(-1, 0).unwrap_err().code(),
-            Code::InvalidArgument
-        );
+        assert_eq!(code(volume_size(0, MIB)), Code::OutOfRange);
+        assert_eq!(code(volume_size(2, 1)), Code::OutOfRange);
+        assert_eq!(code(volume_size(i64::MAX, 0)), Code::OutOfRange);
+        assert_eq!(code(volume_size(-1, 0)), Code::InvalidArgument);
     }
 }

@@ -43,6 +43,12 @@ impl From<EngineError> for Status {
             EngineError::NotMember(_) => Status::not_found(message),
             EngineError::Control(_, status) => Status::new(status.code(), message),
             EngineError::Replica(_) => Status::unavailable(message),
+            // The process's own failures end it; no call answers with them.
+            EngineError::Config(_)
+            | EngineError::Listen { .. }
+            | EngineError::Frontend(_)
+            | EngineError::Task(_)
+            | EngineError::Serve(_) => Status::internal(message),
         }
     }
 }

@@ -22,6 +22,7 @@ pub use member::{Mode, control_address};
 pub use process::{EngineConfig, FrontendKind, run};
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
@@ -31,7 +32,7 @@ use tracing::{info, warn};
 
 use tonic::transport::Channel;
 
-use crate::frontend::BlockDevice;
+use crate::frontend::{BlockDevice, FrontendError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
 use crate::protocol::{self, ConnectionError, MAX_PAYLOAD, Status};
@@ -54,6 +55,20 @@ pub enum EngineError {
     NotMember(String),
     #[error("cannot shrink the volume from {0} to {1} bytes")]
     CannotShrink(u64, u64),
+    // The `oxhorn engine` process's own failures, which end it.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("{address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: io::Error,
+    },
+    #[error("frontend: {0}")]
+    Frontend(#[from] FrontendError),
+    #[error("a task stopped unexpectedly: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
 }
 
 impl EngineError {

@@ -12,10 +12,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{Engine, EngineControlService};
+use super::{Engine, EngineControlService, EngineError};
 use crate::frontend::{FuseFrontend, FuseOptions};
+use crate::names;
 use crate::protocol::control::engine_control_server::EngineControlServer;
-use crate::{Error, Result, names};
 
 /// How the engine exposes the volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -52,7 +52,10 @@ pub struct EngineConfig {
 
 /// Mounts the FUSE file and attaches the loop device. Both block on the
 /// kernel, so they run off the runtime's workers.
-async fn start_fuse(engine: &Arc<Engine>, config: &EngineConfig) -> Result<FuseFrontend> {
+async fn start_fuse(
+    engine: &Arc<Engine>,
+    config: &EngineConfig,
+) -> Result<FuseFrontend, EngineError> {
     let mut options = FuseOptions::new(&config.run_dir);
     options.dev_dir.clone_from(&config.dev_dir);
     let (engine, volume) = (Arc::clone(engine), config.volume.clone());
@@ -77,13 +80,17 @@ async fn follow_size(mut size: tokio::sync::watch::Receiver<u64>, frontend: Arc<
 }
 
 /// Runs the engine until `shutdown` completes.
-pub async fn run(config: EngineConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
-    names::validate_dns_subdomain("volume name", &config.volume).map_err(Error::Config)?;
+pub async fn run(
+    config: EngineConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), EngineError> {
+    names::validate_dns_subdomain("volume name", &config.volume).map_err(EngineError::Config)?;
     let span = info_span!("engine", volume = %config.volume);
     async move {
-        let listener = TcpListener::bind(config.listen)
+        let address = config.listen;
+        let listener = TcpListener::bind(address)
             .await
-            .map_err(|e| Error::io(config.listen.to_string(), e))?;
+            .map_err(|source| EngineError::Listen { address, source })?;
         let engine = Engine::start(&config.volume, config.size, &config.replicas).await;
         let frontend = match config.frontend {
             FrontendKind::Fuse => Some(Arc::new(start_fuse(&engine, &config).await?)),

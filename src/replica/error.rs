@@ -1,6 +1,7 @@
 //! The replica storage's error type. Every variant that concerns a file names
 //! its path, because an operator reading a log has only the message to go on.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -68,6 +69,20 @@ pub enum StorageError {
 
     #[error("replica state lock poisoned by a panic in another thread; reopen the replica")]
     Poisoned,
+
+    // The `oxhorn replica` process's own failures, which end it.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    #[error("{address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
 }
 
 impl StorageError {

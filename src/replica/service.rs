@@ -28,7 +28,6 @@ use crate::protocol::control::{
 use crate::protocol::{
     self, Handler, Op, Request as DataRequest, Response as DataResponse, Status,
 };
-use crate::{Error, Result};
 
 /// Rebuilds compare and copy layers in chunks of this size.
 const SYNC_CHUNK: u64 = 2 << 20;
@@ -57,15 +56,19 @@ pub struct ReplicaConfig {
 
 /// Opens (or creates) the replica and serves it until `shutdown` completes,
 /// then flushes it and marks it cleanly closed.
-pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+pub async fn run(
+    config: ReplicaConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StorageError> {
     let span = info_span!("replica", dir = %config.dir.display(), listen = %config.listen);
     async move {
         let store = Arc::new(open_or_create(&config)?);
         let control_port = protocol::control_port(config.listen.port())
-            .ok_or_else(|| Error::Config("the data port must leave room for the control port".into()))?;
+            .ok_or_else(|| StorageError::Config("the data port must leave room for the control port".into()))?;
         let control_addr = SocketAddr::new(config.listen.ip(), control_port);
-        let data = TcpListener::bind(config.listen).await.map_err(|e| Error::io(config.listen.to_string(), e))?;
-        let control = TcpListener::bind(control_addr).await.map_err(|e| Error::io(control_addr.to_string(), e))?;
+        let listen_failed = |address| move |source| StorageError::Listen { address, source };
+        let data = TcpListener::bind(config.listen).await.map_err(listen_failed(config.listen))?;
+        let control = TcpListener::bind(control_addr).await.map_err(listen_failed(control_addr))?;
         info!(revision = store.revision(), "replica serving");
         let handler = Arc::new(DataHandler { store: store.clone() });
         let service = ReplicaControlServer::new(ControlService { store: store.clone() })
@@ -76,7 +79,7 @@ pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> R
             .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(service).serve_with_incoming_shutdown(TcpListenerStream::new(control), shutdown);
         tokio::select! {
-            served = protocol::serve(data, handler) => served.map_err(|e| Error::io(config.listen.to_string(), e))?,
+            served = protocol::serve(data, handler) => served.map_err(listen_failed(config.listen))?,
             served = grpc => served?,
         }
         let store = Arc::try_unwrap(store);
@@ -91,14 +94,14 @@ pub async fn run(config: ReplicaConfig, shutdown: impl Future<Output = ()>) -> R
     .await
 }
 
-fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore> {
+fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore, StorageError> {
     if !config.dir.join("volume.meta").exists() {
-        return Ok(ReplicaStore::create(&config.dir, config.size)?);
+        return ReplicaStore::create(&config.dir, config.size);
     }
     let store = ReplicaStore::open(&config.dir)?;
     let size = store.size()?;
     if size > config.size {
-        return Err(Error::Config(format!(
+        return Err(StorageError::Config(format!(
             "{} holds a {size}-byte replica; it cannot shrink to {} bytes",
             config.dir.display(),
             config.size

@@ -12,7 +12,9 @@ use tonic::Code;
 use super::*;
 use crate::csi::proto::CapacityRange;
 use crate::csi::proto::volume_capability::{self, BlockVolume};
+use crate::csi::proto::volume_usage::Unit;
 use crate::frontend::loopdev::LoopDevice;
+use crate::host::filesystem;
 use crate::testbed::{self, TestNamespace};
 
 const NODE: &str = "node-1";

@@ -7,12 +7,11 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use tonic::Status;
 use tracing::info;
 
-use super::controller::{CSI_NAME, ControllerService, paginate, required};
-use super::error::api_status;
-use super::proto::{
+use super::{CSI_NAME, ControllerService, paginate, required};
+use crate::csi::error::ControllerError;
+use crate::csi::proto::{
     CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
 };
@@ -36,7 +35,7 @@ const DELETE_WAIT: Duration = Duration::from_secs(30);
 pub async fn deletion_blocker(
     service: &ControllerService,
     volume: &str,
-) -> Result<Option<String>, Status> {
+) -> Result<Option<String>, ControllerError> {
     let cached: Vec<String> = service
         .ds
         .snapshots
@@ -52,7 +51,7 @@ pub async fn deletion_blocker(
             .snapshots_api()
             .get_opt(&name)
             .await
-            .map_err(|e| api_status(&format!("snapshot {name}"), e))?;
+            .map_err(|e| ControllerError::api(format!("snapshot {name}"), e))?;
         kept.extend(current.filter(|s| s.metadata.deletion_timestamp.is_none()));
     }
     kept.sort_by_key(|s| s.name_any());
@@ -82,7 +81,7 @@ fn cached(service: &ControllerService, id: &str) -> Option<Arc<Snapshot>> {
 pub async fn create(
     service: &ControllerService,
     request: CreateSnapshotRequest,
-) -> Result<CreateSnapshotResponse, Status> {
+) -> Result<CreateSnapshotResponse, ControllerError> {
     let volume = required(&request.source_volume_id, "source_volume_id")?;
     let name = required(&request.name, "name")?;
     let id = object_name(name, SNAPSHOT_NAME_MAX);
@@ -91,12 +90,12 @@ pub async fn create(
     let existing = api
         .get_opt(&id)
         .await
-        .map_err(|e| api_status(&format!("snapshot {id}"), e))?;
+        .map_err(|e| ControllerError::api(format!("snapshot {id}"), e))?;
     match existing {
         Some(snapshot) => same_snapshot(&snapshot, name, volume)?,
         None => {
             if service.get_volume(volume).await?.is_none() {
-                return Err(Status::not_found(format!(
+                return Err(ControllerError::NotFound(format!(
                     "source volume {volume} does not exist"
                 )));
             }
@@ -113,7 +112,7 @@ pub async fn create(
             }
             api.create(&PostParams::default(), &snapshot)
                 .await
-                .map_err(|e| api_status(&format!("snapshot {id}"), e))?;
+                .map_err(|e| ControllerError::api(format!("snapshot {id}"), e))?;
             info!(snapshot = %id, "snapshot requested");
         }
     }
@@ -124,7 +123,7 @@ pub async fn create(
 }
 
 /// A repeated CreateSnapshot must name the same source volume.
-fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), Status> {
+fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), ControllerError> {
     let id = snapshot.name_any();
     let same_name = snapshot
         .annotations()
@@ -133,7 +132,7 @@ fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), St
     if same_name && snapshot.spec.volume == volume {
         Ok(())
     } else {
-        Err(Status::already_exists(format!(
+        Err(ControllerError::AlreadyExists(format!(
             "snapshot {name} exists for volume {}, not {volume}",
             snapshot.spec.volume
         )))
@@ -143,7 +142,10 @@ fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), St
 /// Waits for the snapshot to be taken. A snapshot whose volume is gone is
 /// an error; one still pending (or failing and being retried) after the wait
 /// is returned not ready, and the CO asks again.
-async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapshot>, Status> {
+async fn wait_taken(
+    service: &ControllerService,
+    id: &str,
+) -> Result<Arc<Snapshot>, ControllerError> {
     let taken = service
         .wait_for(&format!("taking snapshot {id}"), READY_WAIT, || {
             let Some(snapshot) = cached(service, id) else {
@@ -152,7 +154,7 @@ async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapsho
             let status = snapshot.status.clone().unwrap_or_default();
             let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
             if ready.is_some_and(|c| c.reason == "VolumeNotFound") {
-                return Err(Status::not_found(format!(
+                return Err(ControllerError::NotFound(format!(
                     "snapshot {id}: {}",
                     status.error
                 )));
@@ -161,8 +163,9 @@ async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapsho
         })
         .await;
     match taken {
-        Err(status) if status.code() == tonic::Code::DeadlineExceeded => cached(service, id)
-            .ok_or_else(|| Status::unavailable(format!("snapshot {id} is not cached yet"))),
+        Err(ControllerError::Timeout { .. }) => cached(service, id).ok_or_else(|| {
+            ControllerError::Unavailable(format!("snapshot {id} is not cached yet"))
+        }),
         other => other,
     }
 }
@@ -170,12 +173,12 @@ async fn wait_taken(service: &ControllerService, id: &str) -> Result<Arc<Snapsho
 pub async fn delete(
     service: &ControllerService,
     request: DeleteSnapshotRequest,
-) -> Result<DeleteSnapshotResponse, Status> {
+) -> Result<DeleteSnapshotResponse, ControllerError> {
     let id = required(&request.snapshot_id, "snapshot_id")?;
     let _guard = service.locks.try_lock(&format!("snapshot/{id}"))?;
     let dependents = filling_from(&service.ds, id);
     if !dependents.is_empty() {
-        return Err(Status::failed_precondition(format!(
+        return Err(ControllerError::FailedPrecondition(format!(
             "snapshot {id} is still being restored into {}",
             dependents.join(", ")
         )));
@@ -187,7 +190,7 @@ pub async fn delete(
     {
         Ok(_) => info!(snapshot = %id, "snapshot deletion requested"),
         Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(e) => return Err(api_status(&format!("snapshot {id}"), e)),
+        Err(e) => return Err(ControllerError::api(format!("snapshot {id}"), e)),
     }
     service
         .wait_for(&format!("deleting snapshot {id}"), DELETE_WAIT, || {
@@ -212,7 +215,7 @@ fn filling_from(ds: &Datastore, snapshot: &str) -> Vec<String> {
 pub fn list(
     service: &ControllerService,
     request: &ListSnapshotsRequest,
-) -> Result<ListSnapshotsResponse, Status> {
+) -> Result<ListSnapshotsResponse, ControllerError> {
     let mut snapshots: Vec<Arc<Snapshot>> = service
         .ds
         .snapshots

@@ -1,0 +1,137 @@
+//! ControllerPublishVolume and ControllerUnpublishVolume: where a volume is
+//! attached is its `spec.nodeID`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use serde_json::json;
+use tracing::info;
+
+use super::{ControllerService, required};
+use crate::csi::capability;
+use crate::csi::error::ControllerError;
+use crate::csi::proto::*;
+use crate::types::{Volume, VolumeState};
+
+/// Whether the volume was published read-only, to refuse an incompatible
+/// second publish.
+const PUBLISHED_READONLY: &str = "oxhorn.io/published-readonly";
+
+const ATTACH_WAIT: Duration = Duration::from_secs(60);
+
+impl ControllerService {
+    pub(super) async fn publish(
+        &self,
+        request: ControllerPublishVolumeRequest,
+    ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let node = required(&request.node_id, "node_id")?;
+        let capability = request
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| ControllerError::Required("volume_capability"))?;
+        capability::check(capability).map_err(ControllerError::InvalidArgument)?;
+        let _guard = self.locks.try_lock(id)?;
+        let volume = self.existing_volume(id).await?;
+        self.existing_node(node)?;
+        let readonly = request.readonly.to_string();
+        let published_readonly = volume.annotations().get(PUBLISHED_READONLY);
+        match volume.spec.node_id.as_str() {
+            "" => self.set_attachment(&volume, node, Some(&readonly)).await?,
+            current if current == node => {
+                if published_readonly.is_some_and(|r| *r != readonly) {
+                    return Err(ControllerError::AlreadyExists(format!(
+                        "volume {id} is published to {node} with readonly={}",
+                        published_readonly.map_or("", String::as_str)
+                    )));
+                }
+            }
+            other => {
+                return Err(ControllerError::FailedPrecondition(format!(
+                    "volume {id} is attached to node {other}; a single-node volume cannot also attach to {node}"
+                )));
+            }
+        }
+        self.wait_attached(id, node).await?;
+        Ok(ControllerPublishVolumeResponse {
+            publish_context: HashMap::new(),
+        })
+    }
+
+    fn existing_node(&self, node: &str) -> Result<(), ControllerError> {
+        let key = ObjectRef::new(node).within(&self.ds.namespace);
+        match self.ds.nodes.store.get(&key) {
+            Some(_) => Ok(()),
+            None => Err(ControllerError::NotFound(format!(
+                "node {node} is not an oxhorn node"
+            ))),
+        }
+    }
+
+    /// Sets where the volume should be attached ("" detaches), with the
+    /// publish's readonly flag, guarded by the volume's resourceVersion.
+    async fn set_attachment(
+        &self,
+        volume: &Volume,
+        node: &str,
+        readonly: Option<&str>,
+    ) -> Result<(), ControllerError> {
+        let id = volume.name_any();
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": volume.resource_version(),
+                "annotations": {PUBLISHED_READONLY: readonly},
+            },
+            "spec": {"nodeID": node},
+        });
+        self.volumes()
+            .patch(&id, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
+        info!(volume = %id, node = %node, "volume attachment requested");
+        Ok(())
+    }
+
+    async fn wait_attached(&self, id: &str, node: &str) -> Result<(), ControllerError> {
+        self.wait_for(
+            &format!("attaching volume {id} to {node}"),
+            ATTACH_WAIT,
+            || {
+                let volume = self.cached_volume(id);
+                let status = volume.as_ref().and_then(|v| v.status.as_ref());
+                Ok(status
+                    .filter(|s| s.state == VolumeState::Attached && s.current_node_id == node)
+                    .map(|_| ()))
+            },
+        )
+        .await
+    }
+
+    pub(super) async fn unpublish(
+        &self,
+        request: ControllerUnpublishVolumeRequest,
+    ) -> Result<(), ControllerError> {
+        let id = required(&request.volume_id, "volume_id")?;
+        let node = request.node_id.as_str();
+        let _guard = self.locks.try_lock(id)?;
+        let Some(volume) = self.get_volume(id).await? else {
+            return Ok(());
+        };
+        let attached_to = volume.spec.node_id.as_str();
+        if attached_to.is_empty() || (!node.is_empty() && attached_to != node) {
+            return Ok(());
+        }
+        self.set_attachment(&volume, "", None).await?;
+        self.wait_for(&format!("detaching volume {id}"), ATTACH_WAIT, || {
+            let volume = self.cached_volume(id);
+            let status = volume.as_ref().and_then(|v| v.status.as_ref());
+            Ok(status
+                .filter(|s| s.current_node_id.is_empty() && s.state != VolumeState::Detaching)
+                .map(|_| ()))
+        })
+        .await
+    }
+}
