@@ -5,12 +5,13 @@
 //! (guarded by the object's resourceVersion) decides who won.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::datastore::Datastore;
+use crate::datastore::{Datastore, LeaseClock};
 use crate::types::{Engine, Node, Replica, Snapshot, Volume, lease_name};
 
 /// Whether `me` acts on an object whose preferred owner is `preferred` and
@@ -71,6 +72,7 @@ pub struct Liveness {
     kube_nodes: Store<KubeNode>,
     nodes: Store<Node>,
     leases: Store<Lease>,
+    lease_clock: Arc<LeaseClock>,
     namespace: String,
 }
 
@@ -80,6 +82,7 @@ impl Liveness {
             kube_nodes: ds.kube_nodes.store.clone(),
             nodes: ds.nodes.store.clone(),
             leases: ds.leases.store.clone(),
+            lease_clock: Arc::clone(&ds.lease_clock),
             namespace: ds.namespace.clone(),
         }
     }
@@ -92,17 +95,28 @@ impl Liveness {
         if !kube_node_ready(&kube_node) {
             return Some(Down::KubeNodeNotReady);
         }
-        if self
-            .nodes
-            .get(&ObjectRef::new(node).within(&self.namespace))
-            .is_none()
+        // A node or lease this manager has not seen yet may just not have
+        // reached its caches (the other manager is starting too): while
+        // warming up, only a lease seen to expire counts.
+        let now = Instant::now();
+        let warming_up = self.lease_clock.warming_up(now);
+        if !warming_up
+            && self
+                .nodes
+                .get(&ObjectRef::new(node).within(&self.namespace))
+                .is_none()
         {
             return Some(Down::NodeMissing);
         }
-        let lease = self
+        let name = lease_name(node);
+        let fresh = match self
             .leases
-            .get(&ObjectRef::new(&lease_name(node)).within(&self.namespace));
-        if !lease.is_some_and(|lease| lease_fresh(&lease)) {
+            .get(&ObjectRef::new(&name).within(&self.namespace))
+        {
+            Some(_) => self.lease_clock.is_fresh(&name, now),
+            None => warming_up,
+        };
+        if !fresh {
             return Some(Down::ManagerMissing);
         }
         None
@@ -112,9 +126,12 @@ impl Liveness {
         self.down(node).is_none()
     }
 
-    /// [`is_responsible_for`] with this cluster's availability.
+    /// [`is_responsible_for`] with this cluster's availability. A manager
+    /// whose own lease has not been renewed acts on nothing: the others
+    /// already count it as gone and take its objects over.
     pub fn is_responsible_for(&self, me: &str, preferred: &str, current: &str) -> bool {
-        is_responsible_for(me, preferred, current, |node| !self.is_up(node))
+        self.down(me) != Some(Down::ManagerMissing)
+            && is_responsible_for(me, preferred, current, |node| !self.is_up(node))
     }
 
     /// The nodes that are up, sorted: what the availability watcher compares.
@@ -137,18 +154,6 @@ fn kube_node_ready(node: &KubeNode) -> bool {
         .and_then(|status| status.conditions.as_ref())
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|ready| ready.status == "True")
-}
-
-/// A lease is fresh until renewTime + leaseDurationSeconds.
-fn lease_fresh(lease: &Lease) -> bool {
-    let Some(spec) = &lease.spec else {
-        return false;
-    };
-    let (Some(renewed), Some(duration)) = (&spec.renew_time, spec.lease_duration_seconds) else {
-        return false;
-    };
-    let expires = renewed.0 + jiff::SignedDuration::from_secs(i64::from(duration));
-    expires > jiff::Timestamp::now()
 }
 
 /// The node that should act on an object, and the one that last did.

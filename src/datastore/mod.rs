@@ -6,12 +6,15 @@
 
 mod changes;
 mod fanout;
+mod lease_clock;
 
 pub use changes::changed_only;
+pub use lease_clock::LeaseClock;
 
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Instant;
 
 use fanout::Fanout;
 use futures::{Stream, StreamExt};
@@ -57,6 +60,8 @@ pub struct Datastore {
     pub snapshots: Cache<Snapshot>,
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
+    /// When each lease was last seen to change, on this process's clock.
+    pub lease_clock: Arc<LeaseClock>,
     ready: watch::Receiver<bool>,
     _tasks: JoinSet<()>,
 }
@@ -106,6 +111,15 @@ impl Datastore {
             watcher::Config::default().labels(crate::types::MANAGER_LEASE_SELECTOR),
         );
 
+        let lease_clock = Arc::new(LeaseClock::new(Instant::now()));
+        let clock = Arc::clone(&lease_clock);
+        let mut lease_changes = leases.subscribe();
+        tasks.spawn(async move {
+            while let Some(lease) = lease_changes.next().await {
+                clock.observe(&lease, Instant::now());
+            }
+        });
+
         let (ready_tx, ready) = watch::channel(false);
         let waits = (
             volumes.store.clone(),
@@ -144,6 +158,7 @@ impl Datastore {
             snapshots,
             kube_nodes,
             leases,
+            lease_clock,
             ready,
             _tasks: tasks,
         }
