@@ -163,8 +163,8 @@ impl Pass<'_> {
     }
 
     /// Deletes replicas beyond numberOfReplicas (two managers that both
-    /// believed they owned the volume for a moment, or a lowered count): the
-    /// unplaced ones first, then those the engine does not use.
+    /// believed they owned the volume for a moment, or a lowered count), of
+    /// those the engine does not use, in the order [`surplus_order`] gives.
     pub(super) async fn trim_surplus(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
         let in_engine = |r: &Replica| {
@@ -172,20 +172,16 @@ impl Pass<'_> {
                 .as_ref()
                 .is_some_and(|e| e.spec.replica_address_map.contains_key(&r.name_any()))
         };
-        let mut surplus: Vec<Arc<Replica>> =
-            self.healthy().filter(|r| !in_engine(r)).cloned().collect();
-        let healthy = self.healthy().count();
-        if healthy <= wanted {
+        let healthy: Vec<&Replica> = self.healthy().map(|r| &**r).collect();
+        if healthy.len() <= wanted {
             return Ok(());
         }
-        // Unplaced first, then stopped ones.
-        surplus.sort_by_key(|r| {
-            (
-                !r.spec.instance.node_id.is_empty(),
-                replica_address(r).is_some(),
-            )
-        });
-        for replica in surplus.into_iter().take(healthy - wanted) {
+        let surplus: Vec<Arc<Replica>> = surplus_order(&healthy, in_engine)
+            .into_iter()
+            .take(healthy.len() - wanted)
+            .map(|r| Arc::new(r.clone()))
+            .collect();
+        for replica in surplus {
             info!(replica = %replica.name_any(), "removing a replica beyond numberOfReplicas");
             delete(&self.ctx.api::<Replica>(), &*replica).await?;
             self.replicas.retain(|r| r.name_any() != replica.name_any());
@@ -376,9 +372,116 @@ impl Pass<'_> {
     }
 }
 
+/// The healthy replicas the engine does not use (`in_engine` false), in the
+/// order to remove them: unplaced ones first, then one sharing a node with a
+/// replica still kept (so those kept spread over nodes as the anti-affinity
+/// rules want), then stopped ones; ties by name, so that two managers
+/// trimming at once pick the same ones. Each pick is made against what the
+/// earlier picks left.
+fn surplus_order<'r>(
+    healthy: &[&'r Replica],
+    in_engine: impl Fn(&Replica) -> bool,
+) -> Vec<&'r Replica> {
+    let mut kept: Vec<&Replica> = healthy.to_vec();
+    let mut order = Vec::new();
+    loop {
+        let shares_a_node = |replica: &Replica| {
+            kept.iter().any(|other| {
+                other.name_any() != replica.name_any()
+                    && other.spec.instance.node_id == replica.spec.instance.node_id
+            })
+        };
+        let next = kept
+            .iter()
+            .copied()
+            .filter(|r| !in_engine(r))
+            .min_by_key(|r| {
+                (
+                    !r.spec.instance.node_id.is_empty(),
+                    !shares_a_node(r),
+                    replica_address(r).is_some(),
+                    r.name_any(),
+                )
+            });
+        let Some(next) = next else {
+            return order;
+        };
+        kept.retain(|r| r.name_any() != next.name_any());
+        order.push(next);
+    }
+}
+
 /// How long ago the replica failed.
 fn failed_for(replica: &Replica) -> Option<Duration> {
     let failed = replica.spec.failed_at.as_ref()?;
     let elapsed = jiff::Timestamp::now().duration_since(failed.0);
     Some(Duration::try_from(elapsed).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::InstanceSpec;
+
+    fn replica(name: &str, node: &str) -> Replica {
+        let instance = InstanceSpec {
+            volume_name: "v".into(),
+            volume_size: 1 << 30,
+            node_id: node.to_string(),
+            desire_state: DesireState::Running,
+            image: String::new(),
+        };
+        Replica::new(
+            name,
+            ReplicaSpec {
+                instance,
+                engine_name: String::new(),
+                disk_id: String::new(),
+                disk_path: String::new(),
+                data_directory_name: String::new(),
+                healthy_at: None,
+                failed_at: None,
+            },
+        )
+    }
+
+    fn names(replicas: Vec<&Replica>) -> Vec<String> {
+        replicas.into_iter().map(|r| r.name_any()).collect()
+    }
+
+    /// Two managers made six replicas for a volume of three: the three
+    /// removed leave one replica on each node, never two on one.
+    #[test]
+    fn the_surplus_removed_leaves_the_replicas_on_distinct_nodes() {
+        let all = [
+            replica("v-r-1", "node-1"),
+            replica("v-r-2", "node-2"),
+            replica("v-r-3", "node-2"),
+            replica("v-r-4", "node-3"),
+            replica("v-r-5", "node-3"),
+            replica("v-r-6", ""),
+        ];
+        let healthy: Vec<&Replica> = all.iter().collect();
+        let removed = names(
+            surplus_order(&healthy, |_| false)
+                .into_iter()
+                .take(3)
+                .collect(),
+        );
+        assert_eq!(removed[0], "v-r-6", "unplaced first");
+        let kept: Vec<&str> = all
+            .iter()
+            .filter(|r| !removed.contains(&r.name_any()))
+            .map(|r| r.spec.instance.node_id.as_str())
+            .collect();
+        assert_eq!(kept, ["node-1", "node-2", "node-3"]);
+    }
+
+    #[test]
+    fn replicas_the_engine_uses_are_never_removed() {
+        let all = [replica("v-r-1", "node-1"), replica("v-r-2", "node-1")];
+        let healthy: Vec<&Replica> = all.iter().collect();
+        let order = surplus_order(&healthy, |r| r.name_any() == "v-r-1");
+        assert_eq!(names(order), ["v-r-2"]);
+    }
 }
