@@ -584,3 +584,42 @@ async fn a_hung_replica_leaves_the_io_path_and_io_goes_on() {
     replicas.processes[1].resume().unwrap();
     replicas.processes[1].kill();
 }
+
+/// A snapshot one replica holds already (an earlier, partial attempt) and
+/// another cannot take: the engine's "exists already" must not leave the
+/// replica without it in the I/O path.
+#[tokio::test]
+async fn a_replica_that_cannot_take_a_snapshot_leaves_the_io_path() {
+    use oxhorn::engine::control_address;
+    use oxhorn::protocol::control::SnapshotRequest;
+    use oxhorn::protocol::control::replica_control_client::ReplicaControlClient;
+
+    let replicas = Replicas::start(2).await;
+    let addresses = replicas.addresses();
+    let engine = Engine::start("vol-partial", SIZE, &addresses).await;
+    until_all_rw(&engine, 2).await;
+    engine.write(0, Bytes::from(vec![1; 8192])).await.unwrap();
+
+    let first = control_address(&addresses[0]).unwrap();
+    let mut first = ReplicaControlClient::connect(format!("http://{first}"))
+        .await
+        .unwrap();
+    let request = SnapshotRequest {
+        name: "partial".into(),
+        user_created: true,
+        labels: Default::default(),
+    };
+    first.snapshot(request).await.unwrap();
+    // The second replica's files vanish under it: its open head still
+    // flushes, but it cannot freeze it as a snapshot.
+    std::fs::remove_dir_all(replicas.processes[1].dir()).unwrap();
+
+    let error = engine.snapshot("partial", true).await.unwrap_err();
+    assert!(error.to_string().contains("already exists"), "{error}");
+    let status = engine.status().await;
+    assert_eq!(
+        modes(&status),
+        [ReplicaMode::Rw, ReplicaMode::Err],
+        "{status:#?}"
+    );
+}

@@ -219,8 +219,11 @@ impl Engine {
     /// Sends `op` to every RW and WO replica; succeeds when at least one RW
     /// replica did and every other either did or is now out of the I/O path
     /// (its data no longer matches the others'). A refusal that is the
-    /// caller's fault (a bad offset, an unknown snapshot) fails no replica,
-    /// and neither does a full disk that every replica reports.
+    /// caller's fault (a bad offset, a snapshot that exists already) fails
+    /// no replica and is the answer, but only once every replica that
+    /// failed otherwise is out of the I/O path: a replica that answered
+    /// "exists already" must not hide one that did not take the snapshot.
+    /// A full disk that every replica reports fails none either.
     async fn to_all<F, Fut>(&self, what: &str, op: F) -> Result<(), EngineError>
     where
         F: Fn(Arc<Member>) -> Fut,
@@ -229,18 +232,20 @@ impl Engine {
         let targets = self.members_in(&[Mode::ReadWrite, Mode::WriteOnly]);
         let results = join_all(targets.iter().map(|m| op(m.clone()))).await;
         let mut healthy = 0;
+        let mut refused = None;
         let mut failed = Vec::new();
         for (member, result) in targets.iter().zip(results) {
             match result {
                 Ok(()) if member.mode() == Mode::ReadWrite => healthy += 1,
                 Ok(()) => {}
-                Err(error) if error.is_callers_fault() => return Err(error),
+                Err(error) if error.is_callers_fault() => refused = Some(error),
                 Err(error) => failed.push((member, error)),
             }
         }
         // Every replica out of space: none diverged from the others, so all
         // stay in the I/O path and the caller learns the disk is full.
         if healthy == 0
+            && refused.is_none()
             && failed.iter().all(|(_, e)| e.is_no_space())
             && let Some((_, error)) = failed.pop()
         {
@@ -248,6 +253,9 @@ impl Engine {
         }
         for (member, error) in &failed {
             self.fail(member, &format!("{what}: {error}"));
+        }
+        if let Some(error) = refused {
+            return Err(error);
         }
         if healthy == 0 {
             return Err(EngineError::NoHealthyReplica);

@@ -320,10 +320,13 @@ impl Site<'_> {
         })
     }
 
-    /// Takes snapshot `name` unless the process holds it already.
+    /// Takes snapshot `name`; a replica that holds it already is done. An
+    /// engine is always asked, even when its status lists the snapshot: that
+    /// list is one replica's, and the engine answers "exists already" only
+    /// once each of its replicas holds the snapshot or left the I/O path.
     async fn take(&self, name: &str) -> Result<(), ControllerError> {
         let mut control = self.connect().await?;
-        if control.holds(name).await? {
+        if matches!(self, Site::Replica(..)) && control.holds(name).await? {
             return Ok(());
         }
         let request = SnapshotRequest {
