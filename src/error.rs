@@ -52,9 +52,6 @@ pub enum Error {
 
     #[error("controller: {0}")]
     Controller(#[from] crate::controller::ControllerError),
-
-    #[error("{0}")]
-    Testbed(String),
 }
 
 impl Error {

@@ -3,7 +3,6 @@
 //! maps API failures to CSI codes in one place.
 
 mod capability;
-pub mod client;
 mod controller;
 pub mod endpoint;
 mod error;

@@ -54,7 +54,7 @@ impl Supervised {
     pub fn check_running(&mut self) -> Result<()> {
         match self.child.try_wait() {
             Ok(None) => Ok(()),
-            Ok(Some(status)) => Err(Error::Testbed(format!(
+            Ok(Some(status)) => Err(Error::Failed(format!(
                 "{} exited ({status}); end of {}:\n{}",
                 self.name,
                 self.log.display(),
@@ -79,7 +79,7 @@ impl Supervised {
                 return Ok(status);
             }
             if Instant::now() > deadline {
-                return Err(Error::Testbed(format!(
+                return Err(Error::Failed(format!(
                     "{} still running after {timeout:?}",
                     self.name
                 )));
