@@ -13,7 +13,7 @@ use bytes::Bytes;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::control::ReplicaMode;
-use oxhorn::testbed::ReplicaProcess;
+use oxhorn_testbed::ReplicaProcess;
 
 const SIZE: u64 = 1 << 30;
 const WRITTEN: u64 = 512 << 20;

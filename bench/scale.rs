@@ -17,8 +17,8 @@ use std::collections::HashSet;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use oxhorn::testbed::{self, ControlPlane, ManagerOptions, ManagerProcess};
 use oxhorn::types::{Replica, Setting, SettingSpec, Volume};
+use oxhorn_testbed::{self as testbed, ControlPlane, ManagerOptions, ManagerProcess};
 use serde_json::json;
 
 /// Volume creations in flight at once, as a CSI provisioner with several

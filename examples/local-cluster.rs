@@ -19,10 +19,10 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::testbed::kubelet::{self, Kubelet};
-use oxhorn::testbed::sidecars::{self, Sidecars};
-use oxhorn::testbed::{self, ControlPlane, ManagerOptions, ManagerProcess};
 use oxhorn::types::{DEFAULT_NAMESPACE, Setting, SettingSpec, Volume};
+use oxhorn_testbed::kubelet::{self, Kubelet};
+use oxhorn_testbed::sidecars::{self, Sidecars};
+use oxhorn_testbed::{self as testbed, ControlPlane, ManagerOptions, ManagerProcess};
 use serde_json::json;
 
 const NODES: u8 = 3;

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 hack/install-test-deps.sh >/dev/null
 cargo fmt --check
-cargo clippy --locked --all-targets -- -D warnings
-cargo test --locked
+# --workspace: the test bed crate (testbed/) too.
+cargo clippy --locked --workspace --all-targets -- -D warnings
+cargo test --locked --workspace
 sanity-tests/run.sh

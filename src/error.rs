@@ -56,9 +56,6 @@ pub enum Error {
 
     #[error("controller: {0}")]
     Controller(#[from] crate::controller::ControllerError),
-
-    #[error("{0}")]
-    Testbed(String),
 }
 
 impl Error {

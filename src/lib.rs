@@ -13,8 +13,7 @@
 //! - [`protocol`]: the engine <-> replica data protocol;
 //! - [`frontend`]: the volume as a block device on its node;
 //! - [`host`]: the node's host: its programs, mounts and filesystems;
-//! - [`replica`]: one copy of a volume's data on a node's disk;
-//! - [`testbed`]: a real local control plane for tests and demos.
+//! - [`replica`]: one copy of a volume's data on a node's disk.
 
 pub mod controller;
 pub mod csi;
@@ -30,7 +29,6 @@ pub mod names;
 pub mod protocol;
 pub mod replica;
 pub mod scheduler;
-pub mod testbed;
 pub mod types;
 
 pub use error::{Error, Result};

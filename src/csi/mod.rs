@@ -4,7 +4,6 @@
 //! CSI codes in one place, and `traced.rs` logs every call the same way.
 
 mod capability;
-pub mod client;
 mod controller;
 pub mod endpoint;
 mod error;

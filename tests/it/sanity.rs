@@ -1,14 +1,14 @@
 //! csi-sanity (kubernetes-csi/csi-test, built by hack/install-test-deps.sh)
 //! against a real three-node oxhorn cluster: every spec must pass, and the
 //! only ones skipped are those for capabilities oxhorn does not advertise.
-//! `sanity-tests/run.sh` runs this test and prints csi-sanity's report.
-
-mod common;
+//! `sanity-tests/run.sh` runs this test (`sanity::`, ignored otherwise) and
+//! prints csi-sanity's report.
 
 use std::process::Command;
 
-use common::{Cluster, MIB, PATIENCE};
-use oxhorn::testbed;
+use oxhorn_testbed as testbed;
+
+use crate::common::{Cluster, MIB, PATIENCE, require_root};
 
 const NODES: usize = 3;
 
@@ -20,6 +20,7 @@ const PARAMETERS: &str = "numberOfReplicas: \"2\"\nstaleReplicaTimeout: \"30\"\n
 #[tokio::test]
 #[ignore = "run by sanity-tests/run.sh, which prints csi-sanity's report"]
 async fn csi_sanity_passes_against_a_three_node_cluster() {
+    require_root();
     let mut cluster = Cluster::start("sanity", NODES).await;
     let socket = cluster.nodes[0].socket().to_path_buf();
     cluster.nodes[0].connect(PATIENCE).await.unwrap();

@@ -4,14 +4,13 @@
 //! controllers drive three `oxhorn manager` nodes. The test plays the two
 //! parts that need a real node: the attach-detach controller (it creates the
 //! VolumeAttachment) and the kubelet (it stages, publishes and expands
-//! through node-1's CSI socket). What a user notices: a claim gets a bound
-//! volume with its replicas on distinct nodes, a pod's files land on it, it
-//! grows, a snapshot restores the files into a new claim, and deleting it all
-//! leaves nothing behind.
+//! through the first node's CSI socket). What a user notices: a claim gets a
+//! bound volume with its replicas on distinct nodes, a pod's files land on
+//! it, it grows, a snapshot restores the files into a new claim, and deleting
+//! it all leaves nothing behind.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -23,82 +22,64 @@ use kube::api::{
 };
 use kube::{Client, Resource, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::testbed::kubelet::{self, Kubelet, Published};
-use oxhorn::testbed::sidecars::{self, Sidecars};
-use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
-use oxhorn::types::{Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
+use oxhorn::types::{Engine, Replica, Snapshot, Volume};
+use oxhorn_testbed::kubelet::{self, Kubelet, Published};
+use oxhorn_testbed::sidecars::{self, Sidecars};
+use oxhorn_testbed::{self as testbed, TestNamespace};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
-const MIB: i64 = 1 << 20;
+use crate::common::{Cluster, MIB, eventually, require_root};
+
 const PATIENCE: Duration = Duration::from_secs(120);
-const NODES: u8 = 3;
-/// Where the volumes attach: the node whose socket the sidecars use.
-const NODE: &str = "node-1";
+const NODES: usize = 3;
+/// The managers' default: the sidecars and three managers keep the test
+/// machine busy, and a node must not lose its objects to a late renewal.
+const LEASE_SECONDS: u64 = 15;
 const STORAGE_CLASS: &str = "oxhorn-two-replicas";
 const SNAPSHOT_CLASS: &str = "oxhorn-snapshots";
 const SNAPSHOT: &str = "data-snap";
 const FILE: &str = "hello.txt";
 const CONTENT: &[u8] = b"written through a PVC\n";
 
-/// Three nodes, the sidecars on node-1's socket, oxhorn's objects in one
-/// namespace and the users' claims in another.
-struct Cluster {
-    // Dropped in this order: mounts, then the sidecars, then the nodes, then
-    // the namespaces.
+/// Three nodes, the sidecars on the first node's socket, oxhorn's objects in
+/// the cluster's namespace and the users' claims in another.
+struct CsiCluster {
+    // Dropped in this order: mounts, then the sidecars, then the nodes and
+    // oxhorn's namespace, then the users' namespace.
     kubelet: Kubelet,
     sidecars: Sidecars,
-    nodes: Vec<ManagerProcess>,
-    client: Client,
+    cluster: Cluster,
     users: TestNamespace,
-    ns: TestNamespace,
+    /// Where the volumes attach: the node whose socket the sidecars use.
+    node: String,
     started: Instant,
 }
 
-impl Cluster {
+impl CsiCluster {
     async fn start() -> Self {
+        require_root();
         let started = Instant::now();
         let control_plane = testbed::shared();
         sidecars::apply_snapshot_crds(control_plane).await.unwrap();
-        let ns = TestNamespace::create(control_plane, "oxhorn")
-            .await
-            .unwrap();
+        let mut cluster = Cluster::start_with_lease("oxhorn", NODES, LEASE_SECONDS).await;
         let users = TestNamespace::create(control_plane, "users").await.unwrap();
-        let client = control_plane.client().unwrap();
-        // The test machine's disk is shared and may be all but full; the
-        // volumes here are small sparse files.
-        let minimal = Setting::new(
-            "storage-minimal-available-percentage",
-            SettingSpec { value: "0".into() },
-        );
-        Api::<Setting>::namespaced(client.clone(), ns.name())
-            .create(&PostParams::default(), &minimal)
-            .await
-            .unwrap();
-        let mut nodes = Vec::new();
-        for i in 1..=NODES {
-            let name = format!("node-{i}");
-            testbed::register_kube_node(&client, &name, &[])
+        for node in &cluster.nodes {
+            sidecars::register_csi_node(&cluster.client, node.node_id(), &[])
                 .await
                 .unwrap();
-            sidecars::register_csi_node(&client, &name, &[])
-                .await
-                .unwrap();
-            let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
-            options.ip = IpAddr::from([127, 0, 30, i]);
-            nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
         }
-        let socket = nodes[0].connect(PATIENCE).await.unwrap();
-        let sidecars = Sidecars::start(control_plane.kubeconfig(), nodes[0].socket()).unwrap();
+        let node = cluster.nodes[0].node_id().to_owned();
+        let socket = cluster.nodes[0].connect(PATIENCE).await.unwrap();
+        let sidecars =
+            Sidecars::start(control_plane.kubeconfig(), cluster.nodes[0].socket()).unwrap();
         let kubelet = Kubelet::new(socket).unwrap();
         let cluster = Self {
             kubelet,
             sidecars,
-            nodes,
-            client,
+            cluster,
             users,
-            ns,
+            node,
             started,
         };
         cluster.report("cluster and sidecars started");
@@ -109,24 +90,22 @@ impl Cluster {
         eprintln!("[{:>6.1?}] {what}", self.started.elapsed());
     }
 
-    fn oxhorn<K>(&self) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-    {
-        Api::namespaced(self.client.clone(), self.ns.name())
+    fn client(&self) -> Client {
+        self.cluster.client.clone()
     }
 
     fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), self.users.name())
+        Api::namespaced(self.client(), self.users.name())
     }
 
     fn snapshots(&self) -> Api<DynamicObject> {
         let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
-        Api::namespaced_with(self.client.clone(), self.users.name(), &resource)
+        Api::namespaced_with(self.client(), self.users.name(), &resource)
     }
 
     fn logs(&self) -> String {
         let managers: String = self
+            .cluster
             .nodes
             .iter()
             .map(|n| format!("==== {} ====\n{}\n", n.node_id(), tail(&n.log(), 40)))
@@ -134,33 +113,33 @@ impl Cluster {
         format!("{}{managers}", self.sidecars.logs(40))
     }
 
-    /// Polls `check` until it returns Some; fails the test with the logs
-    /// after PATIENCE, or at once when a sidecar exits.
+    /// Waits until `check` returns Some; fails the test with the logs after
+    /// PATIENCE, or at once when a sidecar exits.
     async fn until<T, F, Fut>(&mut self, what: &str, mut check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
         let step = Instant::now();
-        let deadline = step + PATIENCE;
-        loop {
-            if let Some(value) = check().await {
-                eprintln!(
-                    "[{:>6.1?}] {what} after {:.1?}",
-                    self.started.elapsed(),
-                    step.elapsed()
-                );
-                return value;
+        let sidecars = &mut self.sidecars;
+        let outcome = eventually(PATIENCE, || {
+            let running = sidecars.check_running();
+            let checked = check();
+            async move {
+                match running {
+                    Ok(()) => checked.await.map(Ok),
+                    Err(exited) => Some(Err(exited)),
+                }
             }
-            if let Err(e) = self.sidecars.check_running() {
-                panic!("waiting for {what}: {e}\n{}", self.logs());
+        })
+        .await;
+        match outcome {
+            Ok(Ok(value)) => {
+                self.report(&format!("{what} after {:.1?}", step.elapsed()));
+                value
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(Err(exited)) => panic!("waiting for {what}: {exited}\n{}", self.logs()),
+            Err(e) => panic!("{e} waiting for {what}\n{}", self.logs()),
         }
     }
 
@@ -174,14 +153,14 @@ impl Cluster {
             "allowVolumeExpansion": true,
         }))
         .unwrap();
-        Api::<StorageClass>::all(self.client.clone())
+        Api::<StorageClass>::all(self.client())
             .create(&PostParams::default(), &class)
             .await
             .unwrap();
         let resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
         let snapshot_class = DynamicObject::new(SNAPSHOT_CLASS, &resource)
             .data(json!({"driver": DRIVER_NAME, "deletionPolicy": "Delete"}));
-        Api::<DynamicObject>::all_with(self.client.clone(), &resource)
+        Api::<DynamicObject>::all_with(self.client(), &resource)
             .create(&PostParams::default(), &snapshot_class)
             .await
             .unwrap();
@@ -214,21 +193,22 @@ impl Cluster {
                 bound.then_some(claim.spec?.volume_name?)
             })
             .await;
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pvs: Api<PersistentVolume> = Api::all(self.client());
         pvs.get(&volume_name).await.unwrap()
     }
 
-    /// Attaches the volume of `pv` to node-1 as the attach-detach controller
+    /// Attaches the volume of `pv` to the first node as the attach-detach controller
     /// would, and waits for csi-attacher to report it attached.
     async fn attach(&mut self, pv: &PersistentVolume) -> VolumeAttachment {
-        let name = kubelet::attachment_name(&pv.name_any(), NODE);
-        let attachment = kubelet::volume_attachment(&pv.name_any(), NODE);
-        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let node = self.node.clone();
+        let name = kubelet::attachment_name(&pv.name_any(), &node);
+        let attachment = kubelet::volume_attachment(&pv.name_any(), &node);
+        let attachments: Api<VolumeAttachment> = Api::all(self.client());
         attachments
             .create(&PostParams::default(), &attachment)
             .await
             .unwrap();
-        self.until(&format!("{} attached to {NODE}", pv.name_any()), || async {
+        self.until(&format!("{} attached to {node}", pv.name_any()), || async {
             let attachment = attachments.get(&name).await.ok()?;
             let attached = attachment.status.as_ref()?.attached;
             attached.then_some(attachment)
@@ -237,8 +217,8 @@ impl Cluster {
     }
 
     async fn detach(&mut self, pv: &PersistentVolume) {
-        let name = kubelet::attachment_name(&pv.name_any(), NODE);
-        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let name = kubelet::attachment_name(&pv.name_any(), &self.node);
+        let attachments: Api<VolumeAttachment> = Api::all(self.client());
         attachments
             .delete(&name, &DeleteParams::default())
             .await
@@ -258,8 +238,8 @@ impl Cluster {
     /// nodes.
     async fn replica_nodes(&mut self, pv: &PersistentVolume) -> (Volume, Vec<String>) {
         let volume_id = volume_id(pv);
-        let volumes = self.oxhorn::<Volume>();
-        let replicas = self.oxhorn::<Replica>();
+        let volumes = self.cluster.api::<Volume>();
+        let replicas = self.cluster.api::<Replica>();
         self.until(
             &format!("Volume {volume_id} has its replicas placed"),
             || async {
@@ -286,16 +266,12 @@ impl Cluster {
     async fn leftovers(&self) -> Vec<String> {
         let contents = snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents");
         [
-            names(Api::<PersistentVolume>::all(self.client.clone())).await,
-            names(Api::<DynamicObject>::all_with(
-                self.client.clone(),
-                &contents,
-            ))
-            .await,
-            names(self.oxhorn::<Volume>()).await,
-            names(self.oxhorn::<Engine>()).await,
-            names(self.oxhorn::<Replica>()).await,
-            names(self.oxhorn::<Snapshot>()).await,
+            names(Api::<PersistentVolume>::all(self.client())).await,
+            names(Api::<DynamicObject>::all_with(self.client(), &contents)).await,
+            names(self.cluster.api::<Volume>()).await,
+            names(self.cluster.api::<Engine>()).await,
+            names(self.cluster.api::<Replica>()).await,
+            names(self.cluster.api::<Snapshot>()).await,
         ]
         .concat()
     }
@@ -368,7 +344,7 @@ fn write_file(dir: &Path) {
 
 /// A 320Mi claim of the StorageClass: bound, its volume's two replicas on
 /// distinct nodes.
-async fn provision(cluster: &mut Cluster) -> PersistentVolume {
+async fn provision(cluster: &mut CsiCluster) -> PersistentVolume {
     let pv = cluster.claim("data", "320Mi", None).await;
     assert_eq!(capacity(&pv), 320 * MIB, "the PV has the claimed size");
     let (volume, nodes) = cluster.replica_nodes(&pv).await;
@@ -378,11 +354,12 @@ async fn provision(cluster: &mut Cluster) -> PersistentVolume {
     pv
 }
 
-/// Attaches and mounts `pv` on node-1, as for a pod.
-async fn attach_and_publish(cluster: &mut Cluster, pv: &PersistentVolume) -> Published {
+/// Attaches and mounts `pv` on the first node, as for a pod.
+async fn attach_and_publish(cluster: &mut CsiCluster, pv: &PersistentVolume) -> Published {
     let attachment = cluster.attach(pv).await;
     let published = cluster.kubelet.publish(pv, &attachment).await.unwrap();
-    cluster.report(&format!("{} staged and published on {NODE}", pv.name_any()));
+    let node = &cluster.node;
+    cluster.report(&format!("{} staged and published on {node}", pv.name_any()));
     published
 }
 
@@ -390,7 +367,7 @@ async fn attach_and_publish(cluster: &mut Cluster, pv: &PersistentVolume) -> Pub
 /// kubelet the filesystem. A failed filesystem grow is returned rather than
 /// raised, so that the steps after it still run.
 async fn grow(
-    cluster: &mut Cluster,
+    cluster: &mut CsiCluster,
     pv: &PersistentVolume,
     published: &Published,
 ) -> Option<String> {
@@ -401,7 +378,7 @@ async fn grow(
         .patch("data", &PatchParams::default(), &Patch::Merge(&grow))
         .await
         .unwrap();
-    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client());
     let pv_name = pv.name_any();
     cluster
         .until("the PV grown to 384Mi", || async {
@@ -421,8 +398,8 @@ async fn grow(
 }
 
 /// Snapshots the claim and restores the snapshot into a new claim,
-/// attached and mounted on node-1.
-async fn snapshot_and_restore(cluster: &mut Cluster) -> (PersistentVolume, Published) {
+/// attached and mounted on the first node.
+async fn snapshot_and_restore(cluster: &mut CsiCluster) -> (PersistentVolume, Published) {
     let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
     let snapshot = DynamicObject::new(SNAPSHOT, &resource).data(json!({"spec": {
         "volumeSnapshotClassName": SNAPSHOT_CLASS,
@@ -452,7 +429,7 @@ async fn snapshot_and_restore(cluster: &mut Cluster) -> (PersistentVolume, Publi
 
 /// Unmounts and detaches the volumes, deletes the snapshot and the claims,
 /// and waits until nothing of the driver's or oxhorn's is left.
-async fn delete_all(cluster: &mut Cluster, volumes: Vec<(PersistentVolume, Published)>) {
+async fn delete_all(cluster: &mut CsiCluster, volumes: Vec<(PersistentVolume, Published)>) {
     for (pv, published) in volumes {
         cluster.kubelet.unpublish(published).await.unwrap();
         cluster.detach(&pv).await;
@@ -469,19 +446,20 @@ async fn delete_all(cluster: &mut Cluster, volumes: Vec<(PersistentVolume, Publi
             .await
             .unwrap();
     }
-    let deleted = Instant::now();
-    let mut left = cluster.leftovers().await;
-    while !left.is_empty() && deleted.elapsed() < PATIENCE {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        left = cluster.leftovers().await;
+    let gone = eventually(PATIENCE, || async {
+        cluster.leftovers().await.is_empty().then_some(())
+    })
+    .await;
+    if let Err(e) = gone {
+        let left = cluster.leftovers().await;
+        panic!("{e}: left behind: {left:?}\n{}", cluster.logs());
     }
-    assert!(left.is_empty(), "left behind: {left:?}\n{}", cluster.logs());
     cluster.report("every PV, VolumeSnapshotContent and oxhorn object gone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted() {
-    let mut cluster = Cluster::start().await;
+    let mut cluster = CsiCluster::start().await;
     cluster.create_storage_classes().await;
 
     let pv = provision(&mut cluster).await;

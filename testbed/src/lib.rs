@@ -5,10 +5,15 @@
 //! A test binary shares one control plane ([`shared`]) and gives each test its
 //! own namespace ([`TestNamespace`]), removed again even when the test panics.
 //! The processes die with the process that started them, however it ends.
+//!
+//! Not part of the product: a dev-dependency of `oxhorn`, used by its
+//! integration tests, benchmarks and the local-cluster example.
 
 mod certs;
 mod controlplane;
+pub mod csi_client;
 mod dataplane;
+mod error;
 pub mod kubelet;
 mod manager;
 mod mount;
@@ -18,6 +23,7 @@ pub mod sidecars;
 
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess};
+pub use error::{Error, Result};
 pub use manager::{
     ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,
 };
@@ -65,7 +71,7 @@ pub fn shared() -> &'static ControlPlane {
 /// Starts the control plane from a thread that lives as long as the process:
 /// the children are told to die with the thread that spawned them
 /// (PR_SET_PDEATHSIG), and a test's own thread ends with the test.
-fn start_on_keeper_thread() -> crate::Result<ControlPlane> {
+fn start_on_keeper_thread() -> Result<ControlPlane> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("testbed-keeper".into())
@@ -73,14 +79,14 @@ fn start_on_keeper_thread() -> crate::Result<ControlPlane> {
             let started = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map_err(|e| crate::Error::io("tokio runtime", e))
+                .map_err(|e| Error::io("tokio runtime", e))
                 .and_then(|rt| rt.block_on(ControlPlane::start()));
             let _ = tx.send(started);
             loop {
                 std::thread::park();
             }
         })
-        .map_err(|e| crate::Error::io("testbed-keeper thread", e))?;
+        .map_err(|e| Error::io("testbed-keeper thread", e))?;
     rx.recv()
-        .map_err(|_| crate::Error::Testbed("the keeper thread died while starting".into()))?
+        .map_err(|_| Error::Failed("the keeper thread died while starting".into()))?
 }

@@ -3,15 +3,16 @@
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use oxhorn::csi::proto::identity_client::IdentityClient;
 use oxhorn::csi::proto::plugin_capability::{self, service, volume_expansion};
 use oxhorn::csi::proto::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
-use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
+use oxhorn_testbed::{self as testbed, ManagerOptions, ManagerProcess, TestNamespace};
 use tonic::transport::Channel;
 
-const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+use crate::common::{OXHORN, eventually};
+
 const START: Duration = Duration::from_secs(30);
 
 async fn probe(client: &mut IdentityClient<Channel>) -> Option<bool> {
@@ -24,15 +25,13 @@ async fn probe(client: &mut IdentityClient<Channel>) -> Option<bool> {
 }
 
 /// Polls Probe until it reports ready.
-async fn until_ready(client: &mut IdentityClient<Channel>) {
-    let deadline = Instant::now() + START;
-    while probe(client).await != Some(true) {
-        assert!(
-            Instant::now() < deadline,
-            "manager not ready after {START:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn until_ready(client: &IdentityClient<Channel>) {
+    eventually(START, || {
+        let mut client = client.clone();
+        async move { (probe(&mut client).await == Some(true)).then_some(()) }
+    })
+    .await
+    .expect("manager ready");
 }
 
 #[tokio::test]
@@ -71,7 +70,7 @@ async fn identity_answers_over_the_unix_socket() {
     assert_eq!(services, [service::Type::ControllerService]);
     assert_eq!(expansion, [volume_expansion::Type::Online]);
 
-    until_ready(&mut identity).await;
+    until_ready(&identity).await;
 
     let socket = std::fs::metadata(manager.socket()).unwrap();
     assert!(socket.file_type().is_socket());
@@ -160,8 +159,8 @@ async fn a_restarted_manager_replaces_the_socket_a_crash_left_behind() {
     assert!(socket.exists(), "SIGKILL leaves the socket file");
 
     let mut second = spawn();
-    let mut identity = IdentityClient::new(second.connect(START).await.unwrap());
-    until_ready(&mut identity).await;
+    let identity = IdentityClient::new(second.connect(START).await.unwrap());
+    until_ready(&identity).await;
 
     // A second manager on a live socket refuses to start and leaves it alone.
     let mut intruder = spawn();
@@ -173,5 +172,5 @@ async fn a_restarted_manager_replaces_the_socket_a_crash_left_behind() {
         intruder.log()
     );
     assert!(socket.exists());
-    until_ready(&mut identity).await;
+    until_ready(&identity).await;
 }

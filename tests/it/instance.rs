@@ -21,10 +21,11 @@ use oxhorn::instance::{
 };
 use oxhorn::protocol::control::EngineStatusRequest;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
-use oxhorn::testbed::{self, loop_devices_under, mounts_under};
 use oxhorn::types::InstanceState;
+use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
 
-const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+use crate::common::{OXHORN, eventually, require_root};
+
 const SIZE: u64 = 16 << 20;
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -145,18 +146,8 @@ async fn wait_for(
     what: &str,
     done: impl Fn(&InstanceInfo) -> bool,
 ) -> InstanceInfo {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let info = manager.get(name);
-        if let Some(info) = info.as_ref().filter(|info| done(info)) {
-            return info.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name}: not {what} after {PATIENCE:?}: {info:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let info = eventually(PATIENCE, || async { manager.get(name).filter(&done) }).await;
+    info.unwrap_or_else(|e| panic!("{name}: not {what}: {e}: {:?}", manager.get(name)))
 }
 
 async fn wait_running(manager: &InstanceManager, name: &str) -> InstanceInfo {
@@ -172,12 +163,10 @@ fn is_alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid as i32), None).is_ok()
 }
 
-fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + PATIENCE;
-    while is_alive(pid) {
-        assert!(Instant::now() < deadline, "process {pid} still alive");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+async fn wait_gone(pid: u32) {
+    eventually(PATIENCE, || async { (!is_alive(pid)).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: process {pid} still alive"));
 }
 
 fn sigkill(pid: u32) {
@@ -306,17 +295,25 @@ fn a_new_manager_adopts_the_survivors() {
         drop(manager);
         assert!(is_alive(pid), "shutdown killed the replica");
 
-        // Manager C adopts it too, watches it and stops it.
+        // Manager C adopts it too, watches it and stops it. Its watch must
+        // not take the adopted process (not its child) for dead: it has
+        // started watching r1 by the time the same manager has started a
+        // second replica and seen it serve, and r1 is unchanged then.
         let manager = node.manager().await;
         assert_eq!(manager.names(), ["r1"]);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        manager
+            .ensure_running(node.replica("r2"))
+            .expect("ensure r2");
+        wait_running(&manager, "r2").await;
         let info = manager.get("r1").expect("adopted");
         assert_eq!(
             (info.state, info.pid, info.restarts),
             (InstanceState::Running, Some(pid), 0)
         );
-        manager.stop("r1").await.expect("stop");
-        wait_gone(pid);
+        for name in ["r1", "r2"] {
+            manager.stop(name).await.expect("stop");
+        }
+        wait_gone(pid).await;
         assert!(!node.record("r1").exists());
     });
 }
@@ -470,6 +467,7 @@ async fn engine_restarts_with_the_latest_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fuse_engine_leaves_nothing_after_stop_or_power_loss() {
+    require_root();
     let node = Node::new(7);
     let link = node.dev_dir().join("vol1");
     let manager = node.manager().await;
@@ -506,15 +504,9 @@ async fn fuse_engine_leaves_nothing_after_stop_or_power_loss() {
 }
 
 async fn wait_until_exists(path: &Path) {
-    let deadline = Instant::now() + PATIENCE;
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, || async { path.exists().then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {} never appeared", path.display()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,18 +3,16 @@
 //! volume that cannot be placed says why, and an attached volume or one with
 //! snapshots is not deleted.
 
-mod common;
-
 use std::collections::HashMap;
-use std::time::Duration;
 
-use common::{Cluster, MIB, PATIENCE};
 use oxhorn::csi::proto::controller_client::ControllerClient;
 use oxhorn::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use oxhorn::csi::proto::*;
 use oxhorn::types::Volume;
 use tonic::Code;
 use tonic::transport::Channel;
+
+use crate::common::{Cluster, MIB, PATIENCE, require_root};
 
 fn capability() -> VolumeCapability {
     VolumeCapability {
@@ -59,6 +57,7 @@ async fn controller(cluster: &mut Cluster) -> ControllerClient<Channel> {
 
 #[tokio::test]
 async fn busy_volumes_abort_unplaceable_ones_say_why_and_in_use_ones_stay() {
+    require_root();
     let mut cluster = Cluster::start("csictl", 3).await;
     let mut csi = controller(&mut cluster).await;
     let node = cluster.nodes[0].node_id().to_owned();
@@ -70,17 +69,24 @@ async fn busy_volumes_abort_unplaceable_ones_say_why_and_in_use_ones_stay() {
         .into_inner();
     let id = created.volume.unwrap().volume_id;
 
-    // The first publish waits for the engine to start; a second call for
-    // the volume meanwhile is refused, not queued behind it.
+    // The first publish takes the volume's guard, sets the volume's node and
+    // waits for the engine to start there; a second call for the volume
+    // meanwhile is refused, not queued behind it.
     let mut first = csi.clone();
     let first_request = publish_request(&id, &node);
     let publishing =
         tokio::spawn(async move { first.controller_publish_volume(first_request).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let volumes = cluster.api::<Volume>();
+    cluster
+        .until("the first publish to set the volume's node", || async {
+            let volume = volumes.get(&id).await.ok()?;
+            (volume.spec.node_id == node).then_some(())
+        })
+        .await;
     let second = csi
         .controller_publish_volume(publish_request(&id, &node))
         .await
-        .unwrap_err();
+        .expect_err("the second publish went through: the first had finished before it");
     assert_eq!(second.code(), Code::Aborted, "{second:?}");
     assert!(second.message().contains(&id), "{}", second.message());
     publishing

@@ -13,14 +13,14 @@ use kube::ResourceExt;
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
-use crate::csi::DRIVER_NAME;
-use crate::csi::proto::node_client::NodeClient;
-use crate::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
-use crate::csi::proto::{
+use crate::{Error, Result};
+use oxhorn::csi::DRIVER_NAME;
+use oxhorn::csi::proto::node_client::NodeClient;
+use oxhorn::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+use oxhorn::csi::proto::{
     CapacityRange, NodeExpandVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
     NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
-use crate::{Error, Result};
 
 /// The VolumeAttachment the attach-detach controller creates when a pod
 /// using `pv` is scheduled to `node`; csi-attacher acts on it.
@@ -88,7 +88,7 @@ impl Kubelet {
             .spec
             .as_ref()
             .and_then(|s| s.csi.as_ref())
-            .ok_or_else(|| Error::Testbed(format!("PV {} is not a CSI volume", pv.name_any())))?;
+            .ok_or_else(|| Error::Failed(format!("PV {} is not a CSI volume", pv.name_any())))?;
         let volume_id = csi.volume_handle.clone();
         let fs_type = csi.fs_type.clone().unwrap_or_default();
         let volume_context: HashMap<String, String> = csi
@@ -211,7 +211,7 @@ fn path_string(path: &Path) -> String {
 }
 
 fn call_failed(call: &str, volume_id: &str, status: tonic::Status) -> Error {
-    Error::Testbed(format!(
+    Error::Failed(format!(
         "{call} {volume_id}: {:?}: {}",
         status.code(),
         status.message()

@@ -6,15 +6,15 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{
     AddReplicaRequest, EngineStatusRequest, ExpandRequest, ReplicaMode,
 };
-use oxhorn::testbed::{EngineProcess, Mounted, ReplicaProcess};
+use oxhorn_testbed::{EngineProcess, Mounted, ReplicaProcess};
 
-const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+use crate::common::{OXHORN, eventually, require_root};
 /// xfs wants at least 300 MiB.
 const SIZE: u64 = 320 << 20;
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -79,22 +79,16 @@ async fn until_device_size(device: &str, size: u64) {
         .to_str()
         .unwrap()
         .to_string();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let bytes = || {
         let sectors: u64 = std::fs::read_to_string(format!("/sys/block/{name}/size"))
             .unwrap()
             .trim()
             .parse()
             .unwrap();
-        if sectors * 512 == size {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{device} stayed at {} bytes",
-            sectors * 512
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        sectors * 512
+    };
+    if let Err(e) = eventually(PATIENCE, || async { (bytes() == size).then_some(()) }).await {
+        panic!("{e}: {device} stayed at {} bytes", bytes());
     }
 }
 
@@ -102,30 +96,31 @@ async fn until_all_rw(control: &str, count: usize) {
     let mut client = EngineControlClient::connect(format!("http://{control}"))
         .await
         .unwrap();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let status = client
-            .status(EngineStatusRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        let rw = status
-            .replicas
-            .iter()
-            .filter(|r| r.mode() == ReplicaMode::Rw)
-            .count();
-        if rw == count && status.replicas.len() == count {
-            return;
+    let all_rw = eventually(PATIENCE, || {
+        let mut client = client.clone();
+        async move {
+            let status = client
+                .status(EngineStatusRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            let rw = status
+                .replicas
+                .iter()
+                .filter(|r| r.mode() == ReplicaMode::Rw)
+                .count();
+            (rw == count && status.replicas.len() == count).then_some(())
         }
-        assert!(
-            Instant::now() < deadline,
-            "replicas never all RW: {status:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    })
+    .await;
+    if let Err(e) = all_rw {
+        let status = client.status(EngineStatusRequest {}).await.unwrap();
+        panic!("{e}: replicas never all RW: {:#?}", status.into_inner());
     }
 }
 
 async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
+    require_root();
     let work = tempfile::tempdir().unwrap();
     let mut replicas: Vec<ReplicaProcess> = (0..3)
         .map(|i| {

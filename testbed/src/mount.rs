@@ -16,7 +16,7 @@ impl Mounted {
         std::fs::create_dir_all(at).map_err(|e| Error::io(at, e))?;
         nix::mount::mount(Some(source), at, Some(fstype), MsFlags::empty(), options).map_err(
             |e| {
-                Error::Testbed(format!(
+                Error::Failed(format!(
                     "mounting {fstype} {} at {}: {e}",
                     source.display(),
                     at.display()
@@ -33,7 +33,7 @@ impl Mounted {
     /// Unmounts now; an error if the filesystem is busy.
     pub fn unmount(self) -> Result<()> {
         let result = nix::mount::umount(&self.0)
-            .map_err(|e| Error::Testbed(format!("unmounting {}: {e}", self.0.display())));
+            .map_err(|e| Error::Failed(format!("unmounting {}: {e}", self.0.display())));
         if result.is_ok() {
             std::mem::forget(self);
         }
@@ -71,7 +71,7 @@ pub fn loop_devices_under(root: &Path) -> Vec<u32> {
         .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
         .filter_map(|name| name.strip_prefix("loop")?.parse().ok())
         .filter(|&number| {
-            crate::frontend::loopdev::backing_file(number)
+            oxhorn::frontend::loopdev::backing_file(number)
                 .ok()
                 .flatten()
                 .is_some_and(|file| file.starts_with(root))
@@ -84,7 +84,7 @@ pub fn loop_devices_under(root: &Path) -> Vec<u32> {
 /// never panics.
 pub fn release_under(root: &Path) {
     for number in loop_devices_under(root) {
-        let _ = crate::frontend::loopdev::detach_number(number);
+        let _ = oxhorn::frontend::loopdev::detach_number(number);
     }
     for mount in mounts_under(root) {
         let _ = nix::mount::umount2(&mount, MntFlags::MNT_DETACH);

@@ -6,17 +6,18 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::Connection;
 use oxhorn::protocol::control::{EngineStatus, ReplicaMode};
-use oxhorn::testbed::{Mounted, ReplicaProcess};
+use oxhorn_testbed::{Mounted, ReplicaProcess};
 use tempfile::TempDir;
 
-const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+use crate::common::{OXHORN, eventually, require_root};
+
 const SIZE: u64 = 64 << 20;
 const BLOCK: u64 = 4096;
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -52,17 +53,21 @@ impl Rng {
 /// The volume as it must read: what every acknowledged write left.
 struct Model {
     data: Vec<u8>,
+    /// How many acknowledged writes it holds.
+    writes: usize,
 }
 
 impl Model {
     fn new() -> Self {
         Self {
             data: vec![0; SIZE as usize],
+            writes: 0,
         }
     }
 
     fn apply(&mut self, offset: u64, data: &[u8]) {
         self.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        self.writes += 1;
     }
 }
 
@@ -155,17 +160,15 @@ fn modes(status: &EngineStatus) -> Vec<ReplicaMode> {
 
 /// Waits until every replica of the engine is RW.
 async fn until_all_rw(engine: &Engine, count: usize) -> EngineStatus {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let all_rw = eventually(PATIENCE, || async {
         let status = engine.status().await;
-        if status.replicas.len() == count && modes(&status).iter().all(|m| *m == ReplicaMode::Rw) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "replicas never all RW: {status:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let rw = modes(&status).iter().all(|m| *m == ReplicaMode::Rw);
+        (status.replicas.len() == count && rw).then_some(status)
+    })
+    .await;
+    match all_rw {
+        Ok(status) => status,
+        Err(e) => panic!("{e}: replicas never all RW: {:#?}", engine.status().await),
     }
 }
 
@@ -191,6 +194,7 @@ async fn a_killed_replica_leaves_the_io_path_and_is_rebuilt_identical() {
     // Kill replica 1 while writes are in flight: none may fail. From now on
     // writes stay in the first 8 MiB, so a rebuild has little to copy.
     let recent = 0..8 << 20;
+    let before = model.lock().unwrap().writes;
     let writer = {
         let (engine, model) = (engine.clone(), model.clone());
         tokio::spawn(async move {
@@ -198,7 +202,13 @@ async fn a_killed_replica_leaves_the_io_path_and_is_rebuilt_identical() {
             write_random(&engine, &model, &mut rng, 0..8 << 20, 400, 8).await;
         })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The writer is under way once its first writes are acknowledged; the
+    // kill lands among the many after them.
+    eventually(PATIENCE, || async {
+        (model.lock().unwrap().writes > before).then_some(())
+    })
+    .await
+    .expect("the writer's first writes acknowledged");
     replicas.processes[1].kill();
     writer.await.unwrap();
     // And more while it is away.
@@ -378,6 +388,7 @@ async fn a_malformed_frame_closes_that_connection_only() {
 
 #[tokio::test]
 async fn a_full_disk_is_reported_as_enospc_and_loses_nothing() {
+    require_root();
     let work = tempfile::tempdir().unwrap();
     // A real 4 MiB filesystem under a 64 MiB replica.
     let disk = Mounted::new(

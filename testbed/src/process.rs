@@ -54,7 +54,7 @@ impl Supervised {
     pub fn check_running(&mut self) -> Result<()> {
         match self.child.try_wait() {
             Ok(None) => Ok(()),
-            Ok(Some(status)) => Err(Error::Testbed(format!(
+            Ok(Some(status)) => Err(Error::Failed(format!(
                 "{} exited ({status}); end of {}:\n{}",
                 self.name,
                 self.log.display(),
@@ -79,7 +79,7 @@ impl Supervised {
                 return Ok(status);
             }
             if Instant::now() > deadline {
-                return Err(Error::Testbed(format!(
+                return Err(Error::Failed(format!(
                     "{} still running after {timeout:?}",
                     self.name
                 )));
@@ -93,7 +93,7 @@ impl Supervised {
     pub fn signal(&self, signal: Signal) -> Result<()> {
         let pid = Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, signal)
-            .map_err(|e| Error::Testbed(format!("{} {signal}: {e}", self.name)))
+            .map_err(|e| Error::Failed(format!("{} {signal}: {e}", self.name)))
     }
 
     pub fn kill(&mut self) {

@@ -5,17 +5,16 @@
 //! data, also when it is larger; a snapshot of nothing, or a restore from
 //! nothing, says why; deleting snapshots removes their data.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Instant;
 
-use common::*;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
 use oxhorn::types::*;
 use serde_json::json;
+
+use crate::common::*;
 
 const SIZE: i64 = 64 * MIB;
 /// Bytes written at first, from the start of the volume.

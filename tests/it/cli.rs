@@ -2,7 +2,7 @@
 
 use std::process::{Command, Output};
 
-const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
+use crate::common::OXHORN;
 
 fn oxhorn(args: &[&str]) -> Output {
     Command::new(OXHORN)

@@ -13,8 +13,8 @@ use kube::{Client, Config, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::ControlPlane;
-use crate::types::{Engine, Node, Replica, Setting, Volume};
 use crate::{Error, Result};
+use oxhorn::types::{Engine, Node, Replica, Setting, Volume};
 
 pub struct TestNamespace {
     name: String,
@@ -30,7 +30,7 @@ impl TestNamespace {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        crate::names::validate_dns_subdomain("namespace", &name).map_err(Error::Testbed)?;
+        oxhorn::names::validate_dns_subdomain("namespace", &name).map_err(Error::Failed)?;
         let api: Api<Namespace> = Api::all(control_plane.client()?);
         let mut namespace = Namespace::default();
         namespace.metadata.name = Some(name.clone());

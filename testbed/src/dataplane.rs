@@ -6,10 +6,10 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use super::process::Supervised;
-use crate::frontend::{FuseFrontend, FuseOptions};
-use crate::protocol::control::EngineStatusRequest;
-use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::{Error, Result};
+use oxhorn::frontend::{FuseFrontend, FuseOptions};
+use oxhorn::protocol::control::EngineStatusRequest;
+use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 
 /// A process started again with the same command after a kill.
 struct Restartable {
@@ -48,7 +48,7 @@ impl Restartable {
         let mut process = self
             .process
             .take()
-            .ok_or_else(|| Error::Testbed(format!("{} not running", self.name)))?;
+            .ok_or_else(|| Error::Failed(format!("{} not running", self.name)))?;
         process.terminate(timeout)
     }
 
@@ -66,7 +66,7 @@ impl Restartable {
     fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
         self.process
             .as_ref()
-            .ok_or_else(|| Error::Testbed(format!("{} not running", self.name)))?
+            .ok_or_else(|| Error::Failed(format!("{} not running", self.name)))?
             .signal(signal)
     }
 
@@ -84,7 +84,7 @@ impl Restartable {
                 return Ok(value);
             }
             if Instant::now() > deadline {
-                return Err(Error::Testbed(format!(
+                return Err(Error::Failed(format!(
                     "{} not ready after {timeout:?}:\n{}",
                     self.name,
                     self.log()
@@ -285,5 +285,5 @@ fn free_port_pair() -> Result<u16> {
             return Ok(port);
         }
     }
-    Err(Error::Testbed("no two adjacent free ports".into()))
+    Err(Error::Failed("no two adjacent free ports".into()))
 }

@@ -1,5 +1,5 @@
 //! A gRPC channel to a CSI endpoint over its unix socket, for callers of the
-//! plugin: tests, the local cluster, tools.
+//! plugin: tests and the local cluster.
 
 use std::path::PathBuf;
 

@@ -117,11 +117,11 @@ impl ControlPlane {
             let Ok(waited) = tokio::time::timeout(Duration::from_secs(30), established).await
             else {
                 let conditions = api.get(&name).await?.status.and_then(|s| s.conditions);
-                return Err(Error::Testbed(format!(
+                return Err(Error::Failed(format!(
                     "CRD {name} not established after 30s: {conditions:?}"
                 )));
             };
-            waited.map_err(|e| Error::Testbed(format!("waiting for CRD {name}: {e}")))?;
+            waited.map_err(|e| Error::Failed(format!("waiting for CRD {name}: {e}")))?;
         }
         Ok(())
     }
@@ -143,7 +143,7 @@ async fn wait_ready(client: &Client, processes: &mut [Supervised]) -> Result<()>
         }
         let request = http::Request::get("/readyz")
             .body(Vec::new())
-            .map_err(|e| Error::Testbed(e.to_string()))?;
+            .map_err(|e| Error::Failed(e.to_string()))?;
         let last = match client.request_text(request).await {
             Ok(body) if body.trim() == "ok" => return Ok(()),
             Ok(body) => body,
@@ -151,7 +151,7 @@ async fn wait_ready(client: &Client, processes: &mut [Supervised]) -> Result<()>
         };
         if Instant::now() > deadline {
             let log = processes.last().map(|p| p.log_tail(30)).unwrap_or_default();
-            return Err(Error::Testbed(format!(
+            return Err(Error::Failed(format!(
                 "kube-apiserver not ready after {START_TIMEOUT:?}: {last}\n{log}"
             )));
         }
@@ -161,7 +161,7 @@ async fn wait_ready(client: &Client, processes: &mut [Supervised]) -> Result<()>
 
 /// deploy/crds.yaml of this source tree.
 pub fn crds_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds.yaml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds.yaml")
 }
 
 /// Memory-backed when possible: etcd fsyncs every write.
@@ -188,7 +188,7 @@ pub(super) fn tool(name: &str) -> Result<PathBuf> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(Error::Testbed(format!(
+        Err(Error::Failed(format!(
             "{} is missing: run hack/install-test-deps.sh",
             path.display()
         )))

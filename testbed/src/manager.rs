@@ -14,8 +14,7 @@ use tempfile::TempDir;
 use tonic::transport::Channel;
 
 use super::process::Supervised;
-use crate::csi;
-use crate::{Error, Result};
+use crate::{Error, Result, csi_client};
 
 /// How a test node's manager runs.
 #[derive(Clone, Debug)]
@@ -116,7 +115,7 @@ impl ManagerProcess {
     }
 
     fn state_dir(&self) -> PathBuf {
-        crate::manager::instance_state_dir(&self.data_dir())
+        oxhorn::manager::instance_state_dir(&self.data_dir())
     }
 
     /// The manager's output so far.
@@ -130,12 +129,12 @@ impl ManagerProcess {
         loop {
             self.process.check_running()?;
             // A socket left by a crashed manager exists but refuses connections.
-            let last = match csi::client::connect(&self.socket).await {
+            let last = match csi_client::connect(&self.socket).await {
                 Ok(channel) => return Ok(channel),
                 Err(e) => e,
             };
             if Instant::now() > deadline {
-                return Err(Error::Testbed(format!(
+                return Err(Error::Failed(format!(
                     "manager not serving {} within {timeout:?} ({last}):\n{}",
                     self.socket.display(),
                     self.process.log_tail(30)
@@ -143,6 +142,11 @@ impl ManagerProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// An error, with the end of its log, if the manager has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.process.check_running()
     }
 
     /// Waits up to `timeout` for the process to exit by itself.
@@ -179,7 +183,7 @@ impl ManagerProcess {
             return;
         }
         if let Err(error) =
-            crate::instance::kill_recorded(&self.state_dir(), &self.run_dir(), &self.dev_dir())
+            oxhorn::instance::kill_recorded(&self.state_dir(), &self.run_dir(), &self.dev_dir())
         {
             eprintln!("{}: stopping its processes: {error}", self.options.node_id);
         }

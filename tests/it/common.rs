@@ -1,8 +1,8 @@
-//! What the integration tests with several `oxhorn manager` nodes share: a
-//! cluster of managers in a test namespace, and raw device I/O with dd.
-// Each test binary uses its own part of this module.
-#![allow(dead_code)]
+//! What the integration tests share: the binary under test, one way to wait
+//! for a condition ([`eventually`]), a cluster of `oxhorn manager` nodes in a
+//! test namespace, and raw device I/O with dd.
 
+use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use oxhorn::testbed::{self, ManagerOptions, ManagerProcess, TestNamespace};
 use oxhorn::types::*;
+use oxhorn_testbed::{self as testbed, ManagerOptions, ManagerProcess, TestNamespace};
 use serde_json::json;
 
 pub const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -20,6 +20,52 @@ pub const MIB: i64 = 1 << 20;
 pub const PATIENCE: Duration = Duration::from_secs(90);
 /// Short enough that a test sees a lost manager's lease expire quickly.
 pub const LEASE_SECONDS: u64 = 5;
+
+/// The first and the longest pause between two checks of [`eventually`].
+const FIRST_POLL: Duration = Duration::from_millis(10);
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+/// [`eventually`]'s condition did not hold before the deadline.
+#[derive(Debug)]
+pub struct TimedOut(Duration);
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "timed out after {:?}", self.0)
+    }
+}
+
+/// Checks `condition` until it yields a value, or fails once `deadline` (from
+/// now) has passed. Checks quickly at first, then at most every 100 ms, so
+/// that a fast condition is seen at once and a slow one does not flood the
+/// API server.
+pub async fn eventually<T, F, Fut>(deadline: Duration, mut condition: F) -> Result<T, TimedOut>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    let mut pause = FIRST_POLL;
+    loop {
+        if let Some(value) = condition().await {
+            return Ok(value);
+        }
+        if Instant::now() >= end {
+            return Err(TimedOut(deadline));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_POLL);
+    }
+}
+
+/// Fails the test unless it runs as root. Mounts, loop devices and FUSE need
+/// it, and a test that skipped itself would pass without testing anything.
+pub fn require_root() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "this test needs root (mounts, loop devices, FUSE); run the tests as root"
+    );
+}
 
 /// A few nodes, each a manager process, in one test namespace.
 pub struct Cluster {
@@ -30,7 +76,14 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// `count` nodes named after the namespace, whose leases expire after
+    /// [`LEASE_SECONDS`].
     pub async fn start(prefix: &str, count: usize) -> Self {
+        Self::start_with_lease(prefix, count, LEASE_SECONDS).await
+    }
+
+    /// `count` nodes whose leases expire after `lease_seconds`.
+    pub async fn start_with_lease(prefix: &str, count: usize, lease_seconds: u64) -> Self {
         static SUBNET: AtomicU8 = AtomicU8::new(1);
         let control_plane = testbed::shared();
         let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
@@ -55,7 +108,7 @@ impl Cluster {
                 .unwrap();
             let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
             options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
-            options.lease_seconds = LEASE_SECONDS;
+            options.lease_seconds = lease_seconds;
             nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
         }
         let cluster = Self { nodes, client, ns };
@@ -116,25 +169,16 @@ impl Cluster {
         .await;
     }
 
-    /// Polls `check` until it returns Some, failing the test with the
-    /// managers' logs after PATIENCE.
-    pub async fn until<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    /// Waits until `check` returns Some, failing the test with the managers'
+    /// logs after PATIENCE.
+    pub async fn until<T, F, Fut>(&self, what: &str, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(PATIENCE, check)
+            .await
+            .unwrap_or_else(|e| panic!("{e} waiting for {what}\n{}", self.logs()))
     }
 
     pub async fn create_volume(&self, name: &str, size: i64, replicas: i32) {
@@ -197,6 +241,7 @@ impl Cluster {
 
     /// Attaches `volume` to `node` and returns its device path.
     pub async fn attach(&self, volume: &str, node: &str) -> String {
+        require_root();
         self.patch_volume(volume, json!({"spec": {"nodeID": node}}))
             .await;
         self.until_volume(volume, "the volume attached", |s| {
@@ -216,7 +261,6 @@ impl Cluster {
         .await;
     }
 
-    /// Deletes the volume and waits until its objects are gone.
     /// The reasons of every Event in the test's namespace.
     pub async fn event_reasons(&self) -> std::collections::BTreeSet<String> {
         let events = self
@@ -227,6 +271,7 @@ impl Cluster {
         events.items.into_iter().filter_map(|e| e.reason).collect()
     }
 
+    /// Deletes the volume and waits until its objects are gone.
     pub async fn delete_volume(&self, volume: &str) {
         self.api::<Volume>()
             .delete(volume, &DeleteParams::default())

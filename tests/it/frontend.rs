@@ -1,6 +1,6 @@
 //! The FUSE frontend on real kernel objects: FUSE mounts, loop devices,
 //! filesystems made and checked by their own tools. Needs root, /dev/fuse and
-//! /dev/loop-control.
+//! /dev/loop-control; fails when not root.
 //!
 //! Every test works under its own temporary directory and cleans up through
 //! guards, so that a failing test leaves no mount or loop device behind.
@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use nix::libc;
@@ -21,7 +21,9 @@ use oxhorn::frontend::{
     BLOCK_SIZE, BlockDevice, FILE_NAME, FrontendError, FuseFrontend, FuseOptions, StopOutcome,
     loopdev,
 };
-use oxhorn::testbed::{self, Mounted, loop_devices_under, mounts_under};
+use oxhorn_testbed::{self as testbed, Mounted, loop_devices_under, mounts_under};
+
+use crate::common::{eventually, require_root};
 
 const MIB: usize = 1 << 20;
 
@@ -149,6 +151,7 @@ struct Env {
 
 impl Env {
     fn new() -> Self {
+        require_root();
         init_tracing();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
@@ -220,11 +223,14 @@ fn sysfs(device: &Path, attribute: &str) -> String {
     fs::read_to_string(path).unwrap().trim().to_string()
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(20));
+/// Waits, on the test's runtime, until loop device `number` is no longer
+/// bound to `bound`.
+fn until_unbound(env: &Env, number: u32, bound: &Option<PathBuf>) {
+    let unbound = eventually(Duration::from_secs(20), || async {
+        (loopdev::backing_file(number).unwrap() != *bound).then_some(())
+    });
+    if let Err(e) = env.runtime.block_on(unbound) {
+        panic!("{e} waiting for loop{number} to go");
     }
 }
 
@@ -665,9 +671,7 @@ fn stop_with_the_device_open_detaches_lazily() {
 
     let bound = loopdev::backing_file(number).unwrap();
     drop(user);
-    wait_until("the loop device to go", || {
-        loopdev::backing_file(number).unwrap() != bound
-    });
+    until_unbound(&env, number, &bound);
     assert_gone(&env, &backing, &link);
 }
 
@@ -716,14 +720,12 @@ fn crashing_child() {
 
 /// Starts `crashing_child` and returns it with the device it reports.
 fn spawn_crashing_child(options: &FuseOptions) -> (ChildGuard, PathBuf) {
+    // The test's name as the harness knows it: its path without the crate.
+    let (_crate, module) = module_path!().split_once("::").unwrap();
+    let name = format!("{module}::crashing_child");
     let mut child = ChildGuard(
         Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "crashing_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
             .env(CHILD_RUN_DIR, &options.run_dir)
             .env(CHILD_DEV_DIR, &options.dev_dir)
             .stdout(Stdio::piped())
@@ -734,7 +736,8 @@ fn spawn_crashing_child(options: &FuseOptions) -> (ChildGuard, PathBuf) {
     let device = stdout
         .lines()
         .map(Result::unwrap)
-        // The harness has already printed "test crashing_child ... " on it.
+        // The harness has already printed "test frontend::crashing_child ... "
+        // on it.
         .find_map(|line| {
             line.split_once("ready ")
                 .map(|(_, device)| PathBuf::from(device))
@@ -778,13 +781,11 @@ impl HeldLoop {
     }
 
     /// Closes it and waits until the kernel unbinds it.
-    fn release(self) {
+    fn release(self, env: &Env) {
         let (number, bound) = (self.number, loopdev::backing_file(self.number).unwrap());
         assert!(bound.is_some(), "loop{number} went while still open");
         drop(self);
-        wait_until("the loop device to go", || {
-            loopdev::backing_file(number).unwrap() != bound
-        });
+        until_unbound(env, number, &bound);
     }
 }
 
@@ -829,8 +830,8 @@ fn a_crashed_frontend_is_cleaned_up_at_start() {
     file.write_all_at(block.as_ref(), 0).unwrap();
     assert!(device.contents(0, BLOCK_SIZE as usize) == block.as_ref());
     drop(file);
-    leftover.release();
-    crashed.release();
+    leftover.release(&env);
+    crashed.release(&env);
 
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     assert_gone(&env, &backing, &link);

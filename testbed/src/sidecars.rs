@@ -18,8 +18,8 @@ use tempfile::TempDir;
 use super::controlplane::tool;
 use super::process::Supervised;
 use super::{ControlPlane, tools_dir};
-use crate::csi::DRIVER_NAME;
 use crate::{Error, Result};
+use oxhorn::csi::DRIVER_NAME;
 
 /// Long enough for an attach (an engine starting) or a snapshot; the
 /// sidecars' defaults (10-15 s) are meant for cloud APIs that answer at once.
@@ -130,7 +130,7 @@ pub fn snapshot_crds_dir() -> PathBuf {
 pub async fn apply_snapshot_crds(control_plane: &ControlPlane) -> Result<()> {
     let dir = snapshot_crds_dir();
     let entries = std::fs::read_dir(&dir).map_err(|e| {
-        Error::Testbed(format!(
+        Error::Failed(format!(
             "{}: {e}: run hack/install-test-deps.sh",
             dir.display()
         ))

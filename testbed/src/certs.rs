@@ -6,7 +6,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::{Error, Result};
+use crate::Result;
 
 pub struct Pki {
     pub ca_pem: String,
@@ -16,33 +16,26 @@ pub struct Pki {
     pub service_account_pub_pem: String,
 }
 
-fn rcgen_error(e: rcgen::Error) -> Error {
-    Error::Testbed(format!("generating test certificates: {e}"))
-}
-
 pub fn generate() -> Result<Pki> {
-    let ca_key = KeyPair::generate().map_err(rcgen_error)?;
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error)?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name
         .push(DnType::CommonName, "oxhorn-testbed-ca");
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).map_err(rcgen_error)?;
+    let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
 
-    let serving_key = KeyPair::generate().map_err(rcgen_error)?;
+    let serving_key = KeyPair::generate()?;
     let mut serving =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .map_err(rcgen_error)?;
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
     serving
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let serving_cert = serving
-        .signed_by(&serving_key, &issuer)
-        .map_err(rcgen_error)?;
+    let serving_cert = serving.signed_by(&serving_key, &issuer)?;
 
-    let service_account_key = KeyPair::generate().map_err(rcgen_error)?;
+    let service_account_key = KeyPair::generate()?;
     Ok(Pki {
         ca_pem: ca_cert.pem(),
         serving_cert_pem: serving_cert.pem(),

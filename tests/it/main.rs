@@ -1,0 +1,21 @@
+//! Every integration test, in one binary: one build and link of the crate,
+//! and one test control plane (etcd + kube-apiserver, started on first use)
+//! shared by all tests, each in a namespace of its own. One module per area;
+//! `common` holds what they share.
+
+mod common;
+
+mod api;
+mod cli;
+mod controllers;
+mod csi_controller;
+mod csi_node;
+mod dataplane;
+mod datastore;
+mod frontend;
+mod identity;
+mod instance;
+mod provisioning;
+mod sanity;
+mod snapshots;
+mod volume;
