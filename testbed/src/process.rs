@@ -20,11 +20,17 @@ pub struct Supervised {
 
 impl Supervised {
     /// Spawns `command` with stdout and stderr written to `log`. The child is
-    /// killed when this is dropped, and when the spawning thread exits.
+    /// killed when this is dropped, and when the spawning thread exits. It
+    /// runs in a process group of its own, so a terminal's Ctrl-C reaches
+    /// only the program that started it, which then stops it in order.
     pub fn spawn(name: &'static str, mut command: Command, log: &Path) -> Result<Self> {
         let out = File::create(log).map_err(|e| Error::io(log, e))?;
         let err = out.try_clone().map_err(|e| Error::io(log, e))?;
-        command.stdin(Stdio::null()).stdout(out).stderr(err);
+        command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
         // SAFETY: only async-signal-safe calls (prctl, getppid) run in the child.
         unsafe {
             command.pre_exec(|| {
