@@ -17,8 +17,6 @@ mod volume;
 
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
-pub use ownership::Liveness;
-pub use settings::Settings;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -40,7 +38,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tracing::{debug, info, warn};
 
-use crate::datastore::{Datastore, changed_only};
+use crate::datastore::{Datastore, Liveness, Settings, changed_only};
 use crate::instance::{InstanceError, InstanceManager};
 use crate::types::{Engine, FINALIZER, Node, Replica, Snapshot, Volume};
 use ownership::Owned;

@@ -23,7 +23,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info, info_span};
 
-use super::{Context, ControllerError, Settings, delete, patch_guarded, release, replace_status};
+use super::{Context, ControllerError, delete, patch_guarded, release, replace_status};
+use crate::datastore::Settings;
 use crate::types::{
     DesireState, Engine, EngineSpec, FINALIZER, InstanceSpec, InstanceState, Replica, ReplicaMode,
     Robustness, Snapshot, Volume, VolumeState, VolumeStatus,

@@ -7,9 +7,13 @@
 mod changes;
 mod fanout;
 mod lease_clock;
+mod liveness;
+pub mod settings;
 
 pub use changes::changed_only;
 pub use lease_clock::LeaseClock;
+pub use liveness::{Down, Liveness};
+pub use settings::Settings;
 
 use std::fmt::Debug;
 use std::hash::Hash;

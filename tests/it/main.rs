@@ -15,6 +15,7 @@ mod datastore;
 mod frontend;
 mod identity;
 mod instance;
+mod layout;
 mod local_cluster;
 mod provisioning;
 mod sanity;

@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 
 use super::ControllerService;
-use crate::controller::Liveness;
 use crate::csi::capability;
 use crate::csi::error::ControllerError;
 use crate::csi::parameters::{MIN_VOLUME_SIZE, VolumeParameters};
 use crate::csi::proto::*;
+use crate::datastore::Liveness;
 use crate::scheduler::{self, Cluster};
 use crate::types::Volume;
 

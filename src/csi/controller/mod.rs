@@ -24,8 +24,8 @@ use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
 use super::proto::*;
 use super::traced::traced;
-use crate::controller::Settings;
 use crate::datastore::Datastore;
+use crate::datastore::Settings;
 use crate::types::{Snapshot, Volume};
 
 /// The original CSI name of an object whose name had to be derived from it.

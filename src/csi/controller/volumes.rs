@@ -10,12 +10,12 @@ use kube::api::{DeleteParams, PostParams};
 use tracing::info;
 
 use super::{CSI_NAME, ControllerService, paginate, required, snapshots};
-use crate::controller::Settings;
 use crate::csi::capability;
 use crate::csi::error::ControllerError;
 use crate::csi::parameters::{VolumeParameters, volume_size};
 use crate::csi::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::csi::proto::*;
+use crate::datastore::Settings;
 use crate::names::object_name;
 use crate::types::{
     AccessMode, CLONE_FOR, Condition, ConditionStatus, DataSource, Robustness, Snapshot,
