@@ -84,6 +84,14 @@ impl Cluster {
 
     /// `count` nodes whose leases expire after `lease_seconds`.
     pub async fn start_with_lease(prefix: &str, count: usize, lease_seconds: u64) -> Self {
+        let cluster = Self::launch(prefix, count, lease_seconds).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
+    }
+
+    /// `count` nodes whose managers have been started, without waiting for
+    /// them to be ready.
+    pub async fn launch(prefix: &str, count: usize, lease_seconds: u64) -> Self {
         static SUBNET: AtomicU8 = AtomicU8::new(1);
         let control_plane = testbed::shared();
         let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
@@ -111,9 +119,7 @@ impl Cluster {
             options.lease_seconds = lease_seconds;
             nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
         }
-        let cluster = Self { nodes, client, ns };
-        cluster.until_nodes_schedulable().await;
-        cluster
+        Self { nodes, client, ns }
     }
 
     pub fn api<K>(&self) -> Api<K>
