@@ -249,7 +249,9 @@ mod tests {
 
     use super::*;
     use crate::replica::BLOCK_SIZE;
-    use crate::replica::testutil::{block_bytes, blocks, new_store, read_all, reopen};
+    use crate::replica::testutil::{
+        block_bytes, blocks, new_store, read_all, reopen, snapshot_names,
+    };
 
     fn files(dir: &Path) -> Vec<String> {
         let mut names: Vec<_> = fs::read_dir(dir)
@@ -258,15 +260,6 @@ mod tests {
             .collect();
         names.sort();
         names
-    }
-
-    fn names(store: &ReplicaStore) -> Vec<String> {
-        store
-            .snapshots()
-            .unwrap()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
     }
 
     /// Four blocks; snapshots a, b, c each overwrite a different mix.
@@ -323,7 +316,7 @@ mod tests {
             matches!(err, StorageError::SnapshotExists(ref n) if n == "x"),
             "{err}"
         );
-        assert_eq!(names(&store), ["x"]);
+        assert_eq!(snapshot_names(&store), ["x"]);
     }
 
     #[test]
@@ -332,7 +325,7 @@ mod tests {
         let labels = BTreeMap::from([("k".to_string(), "v".to_string())]);
         store.snapshot("d", true, labels.clone()).unwrap();
         let infos = store.snapshots().unwrap();
-        assert_eq!(names(&store), ["a", "b", "c", "d"]);
+        assert_eq!(snapshot_names(&store), ["a", "b", "c", "d"]);
         assert_eq!(infos[0].parent, None);
         assert_eq!(infos[0].children, ["b"]);
         assert_eq!(infos[1].parent.as_deref(), Some("a"));
@@ -357,7 +350,7 @@ mod tests {
             let (_tmp, store) = three_snapshots();
             store.remove_snapshot(victim).unwrap();
             assert_eq!(block_bytes(&store), [3, 2, 1, 4], "removing {victim}");
-            assert_eq!(names(&store), left);
+            assert_eq!(snapshot_names(&store), left);
             assert!(!store.path().join(format!("snap-{victim}.img")).exists());
             assert!(
                 !store
@@ -367,7 +360,7 @@ mod tests {
             );
             let store = reopen(store);
             assert_eq!(block_bytes(&store), [3, 2, 1, 4]);
-            assert_eq!(names(&store), left);
+            assert_eq!(snapshot_names(&store), left);
         }
     }
 
@@ -415,7 +408,7 @@ mod tests {
         let (_tmp, store) = three_snapshots();
         store.revert("b").unwrap();
         assert_eq!(block_bytes(&store), [2, 2, 1, 0]);
-        assert_eq!(names(&store), ["a", "b"]);
+        assert_eq!(snapshot_names(&store), ["a", "b"]);
         assert_eq!(
             files(store.path()),
             [
@@ -438,7 +431,7 @@ mod tests {
         );
         store.snapshot("c", true, BTreeMap::new()).unwrap();
         let store = reopen(store);
-        assert_eq!(names(&store), ["a", "b", "c"]);
+        assert_eq!(snapshot_names(&store), ["a", "b", "c"]);
         assert_eq!(block_bytes(&store), [2, 2, 1, 0]);
     }
 

@@ -281,7 +281,7 @@ fn checksum(layer: &Layer, runs: &[(u64, u64)], buf: &mut Vec<u8>) -> Result<u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replica::testutil::{block_bytes, blocks, new_store, reopen};
+    use crate::replica::testutil::{block_bytes, blocks, new_store, reopen, snapshot_names};
 
     fn spec(name: &str) -> LayerSpec {
         LayerSpec {
@@ -290,15 +290,6 @@ mod tests {
             user_created: false,
             labels: BTreeMap::new(),
         }
-    }
-
-    fn snapshot_names(store: &ReplicaStore) -> Vec<String> {
-        store
-            .snapshots()
-            .unwrap()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
     }
 
     /// The engine snapshots a rebuild target with every other replica; a

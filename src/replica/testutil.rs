@@ -37,6 +37,16 @@ pub fn block_bytes(store: &ReplicaStore) -> Vec<u8> {
     read_all(store).chunks(BS).map(|b| b[0]).collect()
 }
 
+/// The store's snapshot names, oldest first.
+pub fn snapshot_names(store: &ReplicaStore) -> Vec<String> {
+    store
+        .snapshots()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect()
+}
+
 /// Drops the store and opens its directory again.
 pub fn reopen(store: ReplicaStore) -> ReplicaStore {
     let path = store.path().to_path_buf();
