@@ -81,7 +81,9 @@ async fn run(args: Args) -> Result<(), Failure> {
         testbed::register_kube_node(&client, &name, &[]).await?;
         sidecars::register_csi_node(&client, &name, &[]).await?;
         let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, DEFAULT_NAMESPACE);
-        options.ip = IpAddr::from([127, 0, 10, i]);
+        // 127.1.0.x: the integration tests' nodes take 127.0.x.y, and the
+        // tests run this example beside them.
+        options.ip = IpAddr::from([127, 1, 0, i]);
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);
     }
     let mut channels = Vec::new();

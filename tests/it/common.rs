@@ -96,6 +96,7 @@ impl Cluster {
         let control_plane = testbed::shared();
         let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
         let client = control_plane.client().unwrap();
+        // Nodes take 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x.
         let subnet = SUBNET.fetch_add(1, Ordering::Relaxed);
         // The test machine's disk is shared and may be fuller than the
         // default 25% free that replicas need.
