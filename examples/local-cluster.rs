@@ -24,6 +24,7 @@ use oxhorn_testbed::kubelet::{self, Kubelet};
 use oxhorn_testbed::sidecars::{self, Sidecars};
 use oxhorn_testbed::{self as testbed, ControlPlane, ManagerOptions, ManagerProcess};
 use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
 
 const NODES: u8 = 3;
 /// Where the volume attaches: the node whose socket the sidecars use.
@@ -132,11 +133,14 @@ async fn run(args: Args) -> Result<(), Failure> {
     )?;
 
     if args.hold {
+        // Listening before saying so: a Ctrl-C right after the line must
+        // not find SIGINT's default action still in place.
+        let mut interrupt = signal(SignalKind::interrupt())?;
         println!(
             "\nexport KUBECONFIG={}\nCtrl-C stops the cluster.",
             control_plane.kubeconfig().display()
         );
-        tokio::signal::ctrl_c().await?;
+        interrupt.recv().await;
     }
     kubelet.unpublish(published).await?;
     let name = kubelet::attachment_name(&pv.name_any(), NODE);
