@@ -4,14 +4,16 @@
 //! detached and deleted before the managers stop) and exit 0.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
+use tempfile::TempDir;
 
 use crate::common::{OXHORN, require_root};
 
@@ -28,17 +30,55 @@ fn local_cluster() -> PathBuf {
     example
 }
 
+/// What the example leaves if it fails part way, released when the test
+/// ends however it ends: its process group, the engine and replica
+/// processes its managers started (in sessions of their own), and the
+/// mounts and loop devices under its temp dir.
+struct Leftovers {
+    group: Pid,
+    dir: TempDir,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        let _ = killpg(self.group, Signal::SIGKILL);
+        kill_processes_naming(self.dir.path());
+        oxhorn_testbed::release_under(self.dir.path());
+    }
+}
+
+/// SIGKILLs every process whose command line names `dir`.
+fn kill_processes_naming(dir: &Path) {
+    let needle = dir.as_os_str().as_bytes();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if cmdline.windows(needle.len()).any(|w| w == needle) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
 #[test]
 fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
     require_root();
+    // Its temp dirs (nodes, kubelet) go under one the test removes.
+    let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(local_cluster())
         .args(["--oxhorn", OXHORN, "--hold"])
+        .env("TMPDIR", dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
         .unwrap();
     let group = Pid::from_raw(child.id() as i32);
+    let _leftovers = Leftovers { group, dir };
     let (lines, seen) = mpsc::channel();
     let stdout = BufReader::new(child.stdout.take().unwrap());
     let reader = std::thread::spawn(move || {
