@@ -58,6 +58,18 @@ where
     }
 }
 
+/// Logs of the code under test, in the test's output (`RUST_LOG` filters;
+/// oxhorn's info by default). Once per process; later calls do nothing.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "oxhorn=info".into()),
+        )
+        .try_init();
+}
+
 /// Fails the test unless it runs as root. Mounts, loop devices and FUSE need
 /// it, and a test that skipped itself would pass without testing anything.
 pub fn require_root() {

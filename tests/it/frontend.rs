@@ -23,7 +23,7 @@ use oxhorn::frontend::{
 };
 use oxhorn_testbed::{self as testbed, Mounted, loop_devices_under, mounts_under};
 
-use crate::common::{eventually, require_root};
+use crate::common::{eventually, init_tracing, require_root};
 
 const MIB: usize = 1 << 20;
 
@@ -191,16 +191,6 @@ impl Drop for Env {
     fn drop(&mut self) {
         testbed::release_under(&self.path());
     }
-}
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "oxhorn=info".into()),
-        )
-        .try_init();
 }
 
 /// A child process, killed on drop.

@@ -24,7 +24,7 @@ use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::types::InstanceState;
 use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
 
-use crate::common::{OXHORN, eventually, require_root};
+use crate::common::{OXHORN, eventually, init_tracing, require_root};
 
 const SIZE: u64 = 16 << 20;
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -127,16 +127,6 @@ impl Drop for Node {
         // Belt and braces, should an engine have escaped its record.
         testbed::release_under(&self.root);
     }
-}
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "oxhorn=info".into()),
-        )
-        .try_init();
 }
 
 /// Polls the instance until `done` holds for its info.
