@@ -10,22 +10,33 @@ use crate::{Error, Result};
 use oxhorn::frontend::{FuseFrontend, FuseOptions};
 use oxhorn::protocol::control::EngineStatusRequest;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
+use oxhorn::protocol::{Access, KEY_ENV};
 
 /// A process started again with the same command after a kill.
 struct Restartable {
     name: &'static str,
     binary: PathBuf,
     args: Vec<String>,
+    /// The volume's key, handed over in the environment as the instance
+    /// manager does.
+    key: String,
     log: PathBuf,
     process: Option<Supervised>,
 }
 
 impl Restartable {
-    fn spawn(name: &'static str, binary: &Path, args: Vec<String>, log: PathBuf) -> Result<Self> {
+    fn spawn(
+        name: &'static str,
+        binary: &Path,
+        args: Vec<String>,
+        access: &Access,
+        log: PathBuf,
+    ) -> Result<Self> {
         let mut process = Self {
             name,
             binary: binary.to_path_buf(),
             args,
+            key: access.key.to_hex(),
             log,
             process: None,
         };
@@ -35,7 +46,7 @@ impl Restartable {
 
     fn start(&mut self) -> Result<()> {
         let mut command = Command::new(&self.binary);
-        command.args(&self.args);
+        command.args(&self.args).env(KEY_ENV, &self.key);
         self.process = Some(Supervised::spawn(self.name, command, &self.log)?);
         Ok(())
     }
@@ -102,18 +113,24 @@ pub struct ReplicaProcess {
 }
 
 impl ReplicaProcess {
-    /// Starts `binary replica` on `dir` (created if new) serving data on a free
-    /// loopback port and control on the next one.
-    pub fn spawn(binary: &Path, dir: &Path, size: u64) -> Result<Self> {
+    /// Starts `binary replica` of `access.volume` on `dir` (created if new)
+    /// serving data on a free loopback port and control on the next one.
+    pub fn spawn(binary: &Path, dir: &Path, size: u64, access: &Access) -> Result<Self> {
         let port = free_port_pair()?;
         let args = vec![
             "replica".to_string(),
+            format!("--volume={}", access.volume),
             format!("--dir={}", dir.display()),
             format!("--size={size}"),
             format!("--listen=127.0.0.1:{port}"),
         ];
-        let process =
-            Restartable::spawn("oxhorn replica", binary, args, dir.with_extension("log"))?;
+        let process = Restartable::spawn(
+            "oxhorn replica",
+            binary,
+            args,
+            access,
+            dir.with_extension("log"),
+        )?;
         Ok(Self {
             process,
             dir: dir.to_path_buf(),
@@ -184,22 +201,26 @@ pub struct EngineProcess {
     pub device_link: PathBuf,
     /// The control API address.
     pub control: String,
+    access: Access,
 }
 
 impl EngineProcess {
-    /// Starts `binary engine` for `volume` over `replicas` (data addresses),
-    /// with its run and device directories under `dir`.
+    /// Starts `binary engine` for `access` (volume, key, generation) over
+    /// `replicas` (data addresses), with its run and device directories
+    /// under `dir`.
     pub fn spawn(
         binary: &Path,
         dir: &Path,
-        volume: &str,
+        access: &Access,
         size: u64,
         replicas: &[String],
     ) -> Result<Self> {
+        let volume = &access.volume;
         let control = format!("127.0.0.1:{}", free_port_pair()?);
         let mut args = vec![
             "engine".to_string(),
             format!("--volume={volume}"),
+            format!("--generation={}", access.generation),
             format!("--size={size}"),
             "--frontend=fuse".to_string(),
             format!("--listen={control}"),
@@ -211,11 +232,12 @@ impl EngineProcess {
         let mut frontend = FuseOptions::new(dir.join("run"));
         frontend.dev_dir = dir.join("dev");
         Ok(Self {
-            process: Restartable::spawn("oxhorn engine", binary, args, log)?,
+            process: Restartable::spawn("oxhorn engine", binary, args, access, log)?,
             volume: volume.to_string(),
             frontend,
             device_link: dir.join("dev").join(volume),
             control,
+            access: access.clone(),
         })
     }
 
@@ -227,10 +249,10 @@ impl EngineProcess {
     /// Waits until the engine's control API reports its device (the control
     /// server starts after the frontend), and returns the device it links to.
     pub async fn wait_device(&mut self, timeout: Duration) -> Result<PathBuf> {
-        let control = self.control.clone();
+        let (control, access) = (self.control.clone(), self.access.clone());
         let endpoint = self
             .process
-            .wait_for(timeout, async || endpoint(&control).await)
+            .wait_for(timeout, async || endpoint(&control, &access).await)
             .await?;
         std::fs::canonicalize(&endpoint).map_err(|e| Error::io(endpoint, e))
     }
@@ -248,6 +270,17 @@ impl EngineProcess {
     pub fn log(&self) -> String {
         self.process.log()
     }
+
+    /// A client of the engine's control API, authenticated with its key.
+    pub async fn client(&self) -> Result<EngineControlClient<oxhorn::protocol::Stamped>> {
+        let channel = oxhorn::protocol::control_channel(&self.control)
+            .await
+            .map_err(|e| Error::Failed(format!("engine control {}: {e}", self.control)))?;
+        Ok(EngineControlClient::new(oxhorn::protocol::stamped(
+            channel,
+            &self.access,
+        )))
+    }
 }
 
 impl Drop for EngineProcess {
@@ -260,10 +293,9 @@ impl Drop for EngineProcess {
 }
 
 /// The endpoint a running engine reports, once it answers.
-async fn endpoint(control: &str) -> Option<String> {
-    let mut client = EngineControlClient::connect(format!("http://{control}"))
-        .await
-        .ok()?;
+async fn endpoint(control: &str, access: &Access) -> Option<String> {
+    let channel = oxhorn::protocol::control_channel(control).await.ok()?;
+    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, access));
     let status = client
         .status(EngineStatusRequest {})
         .await
