@@ -23,8 +23,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// An idle connection is pinged this often; a ping must be answered within
 /// [`PING_TIMEOUT`], so a dead peer is noticed within their sum.
-pub(super) const KEEPALIVE: Duration = Duration::from_secs(2);
-pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(4);
+pub const KEEPALIVE: Duration = Duration::from_secs(2);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(4);
 /// Requests queued for the writer before callers wait.
 const QUEUE: usize = 1024;
 

@@ -10,7 +10,7 @@ mod frame;
 mod server;
 
 pub use channel::{CONTROL_DEADLINE, control_channel, control_endpoint, within_deadline};
-pub use client::{Connection, ConnectionError};
+pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
 pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
 pub use server::{Handler, serve};
 
