@@ -1,6 +1,8 @@
 //! The data plane for real: `oxhorn replica` processes on loopback and the
 //! replicating engine, with replicas killed with SIGKILL, restarted and
-//! rebuilt, and the engine itself dropped mid-write and restarted.
+//! rebuilt, and the engine itself dropped mid-write and restarted. The
+//! writers, the model of acknowledged writes and the comparisons serve the
+//! `partition` module too.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -18,15 +20,15 @@ use tempfile::TempDir;
 
 use crate::common::{OXHORN, eventually, require_root};
 
-const SIZE: u64 = 64 << 20;
-const BLOCK: u64 = 4096;
+pub(crate) const SIZE: u64 = 64 << 20;
+pub(crate) const BLOCK: u64 = 4096;
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A small deterministic generator: tests must replay the same way.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -34,14 +36,14 @@ impl Rng {
     }
 
     /// An aligned (offset, length) of 1 to 64 blocks within `region`.
-    fn extent(&mut self, region: &Range<u64>) -> (u64, u64) {
+    pub(crate) fn extent(&mut self, region: &Range<u64>) -> (u64, u64) {
         let blocks = 1 + self.next() % 64;
         let start =
             region.start / BLOCK + self.next() % ((region.end - region.start) / BLOCK - blocks);
         (start * BLOCK, blocks * BLOCK)
     }
 
-    fn data(&mut self, len: u64) -> Bytes {
+    pub(crate) fn data(&mut self, len: u64) -> Bytes {
         let seed = self.next();
         (0..len)
             .map(|i| (seed.wrapping_mul(i + 1) >> 24) as u8)
@@ -51,21 +53,21 @@ impl Rng {
 }
 
 /// The volume as it must read: what every acknowledged write left.
-struct Model {
-    data: Vec<u8>,
+pub(crate) struct Model {
+    pub(crate) data: Vec<u8>,
     /// How many acknowledged writes it holds.
-    writes: usize,
+    pub(crate) writes: usize,
 }
 
 impl Model {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             data: vec![0; SIZE as usize],
             writes: 0,
         }
     }
 
-    fn apply(&mut self, offset: u64, data: &[u8]) {
+    pub(crate) fn apply(&mut self, offset: u64, data: &[u8]) {
         self.data[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         self.writes += 1;
     }
@@ -98,11 +100,11 @@ impl Replicas {
     }
 }
 
-const WHOLE: Range<u64> = 0..SIZE;
+pub(crate) const WHOLE: Range<u64> = 0..SIZE;
 
 /// Writes `count` random extents in `region`, `parallel` at a time, recording
 /// each in the model once acknowledged. Every write must succeed.
-async fn write_random(
+pub(crate) async fn write_random(
     engine: &Arc<Engine>,
     model: &Arc<Mutex<Model>>,
     rng: &mut Rng,
@@ -136,7 +138,7 @@ async fn write_random(
     }
 }
 
-async fn read_all(device: &impl BlockDevice) -> Vec<u8> {
+pub(crate) async fn read_all(device: &impl BlockDevice) -> Vec<u8> {
     let mut out = Vec::with_capacity(SIZE as usize);
     for offset in (0..SIZE).step_by(4 << 20) {
         out.extend_from_slice(&device.read(offset, 4 << 20).await.unwrap());
@@ -154,12 +156,12 @@ async fn read_replica(address: &str) -> Vec<u8> {
     out
 }
 
-fn modes(status: &EngineStatus) -> Vec<ReplicaMode> {
+pub(crate) fn modes(status: &EngineStatus) -> Vec<ReplicaMode> {
     status.replicas.iter().map(|r| r.mode()).collect()
 }
 
 /// Waits until every replica of the engine is RW.
-async fn until_all_rw(engine: &Engine, count: usize) -> EngineStatus {
+pub(crate) async fn until_all_rw(engine: &Engine, count: usize) -> EngineStatus {
     let all_rw = eventually(PATIENCE, || async {
         let status = engine.status().await;
         let rw = modes(&status).iter().all(|m| *m == ReplicaMode::Rw);
@@ -172,7 +174,7 @@ async fn until_all_rw(engine: &Engine, count: usize) -> EngineStatus {
     }
 }
 
-fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
+pub(crate) fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
     if let Some(at) = actual.iter().zip(expected).position(|(a, b)| a != b) {
         panic!(
             "{what}: first difference at byte {at} (block {})",

@@ -17,6 +17,7 @@ mod identity;
 mod instance;
 mod layout;
 mod local_cluster;
+mod partition;
 mod placement;
 mod provisioning;
 mod sanity;
