@@ -111,6 +111,13 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|e| failed(e.to_string()))?;
+        // Closed, the connection resets and its unsent requests are dropped.
+        // A graceful close would leave them to TCP, which retransmits them
+        // once a partition heals: the replica would then apply writes the
+        // engine failed long ago over newer ones it got since it rejoined.
+        stream
+            .set_zero_linger()
+            .map_err(|e| failed(e.to_string()))?;
         let (read, write) = stream.into_split();
         let (outgoing, queue) = mpsc::channel(QUEUE);
         let inner = Arc::new(Inner {
