@@ -13,6 +13,7 @@ use bytes::Bytes;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::control::ReplicaMode;
+use oxhorn::protocol::{Access, Key};
 use oxhorn_testbed::ReplicaProcess;
 
 const SIZE: u64 = 1 << 30;
@@ -27,10 +28,15 @@ async fn main() {
         .prefix("oxhorn-bench-")
         .tempdir_in("/var/tmp")
         .expect("work dir");
+    let access = Access {
+        volume: "bench".into(),
+        key: Key::generate().for_volume("bench"),
+        generation: 1,
+    };
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
         let mut replica =
-            ReplicaProcess::spawn(oxhorn, &work.path().join(name), SIZE).expect("replica");
+            ReplicaProcess::spawn(oxhorn, &work.path().join(name), SIZE, &access).expect("replica");
         replica
             .wait_serving(Duration::from_secs(30))
             .await
@@ -38,7 +44,9 @@ async fn main() {
         replicas.push(replica);
     }
     let addresses: Vec<String> = replicas.iter().map(ReplicaProcess::address).collect();
-    let engine = Engine::start("bench", SIZE, &addresses[..2]).await;
+    let engine = Engine::start(&access, SIZE, &addresses[..2], false)
+        .await
+        .expect("engine");
 
     // Every other MiB, so the layers are sparse like real ones.
     let data = Bytes::from(

@@ -175,6 +175,7 @@ async fn run_controllers(
     datastore: Arc<Datastore>,
 ) -> Result<()> {
     datastore.wait_until_ready().await;
+    let key = controller::cluster_key(&client, &config.namespace).await?;
     let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
     let instances = InstanceManager::start(InstanceManagerConfig {
         binary,
@@ -183,13 +184,14 @@ async fn run_controllers(
         ports: config.ports.clone(),
         run_dir: config.run_dir.clone(),
         dev_dir: config.dev_dir.clone(),
+        key: key.clone(),
     })
     .await?;
     let node = NodeConfig {
         node_id: config.node_id.clone(),
         data_dir: config.data_dir.clone(),
     };
-    let ctx = controller::Context::new(client.clone(), datastore, node, instances);
+    let ctx = controller::Context::new(client.clone(), datastore, node, instances, key);
     controller::ensure_own_node(&ctx).await?;
     let lease = controller::hold_lease(
         client,

@@ -9,6 +9,8 @@ use std::time::Duration;
 use kube::ResourceExt;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::protocol::{Access, Stamped};
+
 use super::ControllerError;
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
@@ -58,7 +60,7 @@ impl<C> Control<C> {
     }
 }
 
-impl Control<ReplicaControlClient<Channel>> {
+impl Control<ReplicaControlClient<Stamped>> {
     /// The replica's chain, revision and flags.
     pub async fn status(&mut self) -> Result<ReplicaStatus, ControllerError> {
         let reply = self.client.status(ReplicaStatusRequest {}).await;
@@ -68,7 +70,7 @@ impl Control<ReplicaControlClient<Channel>> {
     }
 }
 
-impl Control<EngineControlClient<Channel>> {
+impl Control<EngineControlClient<Stamped>> {
     /// The engine's replicas and snapshots.
     pub async fn status(&mut self) -> Result<EngineStatus, ControllerError> {
         let reply = self.client.status(EngineStatusRequest {}).await;
@@ -78,17 +80,18 @@ impl Control<EngineControlClient<Channel>> {
     }
 }
 
-/// The control API of `replica`'s process at `address`; `timeout` bounds
-/// each call (None for a streamed copy).
+/// The control API of `replica`'s process at `address`, called with
+/// `access`; `timeout` bounds each call (None for a streamed copy).
 pub async fn replica(
     replica: &Replica,
     address: &str,
     timeout: Option<Duration>,
-) -> Result<Control<ReplicaControlClient<Channel>>, ControllerError> {
+    access: &Access,
+) -> Result<Control<ReplicaControlClient<Stamped>>, ControllerError> {
     let target = format!("replica {}", replica.name_any());
     let channel = connect(&target, address, timeout).await?;
     Ok(Control {
-        client: ReplicaControlClient::new(channel),
+        client: ReplicaControlClient::new(crate::protocol::stamped(channel, access)),
         target,
         address: address.to_owned(),
     })
@@ -98,8 +101,9 @@ pub async fn replica(
 pub async fn engine(
     engine: &Engine,
     address: &str,
-) -> Result<Control<EngineControlClient<Channel>>, ControllerError> {
-    engine_with_timeout(engine, address, CALL_TIMEOUT).await
+    access: &Access,
+) -> Result<Control<EngineControlClient<Stamped>>, ControllerError> {
+    engine_with_timeout(engine, address, CALL_TIMEOUT, access).await
 }
 
 /// The control API of `engine`'s process at `address`; `timeout` bounds
@@ -108,11 +112,12 @@ pub async fn engine_with_timeout(
     engine: &Engine,
     address: &str,
     timeout: Duration,
-) -> Result<Control<EngineControlClient<Channel>>, ControllerError> {
+    access: &Access,
+) -> Result<Control<EngineControlClient<Stamped>>, ControllerError> {
     let target = format!("engine {}", engine.name_any());
     let channel = connect(&target, address, Some(timeout)).await?;
     Ok(Control {
-        client: EngineControlClient::new(channel),
+        client: EngineControlClient::new(crate::protocol::stamped(channel, access)),
         target,
         address: address.to_owned(),
     })
@@ -160,10 +165,16 @@ mod tests {
                 },
                 replica_address_map: Default::default(),
                 frontend: Frontend::Fuse,
+                generation: 0,
             },
         );
         let timeout = Duration::from_secs(5);
-        let Err(error) = engine_with_timeout(&engine, &address, timeout).await else {
+        let access = Access {
+            volume: "vol".into(),
+            key: crate::protocol::Key::generate(),
+            generation: 0,
+        };
+        let Err(error) = engine_with_timeout(&engine, &address, timeout, &access).await else {
             panic!("connected to {address}, where nothing listens");
         };
         assert!(error.is_data_plane(), "{error}");

@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::protocol::Stamped;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use tonic::transport::Channel;
 use tracing::{Instrument, info, info_span};
 
 use super::control::{self, Control};
@@ -116,6 +116,7 @@ async fn run_here(
         name,
         kind: InstanceKind::Engine {
             volume: engine.spec.instance.volume_name.clone(),
+            generation: engine.spec.generation,
             size: engine.spec.instance.volume_size.unsigned_abs(),
             replicas: engine.spec.replica_address_map.values().cloned().collect(),
             frontend: FrontendKind::Fuse,
@@ -127,7 +128,8 @@ async fn run_here(
         return Ok(Action::requeue(POLL));
     }
     let address = format!("{}:{}", info.ip, info.port);
-    let mut api = control::engine_with_timeout(engine, &address, CONTROL_TIMEOUT).await?;
+    let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
+    let mut api = control::engine_with_timeout(engine, &address, CONTROL_TIMEOUT, &access).await?;
     let observed = converge(engine, &mut api).await?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))
@@ -137,7 +139,7 @@ async fn run_here(
 /// removed, size grown. Returns the engine's status afterwards.
 async fn converge(
     engine: &Engine,
-    api: &mut Control<EngineControlClient<Channel>>,
+    api: &mut Control<EngineControlClient<Stamped>>,
 ) -> Result<protocol::EngineStatus, ControllerError> {
     let mut observed = api.status().await?;
     let wanted: BTreeSet<&String> = engine.spec.replica_address_map.values().collect();

@@ -4,6 +4,7 @@
 //! changed; a conflict means the cache was stale or another manager won, and
 //! the object is looked at again when its newer version arrives.
 
+mod access;
 mod control;
 mod engine;
 mod lease;
@@ -15,6 +16,7 @@ pub mod settings;
 mod snapshot;
 mod volume;
 
+pub use access::{KEY_SECRET, cluster_key};
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
 
@@ -40,6 +42,7 @@ use tracing::{debug, info, warn};
 
 use crate::datastore::{Datastore, Liveness, Settings, changed_only};
 use crate::instance::{InstanceError, InstanceManager};
+use crate::protocol::{Access, Key};
 use crate::types::{Engine, FINALIZER, Node, Replica, Snapshot, Volume};
 use ownership::Owned;
 
@@ -75,6 +78,8 @@ pub enum ControllerError {
     },
     #[error("encoding status: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("the data plane's key: {0}")]
+    DataPlaneKey(String),
 }
 
 impl ControllerError {
@@ -108,6 +113,8 @@ pub struct Context {
     pub node: NodeConfig,
     pub liveness: Liveness,
     pub instances: Arc<InstanceManager>,
+    /// The cluster's data-plane key: volumes' keys derive from it.
+    key: Key,
     /// Objects this manager created that its caches may not show yet.
     pub expected: Expectations,
     recorder: Recorder,
@@ -205,6 +212,7 @@ impl Context {
         ds: Arc<Datastore>,
         node: NodeConfig,
         instances: Arc<InstanceManager>,
+        key: Key,
     ) -> Arc<Self> {
         let recorder = Recorder::new(
             client.clone(),
@@ -219,9 +227,20 @@ impl Context {
             ds,
             node,
             instances,
+            key,
             expected: Expectations::default(),
             recorder,
         })
+    }
+
+    /// How to reach `volume`'s data plane as its engine generation
+    /// `generation` does.
+    pub fn access(&self, volume: &str, generation: u64) -> Access {
+        Access {
+            volume: volume.to_string(),
+            key: self.key.for_volume(volume),
+            generation,
+        }
     }
 
     /// The settings in effect now.

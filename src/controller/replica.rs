@@ -94,7 +94,11 @@ async fn run_here(
             let size = replica.spec.instance.volume_size.unsigned_abs();
             let info = ctx.instances.ensure_running(InstanceRequest {
                 name,
-                kind: InstanceKind::Replica { dir, size },
+                kind: InstanceKind::Replica {
+                    volume: replica.spec.instance.volume_name.clone(),
+                    dir,
+                    size,
+                },
             })?;
             reflect(status, &info);
         }

@@ -25,6 +25,7 @@ use tracing::{Instrument, info, info_span};
 
 use super::{Context, ControllerError, delete, patch_guarded, release, replace_status};
 use crate::datastore::Settings;
+use crate::protocol::Access;
 use crate::types::{
     DesireState, Engine, EngineSpec, FINALIZER, InstanceSpec, InstanceState, Replica, ReplicaMode,
     Robustness, Snapshot, Volume, VolumeState, VolumeStatus,
@@ -78,6 +79,13 @@ struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
+    /// How the pass calls the volume's data plane: as its engine's
+    /// generation, so that a superseded engine's requests stay refused.
+    fn access(&self) -> Access {
+        let generation = self.engine.as_ref().map_or(0, |e| e.spec.generation);
+        self.ctx.access(&self.volume.name_any(), generation)
+    }
+
     fn new(ctx: &'a Context, volume: Volume) -> Self {
         let name = volume.name_any();
         let engine = ctx
@@ -286,6 +294,7 @@ impl<'a> Pass<'a> {
                 instance: self.instance_spec(),
                 replica_address_map: Default::default(),
                 frontend: self.volume.spec.frontend,
+                generation: 0,
             },
         );
         engine.metadata.owner_references = self.owner_reference().map(|r| vec![r]);

@@ -42,7 +42,9 @@ impl From<EngineError> for Status {
             EngineError::AlreadyMember(_) => Status::already_exists(message),
             EngineError::NotMember(_) => Status::not_found(message),
             EngineError::Control(_, status) => Status::new(status.code(), message),
-            EngineError::Replica(_) => Status::unavailable(message),
+            EngineError::Replica(_) | EngineError::IoPathUnreachable { .. } => {
+                Status::unavailable(message)
+            }
             // The process's own failures end it; no call answers with them.
             EngineError::Config(_)
             | EngineError::Listen { .. }
@@ -105,7 +107,9 @@ impl EngineControl for EngineControlService {
         &self,
         request: Request<RemoveReplicaRequest>,
     ) -> Result<Response<EngineStatus>, Status> {
-        self.engine.remove_replica(&request.into_inner().address)?;
+        self.engine
+            .remove_replica(&request.into_inner().address)
+            .await?;
         Ok(Response::new(self.status().await))
     }
 }

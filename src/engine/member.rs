@@ -3,12 +3,10 @@
 
 use std::sync::Mutex;
 
-use tonic::transport::Channel;
-
 use super::EngineError;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, ReplicaStatusRequest};
-use crate::protocol::{self, Connection};
+use crate::protocol::{self, Access, Connection, Stamped};
 
 /// A replica's place in the I/O path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +40,10 @@ pub struct Report {
 pub struct Member {
     /// Data address (host:port); control is on the next port.
     pub address: String,
+    /// The replica's id, as I/O-path records name it.
+    pub id: String,
     pub data: Connection,
-    pub control: ReplicaControlClient<Channel>,
+    pub control: ReplicaControlClient<Stamped>,
     state: Mutex<State>,
 }
 
@@ -57,9 +57,12 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 impl Member {
     /// Connects to the replica's data and control ports and reads its status.
     /// The member starts in [`Mode::Error`] until the engine places it.
-    pub async fn connect(address: &str) -> Result<(Self, ReplicaStatus), EngineError> {
+    pub async fn connect(
+        address: &str,
+        access: &Access,
+    ) -> Result<(Self, ReplicaStatus), EngineError> {
         let control_address = control_address(address)?;
-        let data = Connection::connect(address).await?;
+        let data = Connection::connect(address, access).await?;
         let channel = protocol::control_channel(&control_address)
             .await
             .map_err(|e| {
@@ -68,13 +71,14 @@ impl Member {
                     tonic::Status::unavailable(e.to_string()),
                 )
             })?;
-        let mut control = ReplicaControlClient::new(channel);
+        let mut control = ReplicaControlClient::new(protocol::stamped(channel, access));
         let status = protocol::within_deadline(control.status(ReplicaStatusRequest {}))
             .await
             .map_err(|e| EngineError::Control(address.to_string(), e))?
             .into_inner();
         let member = Self {
             address: address.to_string(),
+            id: status.id.clone(),
             data,
             control,
             state: Mutex::new(State {

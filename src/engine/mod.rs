@@ -9,8 +9,15 @@
 //! writes and discards are applied one after the other, in the order they
 //! arrived, so that every replica applies them in the same order (see
 //! `ranges.rs`).
+//!
+//! The engine acts for one generation, which the controller raises each time
+//! it starts an engine for the volume: replicas refuse older ones, so an
+//! engine left behind on an unreachable node cannot write once a newer one
+//! has connected. Which replicas are in the I/O path is recorded on the
+//! replicas (`io_path.rs`): an engine serves only from the newest I/O path.
 
 mod control;
+mod io_path;
 mod member;
 mod process;
 mod ranges;
@@ -23,19 +30,17 @@ pub use process::{EngineConfig, FrontendKind, run};
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
 use bytes::Bytes;
 use futures::future::join_all;
 use tracing::{info, warn};
 
-use tonic::transport::Channel;
-
 use crate::frontend::{BlockDevice, FrontendError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
-use crate::protocol::{self, ConnectionError, MAX_PAYLOAD, Status};
+use crate::protocol::{self, Access, ConnectionError, MAX_PAYLOAD, Stamped, Status};
 use member::Member;
 use ranges::RangeLocks;
 
@@ -55,6 +60,16 @@ pub enum EngineError {
     NotMember(String),
     #[error("cannot shrink the volume from {0} to {1} bytes")]
     CannotShrink(u64, u64),
+    #[error(
+        "replicas {missing:?} of the volume's newest I/O path (generation {generation}, \
+         version {version}) cannot be reached: another replica may lack acknowledged writes, \
+         so the volume waits for them (or an operator salvages it)"
+    )]
+    IoPathUnreachable {
+        missing: Vec<String>,
+        generation: u64,
+        version: u64,
+    },
     // The `oxhorn engine` process's own failures, which end it.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -99,6 +114,12 @@ impl EngineError {
 
 pub struct Engine {
     volume: String,
+    /// The volume's key and this engine's generation.
+    access: Access,
+    /// What this engine last recorded as the I/O path.
+    recorded: tokio::sync::Mutex<io_path::Recorded>,
+    /// A replica left the I/O path since the last record.
+    path_changed: AtomicBool,
     size: AtomicU64,
     members: RwLock<Vec<Arc<Member>>>,
     /// Replicas named at start that could not be reached, with why.
@@ -113,11 +134,22 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Connects to the replicas. Those with the highest revision counter
-    /// become RW; the others are rebuilt from them in the background.
-    pub async fn start(volume: &str, size: u64, addresses: &[String]) -> Arc<Self> {
+    /// Connects to the replicas as `access.generation`, fencing older
+    /// engines. Serves only if it reaches every replica of the newest I/O
+    /// path recorded on those it reaches (see `io_path.rs`), unless
+    /// `salvage`. Of those, the ones with the highest revision counter become
+    /// RW; the others are rebuilt from them in the background.
+    pub async fn start(
+        access: &Access,
+        size: u64,
+        addresses: &[String],
+        salvage: bool,
+    ) -> Result<Arc<Self>, EngineError> {
         let engine = Arc::new_cyclic(|myself| Self {
-            volume: volume.to_string(),
+            volume: access.volume.clone(),
+            access: access.clone(),
+            recorded: Default::default(),
+            path_changed: AtomicBool::new(false),
             size: AtomicU64::new(size),
             members: RwLock::new(Vec::new()),
             absent: RwLock::new(Vec::new()),
@@ -127,7 +159,7 @@ impl Engine {
             resized: tokio::sync::watch::Sender::new(size),
             myself: myself.clone(),
         });
-        let connected = join_all(addresses.iter().map(|a| Member::connect(a))).await;
+        let connected = join_all(addresses.iter().map(|a| Member::connect(a, access))).await;
         let mut reachable = Vec::new();
         for (address, result) in addresses.iter().zip(connected) {
             match result {
@@ -141,8 +173,34 @@ impl Engine {
                 Err(error) => engine.mark_absent(address, error.to_string()),
             }
         }
-        engine.place(reachable);
-        engine
+        let newest = io_path::newest(reachable.iter().map(|(_, s)| s));
+        if let Some(newest) = &newest {
+            let missing = io_path::missing(newest, reachable.iter().map(|(_, s)| s));
+            if !missing.is_empty() && !salvage {
+                return Err(EngineError::IoPathUnreachable {
+                    missing,
+                    generation: newest.generation,
+                    version: newest.version,
+                });
+            }
+            if !missing.is_empty() {
+                warn!(volume = %access.volume, ?missing, "salvage: serving without replicas of the newest I/O path");
+            }
+        }
+        // A process of the same generation ran before (the instance manager
+        // restarted a crashed engine): go on from its records.
+        let seen = reachable
+            .iter()
+            .filter_map(|(_, s)| s.io_path.as_ref())
+            .filter(|p| p.generation == access.generation)
+            .map(|p| p.version)
+            .max();
+        engine.recorded.lock().await.resume_after(seen.unwrap_or(0));
+        // Salvage trusts what it reaches; otherwise only the newest path.
+        let members = newest.filter(|_| !salvage).map(|p| p.members);
+        engine.place(reachable, members.as_deref());
+        engine.record_io_path(None).await?;
+        Ok(engine)
     }
 
     fn mark_absent(&self, address: &str, reason: String) {
@@ -155,8 +213,12 @@ impl Engine {
     /// counter says. After an unclean stop, replicas with the same counter
     /// may still differ where writes were in flight: then only one of them
     /// (a clean one if any) becomes RW and the others are rebuilt from it.
-    fn place(&self, mut reachable: Vec<(Arc<Member>, ReplicaStatus)>) {
-        let trusted = |s: &ReplicaStatus| !s.rebuilding;
+    /// Only members of the newest I/O path (`members`, when there is a
+    /// record) are candidates: any other replica missed writes.
+    fn place(&self, mut reachable: Vec<(Arc<Member>, ReplicaStatus)>, members: Option<&[String]>) {
+        let trusted = |s: &ReplicaStatus| {
+            !s.rebuilding && members.is_none_or(|members| members.contains(&s.id))
+        };
         let newest = reachable
             .iter()
             .filter(|(_, s)| trusted(s))
@@ -199,6 +261,8 @@ impl Engine {
     }
 
     fn fail(&self, member: &Member, reason: &str) {
+        // Before the member leaves: whoever sees it gone also sees this.
+        self.path_changed.store(true, Ordering::Release);
         if member.fail(reason) {
             warn!(volume = %self.volume, replica = %member.address, reason, "replica ERR: out of the I/O path");
         }
@@ -260,7 +324,9 @@ impl Engine {
         if healthy == 0 {
             return Err(EngineError::NoHealthyReplica);
         }
-        Ok(())
+        // A replica that left must be off the record before the success is
+        // answered: it lacks what was just done.
+        self.settle_io_path().await
     }
 
     /// Sends a data-protocol op to every RW and WO replica (see [`Self::to_all`]).
@@ -279,7 +345,7 @@ impl Engine {
     /// Runs a control call on every RW and WO replica (see [`Self::to_all`]).
     async fn control_all<F, Fut>(&self, what: &str, call: F) -> Result<(), EngineError>
     where
-        F: Fn(ReplicaControlClient<Channel>) -> Fut,
+        F: Fn(ReplicaControlClient<Stamped>) -> Fut,
         Fut: Future<Output = Result<(), tonic::Status>>,
     {
         self.to_all(what, |m| {

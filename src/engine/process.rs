@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::time::Duration;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tracing::{Instrument, info, info_span, warn};
@@ -15,6 +16,14 @@ use tracing::{Instrument, info, info_span, warn};
 use super::{Engine, EngineControlService, EngineError};
 use crate::frontend::{FuseFrontend, FuseOptions};
 use crate::names;
+use crate::protocol::{Access, Guard, Key};
+use tonic::service::interceptor::InterceptedService;
+
+/// How often a start waiting for replicas of the newest I/O path tries again.
+const RETRY: Duration = Duration::from_secs(2);
+/// How long it waits before it gives up, so that the process is started
+/// again with the replica addresses its Engine names by then.
+const START_PATIENCE: Duration = Duration::from_secs(60);
 use crate::protocol::control::engine_control_server::EngineControlServer;
 
 /// How the engine exposes the volume.
@@ -26,11 +35,20 @@ pub enum FrontendKind {
     None,
 }
 
-/// The command line of `oxhorn engine`.
+/// The command line of `oxhorn engine`. The volume's key comes from the
+/// environment (`OXHORN_VOLUME_KEY`, hex), not the command line.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EngineConfig {
     #[arg(long)]
     pub volume: String,
+    /// This engine's generation: replicas refuse engines older than the
+    /// newest they have admitted.
+    #[arg(long)]
+    pub generation: u64,
+    /// Serve from the replicas reachable even if some of the newest I/O
+    /// path are not: whatever only those hold is lost. An operator's call.
+    #[arg(long)]
+    pub salvage: bool,
     /// Volume size in bytes.
     #[arg(long)]
     pub size: u64,
@@ -79,19 +97,54 @@ async fn follow_size(mut size: tokio::sync::watch::Receiver<u64>, frontend: Arc<
     }
 }
 
+/// Starts the engine, waiting a while for replicas of the newest I/O path
+/// that are out of reach; `None` if `shutdown` completes first.
+async fn start(
+    access: &Access,
+    config: &EngineConfig,
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<Arc<Engine>>, EngineError> {
+    let deadline = tokio::time::Instant::now() + START_PATIENCE;
+    loop {
+        match Engine::start(access, config.size, &config.replicas, config.salvage).await {
+            Ok(engine) => return Ok(Some(engine)),
+            Err(error @ EngineError::IoPathUnreachable { .. })
+                if tokio::time::Instant::now() < deadline =>
+            {
+                warn!(%error, "not serving yet");
+            }
+            Err(error) => return Err(error),
+        }
+        tokio::select! {
+            () = shutdown.as_mut() => return Ok(None),
+            () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
 /// Runs the engine until `shutdown` completes.
 pub async fn run(
     config: EngineConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), EngineError> {
     names::validate_dns_subdomain("volume name", &config.volume).map_err(EngineError::Config)?;
-    let span = info_span!("engine", volume = %config.volume);
+    let key = Key::from_env().map_err(|e| EngineError::Config(e.to_string()))?;
+    let access = Access {
+        volume: config.volume.clone(),
+        key,
+        generation: config.generation,
+    };
+    let span = info_span!("engine", volume = %config.volume, generation = config.generation);
+    let mut shutdown = std::pin::pin!(shutdown);
     async move {
         let address = config.listen;
         let listener = TcpListener::bind(address)
             .await
             .map_err(|source| EngineError::Listen { address, source })?;
-        let engine = Engine::start(&config.volume, config.size, &config.replicas).await;
+        let Some(engine) = start(&access, &config, &mut shutdown).await? else {
+            info!("engine stopped before it served");
+            return Ok(());
+        };
         let frontend = match config.frontend {
             FrontendKind::Fuse => Some(Arc::new(start_fuse(&engine, &config).await?)),
             FrontendKind::None => None,
@@ -106,8 +159,11 @@ pub async fn run(
         let service = EngineControlService::new(Arc::clone(&engine), endpoint.clone());
         info!(control = %config.listen, replicas = ?config.replicas, endpoint, "engine serving");
         Server::builder()
-            .add_service(EngineControlServer::new(service))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .add_service(InterceptedService::new(
+                EngineControlServer::new(service),
+                Guard::new(access.key.clone()),
+            ))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), &mut shutdown)
             .await?;
         if let Some(resizer) = resizer {
             resizer.abort();

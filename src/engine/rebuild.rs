@@ -28,7 +28,14 @@ impl Engine {
         if current.as_ref().is_some_and(|m| m.mode() != Mode::Error) {
             return Err(EngineError::AlreadyMember(address.to_string()));
         }
-        let (member, _) = Member::connect(address).await?;
+        let (member, status) = Member::connect(address, &self.access).await?;
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        if status.size != size {
+            return Err(EngineError::InvalidAddress(
+                address.to_string(),
+                format!("replica size {} is not the volume's {size}", status.size),
+            ));
+        }
         let member = Arc::new(member);
         member.park("waiting for rebuild");
         {
@@ -44,8 +51,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Takes the replica out of the volume.
-    pub fn remove_replica(&self, address: &str) -> Result<(), EngineError> {
+    /// Takes the replica out of the volume, and off the I/O-path record.
+    pub async fn remove_replica(&self, address: &str) -> Result<(), EngineError> {
         let removed = {
             let mut members = write(&self.members);
             let position = members.iter().position(|m| m.address == address);
@@ -59,8 +66,8 @@ impl Engine {
         };
         match removed {
             Some(member) => {
-                member.fail("removed from the volume");
-                Ok(())
+                self.fail(&member, "removed from the volume");
+                self.settle_io_path().await
             }
             None if absent => Ok(()),
             None => Err(EngineError::NotMember(address.to_string())),
@@ -86,7 +93,7 @@ impl Engine {
         );
     }
 
-    async fn rebuild(&self, target: &Member) -> Result<(), EngineError> {
+    async fn rebuild(&self, target: &Arc<Member>) -> Result<(), EngineError> {
         // One quiesced point: the target joins the writes, every replica
         // snapshots, and the target is told to sync (which marks it
         // rebuilding) before any write or discard reaches it.
@@ -106,6 +113,7 @@ impl Engine {
             let request = SyncFromRequest {
                 source: source.control_address(),
                 layers,
+                ..SyncFromRequest::default()
             };
             let progress = protocol::within_deadline(target.control.clone().sync_from(request))
                 .await
@@ -136,6 +144,9 @@ impl Engine {
         )
         .await
         .map_err(|e| EngineError::Control(target.address.clone(), e))?;
+        // On the record before it serves reads: from now on it holds
+        // every acknowledged write, like the others.
+        self.record_io_path(Some(target)).await?;
         target.set_rebuild_progress(None);
         target.set_rebuild_copied(copied);
         target.set_mode(Mode::ReadWrite);

@@ -32,6 +32,7 @@ pub use error::InstanceError;
 pub use request::{InstanceKind, InstanceRequest};
 pub use survivors::kill_recorded;
 
+use crate::protocol::Key;
 use crate::types::InstanceState;
 use shared::{Done, Entry, Shared};
 
@@ -50,6 +51,8 @@ pub struct InstanceManagerConfig {
     pub run_dir: PathBuf,
     /// `--dev-dir` of engines: their device links live there.
     pub dev_dir: PathBuf,
+    /// The cluster's data-plane key: each instance gets its volume's.
+    pub key: Key,
 }
 
 /// What the manager sees of an instance.
@@ -260,6 +263,7 @@ mod tests {
             ports: 1..=2,
             run_dir: "/nonexistent".into(),
             dev_dir: "/nonexistent".into(),
+            key: Key::generate(),
         };
         assert_send(&InstanceManager::start(config));
         let manager: Option<Arc<InstanceManager>> = None;

@@ -144,6 +144,7 @@ mod tests {
             request: InstanceRequest {
                 name: name.into(),
                 kind: InstanceKind::Replica {
+                    volume: "vol".into(),
                     dir: "/data/r".into(),
                     size: 4096,
                 },

@@ -13,11 +13,20 @@ use crate::names;
 /// Which process an instance runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum InstanceKind {
-    /// `oxhorn replica`: serves the replica in `dir`.
-    Replica { dir: PathBuf, size: u64 },
-    /// `oxhorn engine`: replicates `volume` to `replicas` (data addresses).
+    /// `oxhorn replica`: serves `volume`'s replica in `dir`.
+    Replica {
+        /// Empty in records written before replicas named their volume.
+        #[serde(default)]
+        volume: String,
+        dir: PathBuf,
+        size: u64,
+    },
+    /// `oxhorn engine`: replicates `volume` to `replicas` (data addresses)
+    /// as engine generation `generation`.
     Engine {
         volume: String,
+        #[serde(default)]
+        generation: u64,
         size: u64,
         replicas: Vec<String>,
         #[serde(with = "frontend_serde")]
@@ -39,6 +48,13 @@ impl InstanceKind {
         match self {
             InstanceKind::Replica { .. } => "replica",
             InstanceKind::Engine { .. } => "engine",
+        }
+    }
+
+    /// The volume the process serves.
+    pub(super) fn volume(&self) -> &str {
+        match self {
+            InstanceKind::Replica { volume, .. } | InstanceKind::Engine { volume, .. } => volume,
         }
     }
 
@@ -69,10 +85,8 @@ impl InstanceRequest {
     pub(super) fn validate(&self) -> Result<(), InstanceError> {
         names::validate_dns_subdomain("instance name", &self.name)
             .map_err(InstanceError::InvalidName)?;
-        if let InstanceKind::Engine { volume, .. } = &self.kind {
-            names::validate_dns_subdomain("volume name", volume)
-                .map_err(InstanceError::InvalidName)?;
-        }
+        names::validate_dns_subdomain("volume name", self.kind.volume())
+            .map_err(InstanceError::InvalidName)?;
         Ok(())
     }
 
@@ -92,18 +106,21 @@ impl InstanceRequest {
             args.push(value.as_ref().to_owned());
         };
         match &self.kind {
-            InstanceKind::Replica { dir, size } => {
+            InstanceKind::Replica { volume, dir, size } => {
+                push("--volume", volume);
                 push("--dir", dir);
                 push("--size", &size.to_string());
                 push("--listen", &listen);
             }
             InstanceKind::Engine {
                 volume,
+                generation,
                 size,
                 replicas,
                 frontend,
             } => {
                 push("--volume", volume);
+                push("--generation", &generation.to_string());
                 push("--size", &size.to_string());
                 for replica in replicas {
                     push("--replica", replica);
@@ -158,6 +175,7 @@ mod tests {
             name: "vol-e".into(),
             kind: InstanceKind::Engine {
                 volume: "vol".into(),
+                generation: 3,
                 size: 8192,
                 replicas: vec!["10.0.0.1:1000".into(), "10.0.0.2:1000".into()],
                 frontend: FrontendKind::None,
@@ -176,7 +194,7 @@ mod tests {
         let args: Vec<_> = args.iter().map(|a| a.to_str().unwrap()).collect();
         assert_eq!(
             args.join(" "),
-            "engine --volume vol --size 8192 --replica 10.0.0.1:1000 --replica 10.0.0.2:1000 \
+            "engine --volume vol --generation 3 --size 8192 --replica 10.0.0.1:1000 --replica 10.0.0.2:1000 \
              --frontend none --listen 10.0.0.3:2000 --run-dir /run/ox --dev-dir /dev/ox"
         );
     }
@@ -186,6 +204,7 @@ mod tests {
         let request = InstanceRequest {
             name: "r".into(),
             kind: InstanceKind::Replica {
+                volume: "vol".into(),
                 dir: "/data/r".into(),
                 size: 4096,
             },
@@ -199,7 +218,7 @@ mod tests {
         let args: Vec<_> = args.iter().map(|a| a.to_str().unwrap()).collect();
         assert_eq!(
             args.join(" "),
-            "replica --dir /data/r --size 4096 --listen 127.0.0.1:3000"
+            "replica --volume vol --dir /data/r --size 4096 --listen 127.0.0.1:3000"
         );
     }
 

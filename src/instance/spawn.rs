@@ -42,8 +42,12 @@ pub(super) fn spawn(
         .map_err(|e| InstanceError::io("opening", &log_path, e))?;
 
     let mut command = Command::new(&config.binary);
+    // In the environment, which only the process's owner can read, rather
+    // than on the command line, which anyone on the node can.
+    let key = config.key.for_volume(request.kind.volume());
     command
         .args(&args)
+        .env(crate::protocol::KEY_ENV, key.to_hex())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(stderr);

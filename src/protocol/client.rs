@@ -16,7 +16,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
+use super::auth::Access;
 use super::frame::{ClientCodec, Op, Request, Response, Status};
+use super::handshake::{self, HandshakeError};
 
 /// A replica that does not answer a request within this is failed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
@@ -32,6 +34,13 @@ const QUEUE: usize = 1024;
 pub enum ConnectionError {
     #[error("connecting to {address}: {reason}")]
     Connect { address: String, reason: String },
+    /// The replica refused the handshake: another volume's, a wrong key, or
+    /// a newer engine generation (fenced).
+    #[error("{address} refused the connection: {reason}")]
+    Refused {
+        address: String,
+        reason: HandshakeError,
+    },
     #[error("connection to {address} closed: {reason}")]
     Closed { address: String, reason: String },
     #[error("{address} answered {status:?}: {message}")]
@@ -97,17 +106,24 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Connection {
-    /// Connects to `address` (host:port) and starts the writer, reader and
-    /// keepalive tasks on the current runtime.
-    pub async fn connect(address: &str) -> Result<Self> {
+    /// Connects to `address` (host:port), passes the handshake with
+    /// `access`, and starts the writer, reader and keepalive tasks on the
+    /// current runtime.
+    pub async fn connect(address: &str, access: &Access) -> Result<Self> {
         let failed = |reason: String| ConnectionError::Connect {
             address: address.to_string(),
             reason,
         };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+        let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
             .await
             .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| failed(e.to_string()))?;
+        handshake::introduce(&mut stream, &access.key, &access.volume, access.generation)
+            .await
+            .map_err(|reason| ConnectionError::Refused {
+                address: address.to_string(),
+                reason,
+            })?;
         stream
             .set_nodelay(true)
             .map_err(|e| failed(e.to_string()))?;

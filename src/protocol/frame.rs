@@ -14,7 +14,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 const MAGIC: u16 = 0x4f58; // "OX"
-const VERSION: u8 = 1;
+/// 2: connections open with the handshake in `handshake.rs`; `Fenced`.
+const VERSION: u8 = 2;
 const REQUEST_HEADER: usize = 24;
 const RESPONSE_HEADER: usize = 16;
 
@@ -65,6 +66,9 @@ pub enum Status {
     NoSpace = 2,
     /// Anything else that failed on the replica.
     IoError = 3,
+    /// A newer engine generation has connected: this connection's engine
+    /// is superseded and nothing it sends is applied any more.
+    Fenced = 4,
 }
 
 impl Status {
@@ -74,6 +78,7 @@ impl Status {
             1 => Status::InvalidArgument,
             2 => Status::NoSpace,
             3 => Status::IoError,
+            4 => Status::Fenced,
             _ => return None,
         })
     }

@@ -4,15 +4,22 @@
 //! connection, never the process. Control operations use gRPC instead
 //! (proto/dataplane.proto) on the port after the data port.
 
+mod auth;
 mod channel;
 mod client;
 mod frame;
+mod handshake;
 mod server;
 
-pub use channel::{CONTROL_DEADLINE, control_channel, control_endpoint, within_deadline};
+pub use auth::{Access, GENERATION_HEADER, KEY_ENV, Key, KeyError, TOKEN_HEADER};
+pub use channel::{
+    CONTROL_DEADLINE, Guard, Stamp, Stamped, control_channel, control_endpoint, generation_of,
+    stamped, within_deadline,
+};
 pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
 pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
-pub use server::{Handler, serve};
+pub use handshake::{HANDSHAKE_TIMEOUT, HandshakeError, introduce};
+pub use server::{Handler, MAX_CONNECTIONS, serve};
 
 /// Code generated from proto/dataplane.proto: the control APIs of replicas
 /// and engines.

@@ -1,5 +1,7 @@
-//! The replica's side of the data protocol: each connection decodes requests
-//! and runs them concurrently; answers go back as they complete.
+//! The replica's side of the data protocol: each connection first passes the
+//! handshake (the volume's key, an admitted generation), then decodes
+//! requests and runs them concurrently; answers go back as they complete.
+//! Connections, requests in flight and the bytes they hold are bounded.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,35 +13,104 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tracing::{Instrument, debug, warn};
 
-use super::frame::{Op, Request, Response, ServerCodec};
+use super::auth::Key;
+use super::frame::{MAX_PAYLOAD, Op, Request, Response, ServerCodec};
+use super::handshake::{self, HandshakeError};
 
 /// Requests one connection may have in flight; more wait to be read.
 const MAX_IN_FLIGHT: usize = 256;
+/// Payload bytes (read or written) one connection may have in flight, in
+/// KiB: bounds what a connection makes the replica hold in memory.
+const MAX_IN_FLIGHT_KIB: usize = 64 << 10;
+/// Connections open at once, handshakes included; more are closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
 
-/// Serves one request. Pings never reach it.
+/// Admits engines and serves their requests. Pings never reach it.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, request: Request) -> impl Future<Output = Response> + Send;
+    /// The volume whose key connections must prove.
+    fn volume(&self) -> &str;
+    fn key(&self) -> &Key;
+    /// Admits an engine of `generation`, or says why it is fenced.
+    fn admit(&self, generation: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Serves a request of an admitted engine of `generation`.
+    fn handle(&self, request: Request, generation: u64) -> impl Future<Output = Response> + Send;
 }
 
 /// Accepts connections on `listener` until the listener fails.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = listener.accept().await?;
+        let Ok(slot) = open.clone().try_acquire_owned() else {
+            warn!(%peer, "closing a connection: {MAX_CONNECTIONS} are open");
+            continue;
+        };
         let span = tracing::info_span!("data", %peer);
-        tokio::spawn(connection(stream, peer, handler.clone()).instrument(span));
+        let handler = handler.clone();
+        tokio::spawn(
+            async move {
+                connection(stream, peer, handler).await;
+                drop(slot);
+            }
+            .instrument(span),
+        );
     }
 }
 
-async fn connection<H: Handler>(stream: TcpStream, peer: SocketAddr, handler: Arc<H>) {
+/// Runs the handshake; the engine's generation once admitted.
+async fn admit<H: Handler>(stream: &mut TcpStream, handler: &H) -> Result<u64, HandshakeError> {
+    let result = async {
+        let hello = handshake::challenge(stream, handler.key()).await?;
+        if hello.volume != handler.volume() {
+            return Err(HandshakeError::Denied(format!(
+                "this replica belongs to volume {:?}, not {:?}",
+                handler.volume(),
+                hello.volume
+            )));
+        }
+        handler
+            .admit(hello.generation)
+            .await
+            .map_err(HandshakeError::Fenced)?;
+        Ok(hello.generation)
+    }
+    .await;
+    match result {
+        Ok(generation) => handshake::admit(stream).await.map(|()| generation),
+        Err(error) => {
+            handshake::refuse(stream, &error).await;
+            Err(error)
+        }
+    }
+}
+
+/// The KiB of memory a request holds while in flight (its payload or the
+/// data it reads), at least one.
+fn kib(request: &Request) -> u32 {
+    match request.op {
+        Op::Read | Op::Write => request.length.min(MAX_PAYLOAD).div_ceil(1024).max(1),
+        _ => 1,
+    }
+}
+
+async fn connection<H: Handler>(mut stream: TcpStream, peer: SocketAddr, handler: Arc<H>) {
     if let Err(error) = stream.set_nodelay(true) {
         warn!(%error, "set_nodelay");
     }
+    let generation = match admit(&mut stream, &*handler).await {
+        Ok(generation) => generation,
+        Err(error) => {
+            warn!(%error, "connection refused");
+            return;
+        }
+    };
+    debug!(generation, "engine admitted");
     let (read, write) = stream.into_split();
     let mut requests = FramedRead::new(read, ServerCodec);
     let (answers, queue) = mpsc::channel(MAX_IN_FLIGHT);
     let writer = tokio::spawn(write_responses(write, queue));
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    debug!("connected");
+    let memory = Arc::new(Semaphore::new(MAX_IN_FLIGHT_KIB));
     while let Some(frame) = requests.next().await {
         let request = match frame {
             Ok(request) => request,
@@ -54,17 +125,20 @@ async fn connection<H: Handler>(stream: TcpStream, peer: SocketAddr, handler: Ar
                 return;
             }
         };
-        let Ok(permit) = limit.clone().acquire_owned().await else {
+        let (Ok(permit), Ok(bytes)) = (
+            limit.clone().acquire_owned().await,
+            memory.clone().acquire_many_owned(kib(&request)).await,
+        ) else {
             break;
         };
         let (handler, answers) = (handler.clone(), answers.clone());
         tokio::spawn(async move {
             let response = match request.op {
                 Op::Ping => Response::ok(request.id, bytes::Bytes::new()),
-                _ => handler.handle(request).await,
+                _ => handler.handle(request, generation).await,
             };
             let _ = answers.send(response).await;
-            drop(permit);
+            drop((permit, bytes));
         });
     }
     // The writer ends once every in-flight request has answered.

@@ -67,6 +67,19 @@ pub enum StorageError {
     )]
     UnsupportedFilesystem { path: PathBuf, reason: String },
 
+    #[error("{path} holds a replica of volume {holds:?}, not of {asked:?}")]
+    WrongVolume {
+        path: PathBuf,
+        holds: String,
+        asked: String,
+    },
+
+    #[error("engine generation {asked} is fenced: generation {current} has taken over")]
+    Fenced { asked: u64, current: u64 },
+
+    #[error("I/O-path record {asked:?} is older than the one held, {held:?} (generation, version)")]
+    StaleIoPath { asked: (u64, u64), held: (u64, u64) },
+
     #[error("replica state lock poisoned by a panic in another thread; reopen the replica")]
     Poisoned,
 

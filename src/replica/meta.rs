@@ -32,6 +32,39 @@ pub struct VolumeMeta {
     pub dirty: bool,
     /// Being rebuilt from another replica: its data is incomplete.
     pub rebuilding: bool,
+    /// The volume this replica belongs to; empty in a replica made before
+    /// it was recorded, which adopts the first volume it is served as.
+    #[serde(default)]
+    pub volume: String,
+    /// This replica's identity in I/O-path records, made once.
+    #[serde(default)]
+    pub id: String,
+    /// The highest engine generation admitted: older engines are fenced.
+    #[serde(default)]
+    pub generation: u64,
+    /// The newest record of the volume's I/O path this replica was given.
+    #[serde(default)]
+    pub io_path: Option<IoPath>,
+}
+
+/// Which replicas an engine had in its I/O path (RW): each of them holds
+/// every write acknowledged since, and nothing else does. Ordered by
+/// (generation, version): a newer record supersedes an older one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoPath {
+    /// The engine generation that wrote it.
+    pub generation: u64,
+    /// Counts the changes that engine made.
+    pub version: u64,
+    /// Replica ids, sorted.
+    pub members: Vec<String>,
+}
+
+impl IoPath {
+    /// The order of records: the newer is the greater.
+    pub fn order(&self) -> (u64, u64) {
+        (self.generation, self.version)
+    }
 }
 
 /// `<layer>.img.meta`.
@@ -66,6 +99,10 @@ impl VolumeMeta {
             parent: String::new(),
             dirty: false,
             rebuilding: false,
+            volume: String::new(),
+            id: String::new(),
+            generation: 0,
+            io_path: None,
         }
     }
 

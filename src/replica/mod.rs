@@ -18,7 +18,8 @@
 //!
 //! Modules: `extents` (block range sets), `layer` (one layer file), `store`
 //! (open/create and I/O), `chain` (snapshot operations), `sync` (what a
-//! rebuild copies), `service` (the `oxhorn replica` process: data protocol
+//! rebuild copies), `fence` (the volume, id, engine generation and I/O-path
+//! record a replica keeps), `service` (the `oxhorn replica` process: data protocol
 //! and control API), and small helpers for the directory, metadata, names
 //! and the revision counter.
 
@@ -26,6 +27,7 @@ mod chain;
 mod dir;
 mod error;
 mod extents;
+mod fence;
 mod layer;
 mod lock;
 mod meta;
@@ -46,6 +48,7 @@ pub const BLOCK_SIZE: u64 = 4096;
 pub use chain::SnapshotInfo;
 pub use error::{Result, StorageError};
 pub use extents::ExtentSet;
+pub use meta::IoPath;
 pub use naming::{VOLUME_HEAD, validate_snapshot_name};
 pub use service::{ReplicaConfig, run};
 pub use store::{LayerFile, ReplicaStore};

@@ -13,11 +13,11 @@ use futures::{Stream, StreamExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::transport::{Channel, Server};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{BLOCK_SIZE, LayerSpec, ReplicaStore, SnapshotInfo, StorageError};
+use super::{BLOCK_SIZE, IoPath, LayerSpec, ReplicaStore, SnapshotInfo, StorageError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
@@ -26,7 +26,8 @@ use crate::protocol::control::{
     RevertRequest, SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
 };
 use crate::protocol::{
-    self, Handler, Op, Request as DataRequest, Response as DataResponse, Status,
+    self, Access, Guard, Handler, Key, Op, Request as DataRequest, Response as DataResponse,
+    Stamped, Status,
 };
 
 /// Rebuilds compare and copy layers in chunks of this size.
@@ -40,9 +41,14 @@ const SYNC_PARALLEL: usize = 8;
 const STREAM_WINDOW: Option<u32> = Some(8 << 20);
 const CONNECTION_WINDOW: Option<u32> = Some(32 << 20);
 
-/// The command line of `oxhorn replica`.
+/// The command line of `oxhorn replica`. The volume's key comes from the
+/// environment (`OXHORN_VOLUME_KEY`, hex), not the command line, which any
+/// process on the node can read.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ReplicaConfig {
+    /// The volume the replica belongs to; a replica of another is refused.
+    #[arg(long)]
+    pub volume: String,
     /// The replica's directory; created with a new replica if empty.
     #[arg(long)]
     pub dir: PathBuf,
@@ -60,24 +66,31 @@ pub async fn run(
     config: ReplicaConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StorageError> {
-    let span = info_span!("replica", dir = %config.dir.display(), listen = %config.listen);
+    let span = info_span!("replica", volume = %config.volume, dir = %config.dir.display(), listen = %config.listen);
     async move {
+        crate::names::validate_dns_subdomain("volume name", &config.volume)
+            .map_err(StorageError::Config)?;
+        let key = Key::from_env().map_err(|e| StorageError::Config(e.to_string()))?;
         let store = Arc::new(open_or_create(&config)?);
+        let id = store.claim(&config.volume)?;
+        let fence = Arc::new(Fence::new(store.generation()?));
+        let access = Access { volume: config.volume.clone(), key: key.clone(), generation: 0 };
         let control_port = protocol::control_port(config.listen.port())
             .ok_or_else(|| StorageError::Config("the data port must leave room for the control port".into()))?;
         let control_addr = SocketAddr::new(config.listen.ip(), control_port);
         let listen_failed = |address| move |source| StorageError::Listen { address, source };
         let data = TcpListener::bind(config.listen).await.map_err(listen_failed(config.listen))?;
         let control = TcpListener::bind(control_addr).await.map_err(listen_failed(control_addr))?;
-        info!(revision = store.revision(), "replica serving");
-        let handler = Arc::new(DataHandler { store: store.clone() });
-        let service = ReplicaControlServer::new(ControlService { store: store.clone() })
+        info!(revision = store.revision(), replica = %id, "replica serving");
+        let handler = Arc::new(DataHandler { store: store.clone(), volume: config.volume.clone(), key: key.clone(), fence: fence.clone() });
+        let service = ReplicaControlServer::new(ControlService { store: store.clone(), fence, access })
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let grpc = Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
-            .add_service(service).serve_with_incoming_shutdown(TcpListenerStream::new(control), shutdown);
+            .add_service(tonic::service::interceptor::InterceptedService::new(service, Guard::new(key)))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(control), shutdown);
         tokio::select! {
             served = protocol::serve(data, handler) => served.map_err(listen_failed(config.listen))?,
             served = grpc => served?,
@@ -131,44 +144,118 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
+/// Keeps superseded engines out: requests of an engine run while holding
+/// the generation shared and only if theirs is the current one; admitting a
+/// newer generation holds it exclusively, so once a new engine is admitted
+/// no request of an older one is still being applied, nor applied later.
+struct Fence {
+    current: std::sync::RwLock<u64>,
+}
+
+impl Fence {
+    fn new(generation: u64) -> Self {
+        Self {
+            current: std::sync::RwLock::new(generation),
+        }
+    }
+
+    /// Admits `generation` (durably, if it is new). Blocks on the disk.
+    fn admit(&self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        store.admit_generation(generation)?;
+        *current = (*current).max(generation);
+        Ok(())
+    }
+
+    /// Runs `work` if `generation` is the current one.
+    fn within<T>(
+        &self,
+        generation: u64,
+        work: impl FnOnce() -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        // A plain u64 behind the lock: never left torn by a panic.
+        let current = self
+            .current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if generation < *current {
+            return Err(StorageError::Fenced {
+                asked: generation,
+                current: *current,
+            });
+        }
+        work()
+    }
+}
+
 struct DataHandler {
     store: Arc<ReplicaStore>,
+    volume: String,
+    key: Key,
+    fence: Arc<Fence>,
 }
 
 fn status_of(error: &StorageError) -> Status {
     match error {
         StorageError::Unaligned { .. } | StorageError::OutOfRange { .. } => Status::InvalidArgument,
         StorageError::NoSpace { .. } => Status::NoSpace,
+        StorageError::Fenced { .. } => Status::Fenced,
         _ => Status::IoError,
     }
 }
 
 impl Handler for DataHandler {
-    async fn handle(&self, request: DataRequest) -> DataResponse {
+    fn volume(&self) -> &str {
+        &self.volume
+    }
+
+    fn key(&self) -> &Key {
+        &self.key
+    }
+
+    async fn admit(&self, generation: u64) -> Result<(), String> {
+        let (store, fence) = (self.store.clone(), self.fence.clone());
+        blocking(move || fence.admit(&store, generation))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn handle(&self, request: DataRequest, generation: u64) -> DataResponse {
         let store = &self.store;
         let (id, offset, length) = (request.id, request.offset, request.length);
         // Reads and writes hit the page cache and finish in microseconds:
         // handing them to the blocking pool would cost more than it saves.
         // Only flush waits on the disk.
+        let fence = &self.fence;
         let result = match request.op {
-            Op::Read => {
+            Op::Read => fence.within(generation, || {
                 let mut buf = vec![0; length as usize];
                 store.read_at(offset, &mut buf).map(|()| Bytes::from(buf))
-            }
-            Op::Write => store.write_at(offset, &request.data).map(|()| Bytes::new()),
-            Op::Unmap => store
-                .unmap(offset, u64::from(length))
-                .map(|()| Bytes::new()),
-            Op::Flush => {
-                let store = store.clone();
-                blocking(move || store.flush().map(|()| Bytes::new())).await
-            }
+            }),
+            Op::Write => fence.within(generation, || {
+                store.write_at(offset, &request.data).map(|()| Bytes::new())
+            }),
+            Op::Unmap => fence.within(generation, || {
+                store
+                    .unmap(offset, u64::from(length))
+                    .map(|()| Bytes::new())
+            }),
+            Op::Flush => match fence.within(generation, || Ok(())) {
+                Ok(()) => {
+                    let store = store.clone();
+                    blocking(move || store.flush().map(|()| Bytes::new())).await
+                }
+                Err(error) => Err(error),
+            },
             Op::Ping => Ok(Bytes::new()),
         };
         match result {
             Ok(data) => DataResponse::ok(id, data),
             Err(error) => {
-                if status_of(&error) != Status::InvalidArgument {
+                if !matches!(status_of(&error), Status::InvalidArgument | Status::Fenced) {
                     warn!(%error, op = ?request.op, "replica I/O failed");
                 }
                 DataResponse::error(id, status_of(&error), error)
@@ -179,6 +266,9 @@ impl Handler for DataHandler {
 
 struct ControlService {
     store: Arc<ReplicaStore>,
+    fence: Arc<Fence>,
+    /// How this replica reaches another of its volume (a rebuild's source).
+    access: Access,
 }
 
 /// The one place storage errors become gRPC codes.
@@ -194,6 +284,9 @@ fn grpc(error: StorageError) -> GrpcStatus {
         | StorageError::CannotShrink { .. }
         | StorageError::ChainOrder(_) => GrpcStatus::invalid_argument(message),
         StorageError::NoSpace { .. } => GrpcStatus::resource_exhausted(message),
+        StorageError::Fenced { .. } | StorageError::StaleIoPath { .. } => {
+            GrpcStatus::failed_precondition(message)
+        }
         _ => GrpcStatus::internal(message),
     }
 }
@@ -223,19 +316,46 @@ impl ControlService {
                     .collect(),
                 rebuilding: store.rebuilding()?,
                 dirty: store.dirty(),
+                id: store.id()?,
+                generation: store.generation()?,
+                io_path: store.io_path()?.map(|p| control::IoPath {
+                    generation: p.generation,
+                    version: p.version,
+                    members: p.members,
+                }),
+                volume: store.volume()?,
             })
         })
         .await
         .map_err(grpc)
     }
 
-    /// Runs `work` on the store, then answers with the replica's status.
-    async fn change(
+    /// Runs `work` on the store for the engine generation `request` was
+    /// stamped with (admitting it if newer; fenced if older), then answers
+    /// with the replica's status.
+    async fn change<T>(
         &self,
+        request: &Request<T>,
         work: impl FnOnce(&ReplicaStore) -> Result<(), StorageError> + Send + 'static,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
-        let store = self.store.clone();
-        blocking(move || work(&store)).await.map_err(grpc)?;
+        let generation = protocol::generation_of(request.metadata())?;
+        self.change_for(generation, work).await
+    }
+
+    async fn change_for(
+        &self,
+        generation: u64,
+        work: impl FnOnce(&ReplicaStore) -> Result<(), StorageError> + Send + 'static,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let (store, fence) = (self.store.clone(), self.fence.clone());
+        blocking(move || {
+            if generation > store.generation()? {
+                fence.admit(&store, generation)?;
+            }
+            fence.within(generation, || work(&store))
+        })
+        .await
+        .map_err(grpc)?;
         Ok(Response::new(self.status().await?))
     }
 }
@@ -255,8 +375,9 @@ impl ReplicaControl for ControlService {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
         let request = request.into_inner();
-        self.change(move |s| {
+        self.change_for(generation, move |s| {
             s.snapshot(
                 &request.name,
                 request.user_created,
@@ -270,39 +391,60 @@ impl ReplicaControl for ControlService {
         &self,
         request: Request<RemoveSnapshotRequest>,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
         let name = request.into_inner().name;
-        self.change(move |s| s.remove_snapshot(&name)).await
+        self.change_for(generation, move |s| s.remove_snapshot(&name))
+            .await
     }
 
     async fn revert(
         &self,
         request: Request<RevertRequest>,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
         let name = request.into_inner().name;
-        self.change(move |s| s.revert(&name)).await
+        self.change_for(generation, move |s| s.revert(&name)).await
     }
 
     async fn expand(
         &self,
         request: Request<ExpandRequest>,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
         let size = request.into_inner().size;
-        self.change(move |s| s.expand(size)).await
+        self.change_for(generation, move |s| s.expand(size)).await
     }
 
     async fn mark_clean(
         &self,
-        _: Request<MarkCleanRequest>,
+        request: Request<MarkCleanRequest>,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
-        self.change(ReplicaStore::mark_clean).await
+        self.change(&request, ReplicaStore::mark_clean).await
     }
 
     async fn set_revision(
         &self,
         request: Request<SetRevisionRequest>,
     ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
         let revision = request.into_inner().revision;
-        self.change(move |s| s.set_revision(revision)).await
+        self.change_for(generation, move |s| s.set_revision(revision))
+            .await
+    }
+
+    async fn set_io_path(
+        &self,
+        request: Request<control::IoPath>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
+        let record = request.into_inner();
+        let path = IoPath {
+            generation: record.generation,
+            version: record.version,
+            members: record.members,
+        };
+        self.change_for(generation, move |s| s.set_io_path(path))
+            .await
     }
 
     async fn layer_chunks(
@@ -377,20 +519,34 @@ impl ReplicaControl for ControlService {
         &self,
         request: Request<SyncFromRequest>,
     ) -> Result<Response<Self::SyncFromStream>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
         let request = request.into_inner();
         // Marked before the answer: the engine asks while its I/O is
         // quiesced, so no write or discard reaches the layers unmarked.
-        let store = self.store.clone();
-        blocking(move || store.set_rebuilding(true))
-            .await
-            .map_err(grpc)?;
-        let source = connect(&request.source).await?;
+        self.change_for(generation, |store| store.set_rebuilding(true))
+            .await?;
+        let source_access = if request.source_volume.is_empty() {
+            self.access.clone()
+        } else {
+            Access {
+                volume: request.source_volume.clone(),
+                key: Key::from_hex(&request.source_key)
+                    .map_err(|e| GrpcStatus::invalid_argument(format!("source key: {e}")))?,
+                generation: 0,
+            }
+        };
+        let source = connect(&request.source, &source_access).await?;
         let (tx, rx) = mpsc::channel(16);
-        let store = self.store.clone();
+        let (store, fence) = (self.store.clone(), self.fence.clone());
         let span = info_span!("sync", source = %request.source);
         tokio::spawn(
             async move {
-                let result = sync(&store, source, &request.layers, &tx).await;
+                let target = Target {
+                    store,
+                    fence,
+                    generation,
+                };
+                let result = sync(&target, source, &request.layers, &tx).await;
                 if let Err(status) = result {
                     warn!(error = %status.message(), "rebuild sync failed");
                     let _ = tx.send(Err(status)).await;
@@ -402,7 +558,10 @@ impl ReplicaControl for ControlService {
     }
 }
 
-async fn connect(address: &str) -> Result<ReplicaControlClient<Channel>, GrpcStatus> {
+async fn connect(
+    address: &str,
+    access: &Access,
+) -> Result<ReplicaControlClient<Stamped>, GrpcStatus> {
     let endpoint = crate::protocol::control_endpoint(address)
         .map_err(|e| GrpcStatus::invalid_argument(format!("source {address:?}: {e}")))?
         .initial_stream_window_size(STREAM_WINDOW)
@@ -411,19 +570,29 @@ async fn connect(address: &str) -> Result<ReplicaControlClient<Channel>, GrpcSta
         .connect()
         .await
         .map_err(|e| GrpcStatus::unavailable(format!("source {address}: {e}")))?;
-    Ok(ReplicaControlClient::new(channel)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20))
+    Ok(
+        ReplicaControlClient::new(protocol::stamped(channel, access))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20),
+    )
 }
 
 /// Makes the store's snapshot chain equal to `layers` on the source,
 /// copying only the chunks that differ, and reports progress on `progress`.
+/// The replica a rebuild fills, for the engine generation that asked.
+struct Target {
+    store: Arc<ReplicaStore>,
+    fence: Arc<Fence>,
+    generation: u64,
+}
+
 async fn sync(
-    store: &Arc<ReplicaStore>,
-    mut source: ReplicaControlClient<Channel>,
+    target: &Target,
+    mut source: ReplicaControlClient<Stamped>,
     layers: &[control::Snapshot],
     progress: &mpsc::Sender<Result<SyncProgress, GrpcStatus>>,
 ) -> Result<(), GrpcStatus> {
+    let store = &target.store;
     let mut plans = Vec::new();
     for layer in layers {
         plans.push(plan_layer(store, &mut source, layer).await?);
@@ -456,10 +625,13 @@ async fn sync(
         report.bytes_done += plan.skipped;
     }
     let chain: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
-    let store_ = store.clone();
+    let (store_, fence, generation) = (store.clone(), target.fence.clone(), target.generation);
+    // Not if a newer engine took over meanwhile: it rebuilds on its own.
     blocking(move || {
-        store_.install_chain(&chain)?;
-        store_.set_rebuilding(false)
+        fence.within(generation, || {
+            store_.install_chain(&chain)?;
+            store_.set_rebuilding(false)
+        })
     })
     .await
     .map_err(grpc)?;
@@ -484,7 +656,7 @@ struct LayerPlan {
 
 async fn plan_layer(
     store: &Arc<ReplicaStore>,
-    source: &mut ReplicaControlClient<Channel>,
+    source: &mut ReplicaControlClient<Stamped>,
     layer: &control::Snapshot,
 ) -> Result<LayerPlan, GrpcStatus> {
     let spec = LayerSpec {
@@ -546,7 +718,7 @@ async fn plan_layer(
 /// Replaces one chunk of layer `name` with the source's; returns bytes copied.
 async fn copy_chunk(
     store: &Arc<ReplicaStore>,
-    mut source: ReplicaControlClient<Channel>,
+    mut source: ReplicaControlClient<Stamped>,
     name: &str,
     offset: u64,
 ) -> Result<u64, GrpcStatus> {

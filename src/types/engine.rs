@@ -55,6 +55,11 @@ pub struct EngineSpec {
     pub replica_address_map: BTreeMap<String, String>,
     #[serde(default)]
     pub frontend: Frontend,
+    /// Raised by the volume controller each time it starts the volume's
+    /// engine; replicas refuse engines of an older generation, so one left
+    /// running on an unreachable node cannot write once a newer one started.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 /// What the engine's node last saw of the engine and its replicas.

@@ -12,12 +12,16 @@ use crate::{Error, Result};
 use oxhorn::frontend::{FuseFrontend, FuseOptions};
 use oxhorn::protocol::control::EngineStatusRequest;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
+use oxhorn::protocol::{Access, KEY_ENV};
 
 /// A process started again with the same command after a kill.
 struct Restartable {
     name: &'static str,
     binary: PathBuf,
     args: Vec<String>,
+    /// The volume's key, handed over in the environment as the instance
+    /// manager does.
+    key: String,
     log: PathBuf,
     /// The network namespace it runs in; the test's own if `None`.
     netns: Option<PathBuf>,
@@ -29,6 +33,7 @@ impl Restartable {
         name: &'static str,
         binary: &Path,
         args: Vec<String>,
+        access: &Access,
         log: PathBuf,
         netns: Option<PathBuf>,
     ) -> Result<Self> {
@@ -36,6 +41,7 @@ impl Restartable {
             name,
             binary: binary.to_path_buf(),
             args,
+            key: access.key.to_hex(),
             log,
             netns,
             process: None,
@@ -46,7 +52,7 @@ impl Restartable {
 
     fn start(&mut self) -> Result<()> {
         let mut command = Command::new(&self.binary);
-        command.args(&self.args);
+        command.args(&self.args).env(KEY_ENV, &self.key);
         if let Some(path) = &self.netns {
             netns::enter(path, &mut command)?;
         }
@@ -117,31 +123,44 @@ pub struct ReplicaProcess {
 }
 
 impl ReplicaProcess {
-    /// Starts `binary replica` on `dir` (created if new) serving data on a free
-    /// loopback port and control on the next one.
-    pub fn spawn(binary: &Path, dir: &Path, size: u64) -> Result<Self> {
-        Self::spawn_on(None, binary, dir, size)
+    /// Starts `binary replica` of `access.volume` on `dir` (created if new)
+    /// serving data on a free loopback port and control on the next one.
+    pub fn spawn(binary: &Path, dir: &Path, size: u64, access: &Access) -> Result<Self> {
+        Self::spawn_on(None, binary, dir, size, access)
     }
 
     /// Like [`spawn`](Self::spawn), with the process in `host`'s network
     /// namespace, listening on the host's address.
-    pub fn spawn_in(host: &Host, binary: &Path, dir: &Path, size: u64) -> Result<Self> {
-        Self::spawn_on(Some(host), binary, dir, size)
+    pub fn spawn_in(
+        host: &Host,
+        binary: &Path,
+        dir: &Path,
+        size: u64,
+        access: &Access,
+    ) -> Result<Self> {
+        Self::spawn_on(Some(host), binary, dir, size, access)
     }
 
-    fn spawn_on(host: Option<&Host>, binary: &Path, dir: &Path, size: u64) -> Result<Self> {
+    fn spawn_on(
+        host: Option<&Host>,
+        binary: &Path,
+        dir: &Path,
+        size: u64,
+        access: &Access,
+    ) -> Result<Self> {
         let ip = host.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |h| h.address().into());
         // Free in the test's namespace, and so in a new host's too.
         let port = free_port_pair()?;
         let args = vec![
             "replica".to_string(),
+            format!("--volume={}", access.volume),
             format!("--dir={}", dir.display()),
             format!("--size={size}"),
             format!("--listen={ip}:{port}"),
         ];
         let log = dir.with_extension("log");
         let netns = host.map(Host::namespace_path);
-        let process = Restartable::spawn("oxhorn replica", binary, args, log, netns)?;
+        let process = Restartable::spawn("oxhorn replica", binary, args, access, log, netns)?;
         Ok(Self {
             process,
             dir: dir.to_path_buf(),
@@ -218,22 +237,26 @@ pub struct EngineProcess {
     pub device_link: PathBuf,
     /// The control API address.
     pub control: String,
+    access: Access,
 }
 
 impl EngineProcess {
-    /// Starts `binary engine` for `volume` over `replicas` (data addresses),
-    /// with its run and device directories under `dir`.
+    /// Starts `binary engine` for `access` (volume, key, generation) over
+    /// `replicas` (data addresses), with its run and device directories
+    /// under `dir`.
     pub fn spawn(
         binary: &Path,
         dir: &Path,
-        volume: &str,
+        access: &Access,
         size: u64,
         replicas: &[String],
     ) -> Result<Self> {
+        let volume = &access.volume;
         let control = format!("127.0.0.1:{}", free_port_pair()?);
         let mut args = vec![
             "engine".to_string(),
             format!("--volume={volume}"),
+            format!("--generation={}", access.generation),
             format!("--size={size}"),
             "--frontend=fuse".to_string(),
             format!("--listen={control}"),
@@ -245,11 +268,12 @@ impl EngineProcess {
         let mut frontend = FuseOptions::new(dir.join("run"));
         frontend.dev_dir = dir.join("dev");
         Ok(Self {
-            process: Restartable::spawn("oxhorn engine", binary, args, log, None)?,
+            process: Restartable::spawn("oxhorn engine", binary, args, access, log, None)?,
             volume: volume.to_string(),
             frontend,
             device_link: dir.join("dev").join(volume),
             control,
+            access: access.clone(),
         })
     }
 
@@ -261,10 +285,10 @@ impl EngineProcess {
     /// Waits until the engine's control API reports its device (the control
     /// server starts after the frontend), and returns the device it links to.
     pub async fn wait_device(&mut self, timeout: Duration) -> Result<PathBuf> {
-        let control = self.control.clone();
+        let (control, access) = (self.control.clone(), self.access.clone());
         let endpoint = self
             .process
-            .wait_for(timeout, async || endpoint(&control).await)
+            .wait_for(timeout, async || endpoint(&control, &access).await)
             .await?;
         std::fs::canonicalize(&endpoint).map_err(|e| Error::io(endpoint, e))
     }
@@ -282,6 +306,17 @@ impl EngineProcess {
     pub fn log(&self) -> String {
         self.process.log()
     }
+
+    /// A client of the engine's control API, authenticated with its key.
+    pub async fn client(&self) -> Result<EngineControlClient<oxhorn::protocol::Stamped>> {
+        let channel = oxhorn::protocol::control_channel(&self.control)
+            .await
+            .map_err(|e| Error::Failed(format!("engine control {}: {e}", self.control)))?;
+        Ok(EngineControlClient::new(oxhorn::protocol::stamped(
+            channel,
+            &self.access,
+        )))
+    }
 }
 
 impl Drop for EngineProcess {
@@ -294,10 +329,9 @@ impl Drop for EngineProcess {
 }
 
 /// The endpoint a running engine reports, once it answers.
-async fn endpoint(control: &str) -> Option<String> {
-    let mut client = EngineControlClient::connect(format!("http://{control}"))
-        .await
-        .ok()?;
+async fn endpoint(control: &str, access: &Access) -> Option<String> {
+    let channel = oxhorn::protocol::control_channel(control).await.ok()?;
+    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, access));
     let status = client
         .status(EngineStatusRequest {})
         .await

@@ -136,6 +136,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             instance: instance("vol-a"),
             replica_address_map: BTreeMap::from([("vol-a-r-1".into(), "127.0.0.1:10000".into())]),
             frontend: Frontend::Fuse,
+            generation: 0,
         },
     );
     round_trip(

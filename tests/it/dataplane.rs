@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
-use oxhorn::protocol::Connection;
 use oxhorn::protocol::control::{EngineStatus, ReplicaMode};
+use oxhorn::protocol::{Access, Connection, Key};
 use oxhorn_testbed::{Mounted, ReplicaProcess};
 use tempfile::TempDir;
 
@@ -22,7 +22,7 @@ use crate::common::{OXHORN, eventually, require_root};
 
 pub(crate) const SIZE: u64 = 64 << 20;
 pub(crate) const BLOCK: u64 = 4096;
-const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A small deterministic generator: tests must replay the same way.
 pub(crate) struct Rng(pub(crate) u64);
@@ -73,30 +73,69 @@ impl Model {
     }
 }
 
-struct Replicas {
+/// A volume's key, new for each test volume, as the controller derives one.
+pub(crate) fn access(volume: &str) -> Access {
+    Access {
+        volume: volume.to_string(),
+        key: Key::generate().for_volume(volume),
+        generation: 0,
+    }
+}
+
+pub(crate) struct Replicas {
     _dir: TempDir,
-    processes: Vec<ReplicaProcess>,
+    pub(crate) processes: Vec<ReplicaProcess>,
+    /// The volume's key; the generation of the last engine started.
+    pub(crate) access: Mutex<Access>,
 }
 
 impl Replicas {
-    async fn start(count: usize) -> Self {
+    pub(crate) async fn start(volume: &str, count: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let access = access(volume);
         let mut processes = Vec::new();
         for i in 0..count {
+            let path = dir.path().join(format!("r{i}"));
             let mut replica =
-                ReplicaProcess::spawn(Path::new(OXHORN), &dir.path().join(format!("r{i}")), SIZE)
-                    .unwrap();
+                ReplicaProcess::spawn(Path::new(OXHORN), &path, SIZE, &access).unwrap();
             replica.wait_serving(PATIENCE).await.unwrap();
             processes.push(replica);
         }
         Self {
             _dir: dir,
             processes,
+            access: Mutex::new(access),
         }
     }
 
-    fn addresses(&self) -> Vec<String> {
+    pub(crate) fn addresses(&self) -> Vec<String> {
         self.processes.iter().map(ReplicaProcess::address).collect()
+    }
+
+    /// The access of the next engine: one generation up, as the controller
+    /// raises it for each engine it starts.
+    pub(crate) fn next_access(&self) -> Access {
+        let mut access = self.access.lock().unwrap();
+        access.generation += 1;
+        access.clone()
+    }
+
+    /// An engine of the next generation on every replica.
+    pub(crate) async fn engine(&self) -> Arc<Engine> {
+        self.engine_on(&self.addresses()).await
+    }
+
+    /// An engine of the next generation on `addresses`.
+    pub(crate) async fn engine_on(&self, addresses: &[String]) -> Arc<Engine> {
+        Engine::start(&self.next_access(), SIZE, addresses, false)
+            .await
+            .unwrap()
+    }
+
+    /// Reads a replica's whole volume straight from its data port.
+    pub(crate) async fn read(&self, address: &str) -> Vec<u8> {
+        let access = self.access.lock().unwrap().clone();
+        read_replica(address, &access).await
     }
 }
 
@@ -147,8 +186,8 @@ pub(crate) async fn read_all(device: &impl BlockDevice) -> Vec<u8> {
 }
 
 /// Reads a replica's whole volume straight from its data port.
-async fn read_replica(address: &str) -> Vec<u8> {
-    let connection = Connection::connect(address).await.unwrap();
+pub(crate) async fn read_replica(address: &str, access: &Access) -> Vec<u8> {
+    let connection = Connection::connect(address, access).await.unwrap();
     let mut out = Vec::with_capacity(SIZE as usize);
     for offset in (0..SIZE).step_by(4 << 20) {
         out.extend_from_slice(&connection.read(offset, 4 << 20).await.unwrap());
@@ -186,8 +225,8 @@ pub(crate) fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replica_leaves_the_io_path_and_is_rebuilt_identical() {
-    let mut replicas = Replicas::start(3).await;
-    let engine = Engine::start("vol-rebuild", SIZE, &replicas.addresses()).await;
+    let mut replicas = Replicas::start("vol-rebuild", 3).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 3).await;
     let model = Arc::new(Mutex::new(Model::new()));
     let mut rng = Rng(0x9e3779b97f4a7c15);
@@ -248,7 +287,7 @@ async fn a_killed_replica_leaves_the_io_path_and_is_rebuilt_identical() {
     drop(engine);
     for (i, address) in replicas.addresses().iter().enumerate() {
         assert_same(
-            &read_replica(address).await,
+            &replicas.read(address).await,
             &expected,
             &format!("replica {i}"),
         );
@@ -265,10 +304,10 @@ async fn a_killed_replica_leaves_the_io_path_and_is_rebuilt_identical() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_engine_restart_loses_no_acknowledged_write() {
-    let replicas = Replicas::start(3).await;
+    let replicas = Replicas::start("vol-restart", 3).await;
     let model = Arc::new(Mutex::new(Model::new()));
     let mut rng = Rng(7);
-    let engine = Engine::start("vol-restart", SIZE, &replicas.addresses()).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 3).await;
     write_random(&engine, &model, &mut rng, WHOLE, 300, 8).await;
 
@@ -292,7 +331,7 @@ async fn an_engine_restart_loses_no_acknowledged_write() {
     drop(tasks);
     drop(engine);
 
-    let engine = Engine::start("vol-restart", SIZE, &replicas.addresses()).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 3).await;
     let after = read_all(&*engine).await;
     let block = BLOCK as usize;
@@ -315,16 +354,16 @@ async fn an_engine_restart_loses_no_acknowledged_write() {
     }
     // And all three replicas agree again.
     drop(engine);
-    let first = read_replica(&replicas.addresses()[0]).await;
+    let first = replicas.read(&replicas.addresses()[0]).await;
     for address in &replicas.addresses()[1..] {
-        assert_same(&read_replica(address).await, &first, address);
+        assert_same(&replicas.read(address).await, &first, address);
     }
 }
 
 #[tokio::test]
 async fn with_no_replica_left_io_fails_with_eio() {
-    let mut replicas = Replicas::start(1).await;
-    let engine = Engine::start("vol-eio", SIZE, &replicas.addresses()).await;
+    let mut replicas = Replicas::start("vol-eio", 1).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 1).await;
     engine
         .write(0, Bytes::from(vec![1; BLOCK as usize]))
@@ -342,8 +381,8 @@ async fn with_no_replica_left_io_fails_with_eio() {
 
 #[tokio::test]
 async fn snapshots_are_taken_on_every_replica_at_one_point() {
-    let replicas = Replicas::start(2).await;
-    let engine = Engine::start("vol-snap", SIZE, &replicas.addresses()).await;
+    let replicas = Replicas::start("vol-snap", 2).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 2).await;
     engine.write(0, Bytes::from(vec![1; 8192])).await.unwrap();
     engine.snapshot("before", true).await.unwrap();
@@ -365,20 +404,30 @@ async fn snapshots_are_taken_on_every_replica_at_one_point() {
 #[tokio::test]
 async fn a_malformed_frame_closes_that_connection_only() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let replicas = Replicas::start(1).await;
+    let replicas = Replicas::start("vol-frame", 1).await;
     let address = &replicas.addresses()[0];
-    let mut raw = tokio::net::TcpStream::connect(address).await.unwrap();
-    raw.write_all(&[0xde; 64]).await.unwrap();
-    let mut buf = [0u8; 16];
-    let read = tokio::time::timeout(PATIENCE, raw.read(&mut buf))
+    let access = replicas.next_access();
+    // Garbage instead of the handshake, and garbage instead of a frame
+    // after it: each closes its connection.
+    for handshake in [false, true] {
+        let mut raw = tokio::net::TcpStream::connect(address).await.unwrap();
+        if handshake {
+            oxhorn::protocol::introduce(&mut raw, &access.key, &access.volume, access.generation)
+                .await
+                .unwrap();
+        }
+        raw.write_all(&[0xde; 64]).await.unwrap();
+        // Ends with EOF or a reset: either way, closed.
+        let mut rest = Vec::new();
+        tokio::time::timeout(PATIENCE, raw.read_to_end(&mut rest))
+            .await
+            .unwrap_or_else(|_| panic!("handshake {handshake}: connection not closed"))
+            .ok();
+    }
+
+    let connection = Connection::connect(address, &replicas.next_access())
         .await
         .unwrap();
-    assert!(
-        matches!(read, Ok(0) | Err(_)),
-        "connection not closed: {read:?}"
-    );
-
-    let connection = Connection::connect(address).await.unwrap();
     connection
         .write(0, Bytes::from(vec![9; 4096]))
         .await
@@ -400,10 +449,13 @@ async fn a_full_disk_is_reported_as_enospc_and_loses_nothing() {
         Some("size=4m"),
     )
     .unwrap();
+    let access = access("vol-full");
     let mut replica =
-        ReplicaProcess::spawn(Path::new(OXHORN), &disk.path().join("r0"), SIZE).unwrap();
+        ReplicaProcess::spawn(Path::new(OXHORN), &disk.path().join("r0"), SIZE, &access).unwrap();
     replica.wait_serving(PATIENCE).await.unwrap();
-    let engine = Engine::start("vol-full", SIZE, &[replica.address()]).await;
+    let engine = Engine::start(&access, SIZE, &[replica.address()], false)
+        .await
+        .unwrap();
     until_all_rw(&engine, 1).await;
 
     let mib = 1 << 20;
@@ -432,15 +484,15 @@ async fn a_full_disk_is_reported_as_enospc_and_loses_nothing() {
 
 #[tokio::test]
 async fn a_cleanly_stopped_engine_restarts_without_a_rebuild() {
-    let replicas = Replicas::start(3).await;
+    let replicas = Replicas::start("vol-clean", 3).await;
     let model = Arc::new(Mutex::new(Model::new()));
-    let engine = Engine::start("vol-clean", SIZE, &replicas.addresses()).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 3).await;
     write_random(&engine, &model, &mut Rng(11), WHOLE, 64, 8).await;
     engine.shut_down().await.unwrap();
     drop(engine);
 
-    let engine = Engine::start("vol-clean", SIZE, &replicas.addresses()).await;
+    let engine = replicas.engine().await;
     let status = engine.status().await;
     assert_eq!(modes(&status), [ReplicaMode::Rw; 3], "{status:#?}");
     assert!(
@@ -494,15 +546,15 @@ async fn write_overlapping(
 /// byte-identical, and the volume reads as they do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn overlapping_writes_leave_the_replicas_identical() {
-    let replicas = Replicas::start(3).await;
-    let engine = Engine::start("vol-overlap", SIZE, &replicas.addresses()).await;
+    let replicas = Replicas::start("vol-overlap", 3).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 3).await;
     write_overlapping(&engine, &mut Rng(0xfeed), 0..1 << 20, 2000, 32).await;
     let volume = read_all(&*engine).await;
     drop(engine);
     for (i, address) in replicas.addresses().iter().enumerate() {
         assert_same(
-            &read_replica(address).await,
+            &replicas.read(address).await,
             &volume,
             &format!("replica {i}"),
         );
@@ -514,9 +566,9 @@ async fn overlapping_writes_leave_the_replicas_identical() {
 /// snapshot and the user's, and none of them may lose what those hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rebuilds_and_a_snapshot_under_writes_and_discards_lose_nothing() {
-    let replicas = Replicas::start(3).await;
+    let replicas = Replicas::start("vol-rebuilds", 3).await;
     let addresses = replicas.addresses();
-    let engine = Engine::start("vol-rebuilds", SIZE, &addresses[..1]).await;
+    let engine = replicas.engine_on(&addresses[..1]).await;
     until_all_rw(&engine, 1).await;
     let model = Arc::new(Mutex::new(Model::new()));
     let mut rng = Rng(0x5eed);
@@ -555,7 +607,7 @@ async fn rebuilds_and_a_snapshot_under_writes_and_discards_lose_nothing() {
     drop(engine);
     for (i, address) in addresses.iter().enumerate() {
         assert_same(
-            &read_replica(address).await,
+            &replicas.read(address).await,
             &volume,
             &format!("replica {i}"),
         );
@@ -567,8 +619,8 @@ async fn rebuilds_and_a_snapshot_under_writes_and_discards_lose_nothing() {
 /// made while I/O is quiesced, and I/O goes on with the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_replica_leaves_the_io_path_and_io_goes_on() {
-    let mut replicas = Replicas::start(3).await;
-    let engine = Engine::start("vol-hung", SIZE, &replicas.addresses()).await;
+    let mut replicas = Replicas::start("vol-hung", 3).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 3).await;
     let model = Arc::new(Mutex::new(Model::new()));
     let mut rng = Rng(0x57);
@@ -607,16 +659,16 @@ async fn a_replica_that_cannot_take_a_snapshot_leaves_the_io_path() {
     use oxhorn::protocol::control::SnapshotRequest;
     use oxhorn::protocol::control::replica_control_client::ReplicaControlClient;
 
-    let replicas = Replicas::start(2).await;
+    let replicas = Replicas::start("vol-partial", 2).await;
     let addresses = replicas.addresses();
-    let engine = Engine::start("vol-partial", SIZE, &addresses).await;
+    let engine = replicas.engine().await;
     until_all_rw(&engine, 2).await;
     engine.write(0, Bytes::from(vec![1; 8192])).await.unwrap();
 
     let first = control_address(&addresses[0]).unwrap();
-    let mut first = ReplicaControlClient::connect(format!("http://{first}"))
-        .await
-        .unwrap();
+    let channel = oxhorn::protocol::control_channel(&first).await.unwrap();
+    let access = replicas.access.lock().unwrap().clone();
+    let mut first = ReplicaControlClient::new(oxhorn::protocol::stamped(channel, &access));
     let request = SnapshotRequest {
         name: "partial".into(),
         user_created: true,

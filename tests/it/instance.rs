@@ -21,6 +21,7 @@ use oxhorn::instance::{
 };
 use oxhorn::protocol::control::EngineStatusRequest;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
+use oxhorn::protocol::{Access, Key};
 use oxhorn::types::InstanceState;
 use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
 
@@ -28,6 +29,8 @@ use crate::common::{OXHORN, eventually, init_tracing, require_root};
 
 const SIZE: u64 = 16 << 20;
 const PATIENCE: Duration = Duration::from_secs(30);
+/// The cluster's data-plane key, as a manager would hold it.
+static CLUSTER_KEY: std::sync::LazyLock<Key> = std::sync::LazyLock::new(Key::generate);
 
 /// One test node. Dropping it kills what its managers left (so drop the
 /// managers first: declare them after the node), unmounts what its engines
@@ -93,6 +96,7 @@ impl Node {
             ports: self.ports.clone(),
             run_dir: self.run_dir(),
             dev_dir: self.dev_dir(),
+            key: CLUSTER_KEY.clone(),
         }
     }
 
@@ -106,6 +110,7 @@ impl Node {
         InstanceRequest {
             name: name.into(),
             kind: InstanceKind::Replica {
+                volume: "vol1".into(),
                 dir: self.root.join("replicas").join(name),
                 size: SIZE,
             },
@@ -385,6 +390,7 @@ fn engine(name: &str, replicas: &[SocketAddr], frontend: FrontendKind) -> Instan
         name: name.into(),
         kind: InstanceKind::Engine {
             volume: "vol1".into(),
+            generation: 1,
             size: SIZE,
             replicas: replicas.iter().map(ToString::to_string).collect(),
             frontend,
@@ -394,9 +400,15 @@ fn engine(name: &str, replicas: &[SocketAddr], frontend: FrontendKind) -> Instan
 
 /// The engine's replica addresses, through its control API.
 async fn engine_replicas(control: SocketAddr) -> Vec<String> {
-    let mut client = EngineControlClient::connect(format!("http://{control}"))
+    let channel = oxhorn::protocol::control_channel(&control.to_string())
         .await
         .expect("engine control connects");
+    let access = Access {
+        volume: "vol1".into(),
+        key: CLUSTER_KEY.for_volume("vol1"),
+        generation: 1,
+    };
+    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, &access));
     let status = client
         .status(EngineStatusRequest {})
         .await

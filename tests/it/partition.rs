@@ -14,7 +14,7 @@ use bytes::Bytes;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::control::{EngineStatus, ReplicaMode};
-use oxhorn::protocol::{Connection, KEEPALIVE, PING_TIMEOUT};
+use oxhorn::protocol::{Access, Connection, KEEPALIVE, Key, PING_TIMEOUT};
 use oxhorn_testbed::ReplicaProcess;
 use oxhorn_testbed::netns::{Host, Network};
 use tempfile::TempDir;
@@ -75,16 +75,23 @@ impl Cluster {
 // The one place each of these is made: a change of how engines, replicas or
 // connections start is a change here only.
 
+/// The one volume of these tests: its key and the engine generation.
+static ACCESS: std::sync::LazyLock<Access> = std::sync::LazyLock::new(|| Access {
+    volume: "vol-partition".into(),
+    key: Key::generate().for_volume("vol-partition"),
+    generation: 1,
+});
+
 fn spawn_replica(host: &Host, dir: &Path) -> ReplicaProcess {
-    ReplicaProcess::spawn_in(host, Path::new(OXHORN), dir, SIZE).unwrap()
+    ReplicaProcess::spawn_in(host, Path::new(OXHORN), dir, SIZE, &ACCESS).unwrap()
 }
 
-async fn start_engine(volume: &str, addresses: &[String]) -> Arc<Engine> {
-    Engine::start(volume, SIZE, addresses).await
+async fn start_engine(addresses: &[String]) -> Arc<Engine> {
+    Engine::start(&ACCESS, SIZE, addresses, false).await.unwrap()
 }
 
 async fn connect(address: &str) -> Connection {
-    Connection::connect(address).await.unwrap()
+    Connection::connect(address, &ACCESS).await.unwrap()
 }
 
 /// Reads a replica's whole volume straight from its data port.
@@ -281,7 +288,7 @@ async fn a_partitioned_replica_leaves_the_io_path_and_rejoins_incrementally() {
     let addresses = cluster.addresses();
     let cut = &addresses[1];
     let pid = cluster.replicas[1].pid();
-    let engine = start_engine("vol-partition", &addresses).await;
+    let engine = start_engine(&addresses).await;
     until_all_rw(&engine, 3).await;
     let model = Arc::new(Mutex::new(Model::new()));
     write_random(&engine, &model, &mut Rng(0xc0ffee), WHOLE, 300, 8).await;

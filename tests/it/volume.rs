@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{
     AddReplicaRequest, EngineStatusRequest, ExpandRequest, ReplicaMode,
 };
+use oxhorn::protocol::{Access, Key};
 use oxhorn_testbed::{EngineProcess, Mounted, ReplicaProcess};
 
 use crate::common::{OXHORN, eventually, require_root};
@@ -92,10 +92,8 @@ async fn until_device_size(device: &str, size: u64) {
     }
 }
 
-async fn until_all_rw(control: &str, count: usize) {
-    let mut client = EngineControlClient::connect(format!("http://{control}"))
-        .await
-        .unwrap();
+async fn until_all_rw(engine: &EngineProcess, count: usize) {
+    let mut client = engine.client().await.unwrap();
     let all_rw = eventually(PATIENCE, || {
         let mut client = client.clone();
         async move {
@@ -122,22 +120,27 @@ async fn until_all_rw(control: &str, count: usize) {
 async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     require_root();
     let work = tempfile::tempdir().unwrap();
+    let volume = format!("vol-{fstype}");
+    let access = Access {
+        volume: volume.clone(),
+        key: Key::generate().for_volume(&volume),
+        generation: 1,
+    };
     let mut replicas: Vec<ReplicaProcess> = (0..3)
         .map(|i| {
-            ReplicaProcess::spawn(Path::new(OXHORN), &work.path().join(format!("r{i}")), SIZE)
-                .unwrap()
+            let dir = work.path().join(format!("r{i}"));
+            ReplicaProcess::spawn(Path::new(OXHORN), &dir, SIZE, &access).unwrap()
         })
         .collect();
     for replica in &mut replicas {
         replica.wait_serving(PATIENCE).await.unwrap();
     }
     let addresses: Vec<String> = replicas.iter().map(ReplicaProcess::address).collect();
-    let volume = format!("vol-{fstype}");
     let mut engine =
-        EngineProcess::spawn(Path::new(OXHORN), work.path(), &volume, SIZE, &addresses).unwrap();
+        EngineProcess::spawn(Path::new(OXHORN), work.path(), &access, SIZE, &addresses).unwrap();
     let device = engine.wait_device(PATIENCE).await.unwrap();
     let device = device.to_str().unwrap().to_string();
-    until_all_rw(&engine.control, 3).await;
+    until_all_rw(&engine, 3).await;
 
     mkfs(fstype, &device);
     let mount_point = work.path().join("mnt");
@@ -149,9 +152,7 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     files.extend(write_files(&mount_point, "degraded", 12, 2));
     replicas[1].start().unwrap();
     replicas[1].wait_serving(PATIENCE).await.unwrap();
-    let mut control = EngineControlClient::connect(format!("http://{}", engine.control))
-        .await
-        .unwrap();
+    let mut control = engine.client().await.unwrap();
     control
         .add_replica(AddReplicaRequest {
             address: addresses[1].clone(),
@@ -159,7 +160,7 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
         .await
         .unwrap();
     files.extend(write_files(&mount_point, "rebuilding", 8, 3));
-    until_all_rw(&engine.control, 3).await;
+    until_all_rw(&engine, 3).await;
     check_files(&mount_point, &files);
     mounted.unmount().unwrap();
     fsck(fstype, &device);
@@ -169,16 +170,14 @@ async fn a_filesystem_survives_replica_and_engine_crashes(fstype: &str) {
     engine.start().unwrap();
     let device = engine.wait_device(PATIENCE).await.unwrap();
     let device = device.to_str().unwrap().to_string();
-    until_all_rw(&engine.control, 3).await;
+    until_all_rw(&engine, 3).await;
     fsck(fstype, &device);
     let mounted = Mounted::new(Path::new(&device), &mount_point, fstype, None).unwrap();
     check_files(&mount_point, &files);
 
     // Online expansion: the block device grows under the mounted filesystem.
     let before = nix::sys::statvfs::statvfs(&mount_point).unwrap().blocks();
-    let mut control = EngineControlClient::connect(format!("http://{}", engine.control))
-        .await
-        .unwrap();
+    let mut control = engine.client().await.unwrap();
     let grown = SIZE + (64 << 20);
     control.expand(ExpandRequest { size: grown }).await.unwrap();
     until_device_size(&device, grown).await;

@@ -54,7 +54,9 @@ impl Pass<'_> {
             || spec.replica_address_map != addresses
             || spec.instance.volume_size != self.volume.spec.size;
         if changed {
-            info!(replicas = ?addresses.keys().collect::<Vec<_>>(), "engine wanted on {target}");
+            // A new engine fences every older one out of the replicas.
+            let generation = spec.generation + u64::from(starting);
+            info!(replicas = ?addresses.keys().collect::<Vec<_>>(), generation, "engine wanted on {target}");
             self.set_engine(
                 engine,
                 json!({"spec": {
@@ -62,6 +64,7 @@ impl Pass<'_> {
                     "desireState": "running",
                     "replicaAddressMap": replacing(&spec.replica_address_map, &addresses),
                     "volumeSize": self.volume.spec.size,
+                    "generation": generation,
                 }}),
             )
             .await?;

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use super::super::control::{self, CALL_TIMEOUT};
 use super::super::{ControllerError, delete};
 use super::{Pass, SOON};
+use crate::protocol::Access;
 use crate::protocol::control::{
     MarkCleanRequest, SetRevisionRequest, Snapshot as Layer, SyncFromRequest,
 };
@@ -123,7 +124,8 @@ impl Pass<'_> {
             );
             return Ok(Step::Waiting("SourceTooLarge", message));
         }
-        let Some((address, layers)) = self.source_replica(&snapshot).await else {
+        let source = self.ctx.access(&snapshot.spec.volume, 0);
+        let Some((address, layers)) = self.source_replica(&snapshot, &source).await else {
             let message = format!(
                 "waiting for a running replica of volume {} holding snapshot {name}",
                 snapshot.spec.volume
@@ -135,10 +137,11 @@ impl Pass<'_> {
             let message = "waiting for the volume's replicas to run".to_owned();
             return Ok(Step::Waiting("Filling", message));
         }
+        let access = self.access();
         for (replica, target) in &targets {
-            copy_layers(replica, target, &address, &layers).await?;
+            copy_layers(replica, target, &access, (&address, &source), &layers).await?;
         }
-        settle(&targets).await?;
+        settle(&targets, &access).await?;
         Ok(Step::Done)
     }
 
@@ -163,7 +166,11 @@ impl Pass<'_> {
     /// A running, healthy replica of the snapshot's volume whose chain holds
     /// the snapshot: its control address and its chain up to and including
     /// the snapshot, oldest first.
-    async fn source_replica(&self, snapshot: &Snapshot) -> Option<(String, Vec<Layer>)> {
+    async fn source_replica(
+        &self,
+        snapshot: &Snapshot,
+        access: &Access,
+    ) -> Option<(String, Vec<Layer>)> {
         let name = snapshot.name_any();
         let candidates: Vec<(Arc<Replica>, String)> = self
             .ctx
@@ -177,7 +184,7 @@ impl Pass<'_> {
             .filter_map(|r| control::replica_control_address(&r).map(|a| (r, a)))
             .collect();
         for (replica, address) in candidates {
-            let chain = match chain_of(&replica, &address).await {
+            let chain = match chain_of(&replica, &address, access).await {
                 Ok(chain) => chain,
                 Err(error) => {
                     warn!(%error, "source replica not usable");
@@ -210,26 +217,34 @@ impl Pass<'_> {
     }
 }
 
-async fn chain_of(replica: &Replica, address: &str) -> Result<Vec<Layer>, ControllerError> {
-    let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
+async fn chain_of(
+    replica: &Replica,
+    address: &str,
+    access: &Access,
+) -> Result<Vec<Layer>, ControllerError> {
+    let mut control = control::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
     Ok(control.status().await?.snapshots)
 }
 
 /// Makes `replica`'s chain equal to `layers` of the source replica at
-/// `source`. Only chunks that differ are copied, so a retry after a failure
-/// costs what was left.
+/// `source.0`, of the volume `source.1` admits to. Only chunks that differ
+/// are copied, so a retry after a failure costs what was left.
 async fn copy_layers(
     replica: &Replica,
     address: &str,
-    source: &str,
+    access: &Access,
+    source: (&str, &Access),
     layers: &[Layer],
 ) -> Result<(), ControllerError> {
+    let (source, source_access) = source;
     info!(replica = %replica.name_any(), %source, layers = layers.len(), "copying the snapshot chain");
     // No deadline: the copy takes as long as the data does.
-    let mut control = control::replica(replica, address, None).await?;
+    let mut control = control::replica(replica, address, None, access).await?;
     let request = SyncFromRequest {
         source: source.to_owned(),
         layers: layers.to_vec(),
+        source_volume: source_access.volume.clone(),
+        source_key: source_access.key.to_hex(),
     };
     let mut progress = control
         .client
@@ -248,11 +263,14 @@ async fn copy_layers(
 /// Gives the filled replicas one revision counter and marks them clean:
 /// they hold the same data, and the first engine start must trust each of
 /// them rather than pick one and rebuild the others.
-async fn settle(replicas: &[(Arc<Replica>, String)]) -> Result<(), ControllerError> {
+async fn settle(
+    replicas: &[(Arc<Replica>, String)],
+    access: &Access,
+) -> Result<(), ControllerError> {
     let mut controls = Vec::new();
     let mut revision = 0;
     for (replica, address) in replicas {
-        let mut control = control::replica(replica, address, Some(CALL_TIMEOUT)).await?;
+        let mut control = control::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
         let status = control.status().await?;
         revision = revision.max(status.revision);
         controls.push(control);

@@ -8,11 +8,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::protocol::{Access, Stamped};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use serde_json::json;
-use tonic::transport::Channel;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::super::control::{self, CALL_TIMEOUT, Control};
@@ -35,19 +35,20 @@ enum DataPlane<'a> {
     NotYet(&'static str),
 }
 
-/// A data-plane process snapshot work runs on, at its control address.
+/// A data-plane process snapshot work runs on, at its control address,
+/// and how to call it.
 enum Site<'a> {
     /// The engine: at one quiesced point of the volume's I/O, on every
     /// replica it uses.
-    Engine(&'a Engine, String),
+    Engine(&'a Engine, String, Access),
     /// One replica, on its own chain.
-    Replica(Arc<Replica>, String),
+    Replica(Arc<Replica>, String, Access),
 }
 
 /// A site's control API, connected.
 enum SiteControl {
-    Engine(Control<EngineControlClient<Channel>>),
-    Replica(Control<ReplicaControlClient<Channel>>),
+    Engine(Control<EngineControlClient<Stamped>>),
+    Replica(Control<ReplicaControlClient<Stamped>>),
 }
 
 fn has_finalizer(snapshot: &Snapshot) -> bool {
@@ -268,7 +269,9 @@ impl Pass<'_> {
         match (desire, engine_state(engine)) {
             (DesireState::Running, InstanceState::Running) => {
                 match control::engine_control_address(engine) {
-                    Some(address) => DataPlane::On(vec![Site::Engine(engine, address)]),
+                    Some(address) => {
+                        DataPlane::On(vec![Site::Engine(engine, address, self.access())])
+                    }
                     None => DataPlane::NotYet("the engine has no address yet"),
                 }
             }
@@ -277,7 +280,9 @@ impl Pass<'_> {
                 if running.is_empty() {
                     return DataPlane::NotYet("waiting for the replicas to run");
                 }
-                let sites = running.into_iter().map(|(r, a)| Site::Replica(r, a));
+                let sites = running
+                    .into_iter()
+                    .map(|(r, a)| Site::Replica(r, a, self.access()));
                 DataPlane::On(sites.collect())
             }
             _ => DataPlane::NotYet("the volume is attaching or detaching"),
@@ -311,12 +316,12 @@ async fn remove_from(sites: &[Site<'_>], name: &str) -> Result<(), ControllerErr
 impl Site<'_> {
     async fn connect(&self) -> Result<SiteControl, ControllerError> {
         Ok(match self {
-            Site::Engine(engine, address) => {
-                SiteControl::Engine(control::engine(engine, address).await?)
+            Site::Engine(engine, address, access) => {
+                SiteControl::Engine(control::engine(engine, address, access).await?)
             }
-            Site::Replica(replica, address) => {
-                SiteControl::Replica(control::replica(replica, address, Some(CALL_TIMEOUT)).await?)
-            }
+            Site::Replica(replica, address, access) => SiteControl::Replica(
+                control::replica(replica, address, Some(CALL_TIMEOUT), access).await?,
+            ),
         })
     }
 
@@ -334,7 +339,7 @@ impl Site<'_> {
             user_created: true,
             labels: Default::default(),
         };
-        if let Site::Replica(replica, _) = self {
+        if let Site::Replica(replica, ..) = self {
             info!(replica = %replica.name_any(), "taking the snapshot on the replica");
         }
         let reply = match &mut control {
@@ -355,7 +360,7 @@ impl Site<'_> {
                     return Ok(());
                 }
             }
-            Site::Replica(replica, _) => {
+            Site::Replica(replica, ..) => {
                 info!(replica = %replica.name_any(), "removing the snapshot from the replica");
             }
         }
