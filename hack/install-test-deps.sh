@@ -36,6 +36,7 @@ apt_packages=(
 	e2fsprogs xfsprogs util-linux
 	fuse3              # fusermount3, for the FUSE frontend
 	fio                # bench/
+	iproute2           # ip, bridge: the partition tests' namespaces and bridges
 )
 
 install_apt() {

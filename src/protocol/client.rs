@@ -25,8 +25,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// An idle connection is pinged this often; a ping must be answered within
 /// [`PING_TIMEOUT`], so a dead peer is noticed within their sum.
-pub(super) const KEEPALIVE: Duration = Duration::from_secs(2);
-pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(4);
+pub const KEEPALIVE: Duration = Duration::from_secs(2);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(4);
 /// Requests queued for the writer before callers wait.
 const QUEUE: usize = 1024;
 
@@ -126,6 +126,13 @@ impl Connection {
             })?;
         stream
             .set_nodelay(true)
+            .map_err(|e| failed(e.to_string()))?;
+        // Closed, the connection resets and its unsent requests are dropped.
+        // A graceful close would leave them to TCP, which retransmits them
+        // once a partition heals: the replica would then apply writes the
+        // engine failed long ago over newer ones it got since it rejoined.
+        stream
+            .set_zero_linger()
             .map_err(|e| failed(e.to_string()))?;
         let (read, write) = stream.into_split();
         let (outgoing, queue) = mpsc::channel(QUEUE);

@@ -16,7 +16,7 @@ pub use channel::{
     CONTROL_DEADLINE, Guard, Stamp, Stamped, control_channel, control_endpoint, generation_of,
     stamped, within_deadline,
 };
-pub use client::{Connection, ConnectionError};
+pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
 pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
 pub use handshake::{HANDSHAKE_TIMEOUT, HandshakeError, introduce};
 pub use server::{Handler, MAX_CONNECTIONS, serve};

@@ -114,6 +114,11 @@ async fn connection<H: Handler>(mut stream: TcpStream, peer: SocketAddr, handler
     while let Some(frame) = requests.next().await {
         let request = match frame {
             Ok(request) => request,
+            // The engine resets connections it closes (see the client).
+            Err(error) if error.kind() != std::io::ErrorKind::InvalidData => {
+                debug!(%error, "connection ended");
+                break;
+            }
             Err(error) => {
                 warn!(%error, "closing connection after a malformed frame");
                 writer.abort();

@@ -1,10 +1,12 @@
 //! `oxhorn replica` and `oxhorn engine` processes on loopback, for data-plane
 //! tests: each can be killed like a crash and started again as it was.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use super::netns::{self, Host};
 use super::process::Supervised;
 use crate::{Error, Result};
 use oxhorn::frontend::{FuseFrontend, FuseOptions};
@@ -21,6 +23,8 @@ struct Restartable {
     /// manager does.
     key: String,
     log: PathBuf,
+    /// The network namespace it runs in; the test's own if `None`.
+    netns: Option<PathBuf>,
     process: Option<Supervised>,
 }
 
@@ -31,6 +35,7 @@ impl Restartable {
         args: Vec<String>,
         access: &Access,
         log: PathBuf,
+        netns: Option<PathBuf>,
     ) -> Result<Self> {
         let mut process = Self {
             name,
@@ -38,6 +43,7 @@ impl Restartable {
             args,
             key: access.key.to_hex(),
             log,
+            netns,
             process: None,
         };
         process.start()?;
@@ -47,6 +53,9 @@ impl Restartable {
     fn start(&mut self) -> Result<()> {
         let mut command = Command::new(&self.binary);
         command.args(&self.args).env(KEY_ENV, &self.key);
+        if let Some(path) = &self.netns {
+            netns::enter(path, &mut command)?;
+        }
         self.process = Some(Supervised::spawn(self.name, command, &self.log)?);
         Ok(())
     }
@@ -109,6 +118,7 @@ impl Restartable {
 pub struct ReplicaProcess {
     process: Restartable,
     dir: PathBuf,
+    ip: IpAddr,
     port: u16,
 }
 
@@ -116,24 +126,45 @@ impl ReplicaProcess {
     /// Starts `binary replica` of `access.volume` on `dir` (created if new)
     /// serving data on a free loopback port and control on the next one.
     pub fn spawn(binary: &Path, dir: &Path, size: u64, access: &Access) -> Result<Self> {
+        Self::spawn_on(None, binary, dir, size, access)
+    }
+
+    /// Like [`spawn`](Self::spawn), with the process in `host`'s network
+    /// namespace, listening on the host's address.
+    pub fn spawn_in(
+        host: &Host,
+        binary: &Path,
+        dir: &Path,
+        size: u64,
+        access: &Access,
+    ) -> Result<Self> {
+        Self::spawn_on(Some(host), binary, dir, size, access)
+    }
+
+    fn spawn_on(
+        host: Option<&Host>,
+        binary: &Path,
+        dir: &Path,
+        size: u64,
+        access: &Access,
+    ) -> Result<Self> {
+        let ip = host.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |h| h.address().into());
+        // Free in the test's namespace, and so in a new host's too.
         let port = free_port_pair()?;
         let args = vec![
             "replica".to_string(),
             format!("--volume={}", access.volume),
             format!("--dir={}", dir.display()),
             format!("--size={size}"),
-            format!("--listen=127.0.0.1:{port}"),
+            format!("--listen={ip}:{port}"),
         ];
-        let process = Restartable::spawn(
-            "oxhorn replica",
-            binary,
-            args,
-            access,
-            dir.with_extension("log"),
-        )?;
+        let log = dir.with_extension("log");
+        let netns = host.map(Host::namespace_path);
+        let process = Restartable::spawn("oxhorn replica", binary, args, access, log, netns)?;
         Ok(Self {
             process,
             dir: dir.to_path_buf(),
+            ip,
             port,
         })
     }
@@ -145,7 +176,12 @@ impl ReplicaProcess {
 
     /// The data address, host:port; control is on the next port.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.process.as_ref().map(Supervised::pid)
     }
 
     pub fn dir(&self) -> &Path {
@@ -180,11 +216,11 @@ impl ReplicaProcess {
 
     /// Waits until the data and control ports accept connections.
     pub async fn wait_serving(&mut self, timeout: Duration) -> Result<()> {
-        let port = self.port;
+        let (ip, port) = (self.ip, self.port);
         self.process
             .wait_for(timeout, async || {
-                let data = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
-                let control = tokio::net::TcpStream::connect(("127.0.0.1", port + 1)).await;
+                let data = tokio::net::TcpStream::connect((ip, port)).await;
+                let control = tokio::net::TcpStream::connect((ip, port + 1)).await;
                 (data.is_ok() && control.is_ok()).then_some(())
             })
             .await
@@ -232,7 +268,7 @@ impl EngineProcess {
         let mut frontend = FuseOptions::new(dir.join("run"));
         frontend.dev_dir = dir.join("dev");
         Ok(Self {
-            process: Restartable::spawn("oxhorn engine", binary, args, access, log)?,
+            process: Restartable::spawn("oxhorn engine", binary, args, access, log, None)?,
             volume: volume.to_string(),
             frontend,
             device_link: dir.join("dev").join(volume),

@@ -18,6 +18,7 @@ pub mod kubelet;
 mod manager;
 mod mount;
 mod namespace;
+pub mod netns;
 mod process;
 pub mod sidecars;
 

@@ -1,6 +1,8 @@
 //! The data plane for real: `oxhorn replica` processes on loopback and the
 //! replicating engine, with replicas killed with SIGKILL, restarted and
-//! rebuilt, and the engine itself dropped mid-write and restarted.
+//! rebuilt, and the engine itself dropped mid-write and restarted. The
+//! writers, the model of acknowledged writes and the comparisons serve the
+//! `partition` module too.
 
 use std::collections::BTreeSet;
 use std::ops::Range;

@@ -18,6 +18,7 @@ mod identity;
 mod instance;
 mod layout;
 mod local_cluster;
+mod partition;
 mod placement;
 mod provisioning;
 mod sanity;
