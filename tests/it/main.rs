@@ -12,6 +12,7 @@ mod csi_controller;
 mod csi_node;
 mod dataplane;
 mod datastore;
+mod faults;
 mod frontend;
 mod identity;
 mod instance;
