@@ -176,6 +176,8 @@ pub struct Stats {
     pub syncs: u64,
     /// Requests that failed: their blocks may hold the old or the new content.
     pub failed: u64,
+    /// Requests whose extent overlapped one in flight, and waited for it.
+    pub overlapped: u64,
     /// The first few errors, with the request that got them.
     pub errors: Vec<String>,
     /// The longest any acknowledged request took.
@@ -186,12 +188,14 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} writes ({} blocks), {} discards, {} syncs acknowledged, {} failed, longest {:?}",
+            "{} writes ({} blocks), {} discards, {} syncs acknowledged, {} failed, \
+             {} overlapping one in flight, longest {:?}",
             self.writes,
             self.blocks_written,
             self.discards,
             self.syncs,
             self.failed,
+            self.overlapped,
             self.max_latency
         )?;
         for error in &self.errors {
@@ -302,10 +306,12 @@ impl Ledger {
     fn begin(&self, range: Range<u64>, discard: bool, stop: &AtomicBool) -> Option<Content> {
         let blocks = range.start as usize..range.end as usize;
         let mut state = self.lock();
+        let mut waited = false;
         while state.blocks[blocks.clone()].iter().any(|b| b.busy) {
             if stop.load(Ordering::Relaxed) {
                 return None;
             }
+            waited = true;
             state = self
                 .freed
                 .wait_timeout(state, Duration::from_millis(50))
@@ -313,6 +319,7 @@ impl Ledger {
                 .0;
         }
         state.next_seq += 1;
+        state.stats.overlapped += u64::from(waited);
         let seq = state.next_seq;
         let content = if discard {
             Content::Discard(seq)
@@ -838,7 +845,10 @@ mod tests {
         }
         let stats = running.stop();
         assert_eq!(stats.failed, 0, "{stats}");
-        assert!(stats.discards > 0 && stats.syncs > 0, "{stats}");
+        assert!(
+            stats.discards > 0 && stats.syncs > 0 && stats.overlapped > 0,
+            "{stats}"
+        );
         let verdict = writer.verify(&path).unwrap();
         assert!(verdict.is_clean(), "{verdict}");
         assert_eq!(verdict.ok, BLOCKS, "{verdict}");

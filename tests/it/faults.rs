@@ -146,6 +146,11 @@ impl Row {
         context: impl Fn() -> String,
     ) {
         eprintln!("{}: writer: {stats}", self.name);
+        assert!(
+            stats.overlapped > 0 && stats.discards > 0,
+            "{}: no overlapping writes or no discards: {stats}",
+            self.name
+        );
         eprintln!("{}: after recovery: {verdict}", self.name);
         assert!(
             verdict.is_clean(),
@@ -532,6 +537,7 @@ async fn one_replicas_disk_full() {
     let (status, _) = plane.until_out(2).await;
     let error = &plane.member(&status, 2).unwrap().last_error;
     eprintln!("{}: replica 2 out of the I/O path: {error}", row.name);
+    assert!(error.contains("NoSpace"), "{error}");
     until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
     let stats = running.stop();
     assert_eq!(stats.failed, 0, "{stats}");
