@@ -21,6 +21,7 @@ mod namespace;
 pub mod netns;
 mod process;
 pub mod sidecars;
+pub mod writer;
 
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess};
@@ -30,6 +31,7 @@ pub use manager::{
 };
 pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
+pub use writer::{Verdict, Writer, WriterOptions};
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -227,6 +227,24 @@ impl Cluster {
             .collect()
     }
 
+    /// How to reach `volume`'s replicas as its current engine does: the
+    /// volume's key (from the managers' Secret) and the engine generation.
+    /// Never a higher generation: that would fence the running engine out.
+    pub async fn access(&self, volume: &str) -> oxhorn::protocol::Access {
+        let key = oxhorn::controller::cluster_key(&self.client, self.ns.name())
+            .await
+            .unwrap();
+        let generation = self
+            .engine_of(volume)
+            .await
+            .map_or(0, |e| e.spec.generation);
+        oxhorn::protocol::Access {
+            volume: volume.to_string(),
+            key: key.for_volume(volume),
+            generation,
+        }
+    }
+
     pub async fn engine_of(&self, volume: &str) -> Option<Engine> {
         let all = self
             .api::<Engine>()

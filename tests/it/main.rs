@@ -12,6 +12,7 @@ mod csi_controller;
 mod csi_node;
 mod dataplane;
 mod datastore;
+mod faults;
 mod fencing;
 mod frontend;
 mod identity;

@@ -87,7 +87,9 @@ fn spawn_replica(host: &Host, dir: &Path) -> ReplicaProcess {
 }
 
 async fn start_engine(addresses: &[String]) -> Arc<Engine> {
-    Engine::start(&ACCESS, SIZE, addresses, false).await.unwrap()
+    Engine::start(&ACCESS, SIZE, addresses, false)
+        .await
+        .unwrap()
 }
 
 async fn connect(address: &str) -> Connection {
