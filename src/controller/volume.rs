@@ -191,6 +191,7 @@ impl<'a> Pass<'a> {
             return Ok(Action::requeue(SOON));
         };
         self.track_replica_health(&engine).await?;
+        self.reuse_failed().await?;
         self.replenish().await?;
         self.trim_surplus().await?;
         self.schedule().await?;

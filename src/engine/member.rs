@@ -117,11 +117,14 @@ impl Member {
         was_healthy
     }
 
-    /// Marks the member out of the I/O path without counting an I/O error.
-    pub fn park(&self, reason: &str) {
+    /// Keeps the member out of the I/O path until its rebuild lets it in,
+    /// without counting an I/O error. It reports as rebuilding meanwhile,
+    /// not as failed: it is on its way in.
+    pub fn queue_rebuild(&self, reason: &str) {
         let mut state = lock(&self.state);
         state.mode = Some(Mode::Error);
         state.last_error = reason.to_string();
+        state.rebuild = Some((0, 0));
     }
 
     pub fn set_rebuild_progress(&self, progress: Option<(u64, u64)>) {

@@ -237,7 +237,7 @@ impl Engine {
                 member.set_mode(Mode::ReadWrite);
                 info!(volume = %self.volume, replica = %member.address, revision = status.revision, "replica RW");
             } else {
-                member.park(&format!(
+                member.queue_rebuild(&format!(
                     "revision {} (newest {newest:?}, unclean stop: {unclean}) or rebuild unfinished",
                     status.revision
                 ));

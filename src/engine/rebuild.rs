@@ -37,7 +37,7 @@ impl Engine {
             ));
         }
         let member = Arc::new(member);
-        member.park("waiting for rebuild");
+        member.queue_rebuild("waiting for rebuild");
         {
             let mut members = write(&self.members);
             match members.iter().position(|m| m.address == address) {

@@ -15,7 +15,14 @@ impl Engine {
             let mode = member.mode();
             let report = member.report();
             let mut control = member.control.clone();
-            let status = protocol::within_deadline(control.status(ReplicaStatusRequest {}));
+            // A failed member is not asked: it may hang every status call
+            // for the whole control deadline.
+            let status = async {
+                if mode == Mode::Error && report.rebuild.is_none() {
+                    return Err(tonic::Status::unavailable("out of the I/O path"));
+                }
+                protocol::within_deadline(control.status(ReplicaStatusRequest {})).await
+            };
             let revision = match status.await {
                 Ok(status) => {
                     let status = status.into_inner();
@@ -31,6 +38,8 @@ impl Engine {
                 mode: match mode {
                     Mode::ReadWrite => control::ReplicaMode::Rw,
                     Mode::WriteOnly => control::ReplicaMode::Wo,
+                    // Queued for a rebuild that has not taken it in yet.
+                    Mode::Error if report.rebuild.is_some() => control::ReplicaMode::Wo,
                     Mode::Error => control::ReplicaMode::Err,
                 }
                 .into(),

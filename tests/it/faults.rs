@@ -680,27 +680,30 @@ mod cluster {
     /// under writes, keeps it down until another manager has taken its node
     /// over, and starts it again.
     ///
-    /// The replica on the node taken over is marked failed, and a failed
-    /// replica is replaced, not reused: four nodes, so that the volume heals
-    /// onto the spare one.
+    /// The replica on the node taken over is marked failed; once its node
+    /// is back, the same replica rejoins (three nodes and the default
+    /// replenishment wait: nothing else could heal the volume in time).
     async fn kill_a_manager(name: &'static str, prefix: &str, engine_node: bool, seed: u64) {
         let mut row = Row::new(name);
-        let mut cluster = Cluster::start(prefix, 4).await;
-        cluster
-            .set("replica-replenishment-wait-interval", "2")
-            .await;
+        let mut cluster = Cluster::start(prefix, 3).await;
         cluster.create_volume(VOLUME, SIZE as i64, 3).await;
         cluster
             .until_volume(VOLUME, "the volume detached and healthy", |s| {
                 s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
             })
             .await;
-        let holders: Vec<String> = cluster
-            .replicas_of(VOLUME)
-            .await
+        let replicas = cluster.replicas_of(VOLUME).await;
+        let holders: Vec<String> = replicas
             .iter()
             .map(|r| r.spec.instance.node_id.clone())
             .collect();
+        let names = |replicas: Vec<oxhorn::types::Replica>| -> Vec<String> {
+            replicas
+                .iter()
+                .map(|r| r.metadata.name.clone().unwrap_or_default())
+                .collect()
+        };
+        let original = names(replicas);
         let attached_to = holders[0].clone();
         let device = PathBuf::from(cluster.attach(VOLUME, &attached_to).await);
         until_healthy(&cluster, 3).await;
@@ -734,6 +737,11 @@ mod cluster {
         let stats = running.stop();
         assert_eq!(stats.failed, 0, "{stats}");
         let addresses = until_healthy(&cluster, 3).await;
+        assert_eq!(
+            names(cluster.replicas_of(VOLUME).await),
+            original,
+            "the failed replica rejoined (or never left the engine) rather than being replaced"
+        );
         let verdict = writer.verify(&device).unwrap();
         let mut images = Vec::new();
         for (replica, address) in &addresses {

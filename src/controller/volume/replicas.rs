@@ -19,6 +19,11 @@ use crate::types::{
     Condition, ConditionStatus, DesireState, Engine, FINALIZER, Replica, ReplicaMode, ReplicaSpec,
 };
 
+/// How long a failed replica waits before it rejoins: failures come in
+/// bursts (a flapping link, a restarting process), and each rejoin costs a
+/// rebuild's comparison of the whole replica.
+const REUSE_AFTER: Duration = Duration::from_secs(10);
+
 impl Pass<'_> {
     /// Records in each replica when it last became healthy and when it failed,
     /// from what the running engine reports.
@@ -115,6 +120,50 @@ impl Pass<'_> {
         self.replicas
             .iter()
             .filter(|r| r.spec.failed_at.is_some() && r.metadata.deletion_timestamp.is_none())
+    }
+
+    /// Brings back failed replicas that can rejoin: their node is up, their
+    /// process runs, they were healthy once and failed a while ago. The
+    /// engine then adds each again and rebuilds only what it missed (its
+    /// layers are compared chunk by chunk), instead of a new replica copying
+    /// everything. Only while the volume lacks healthy replicas: once one
+    /// has been replaced, the failed one is left to be removed as stale.
+    pub(super) async fn reuse_failed(&mut self) -> Result<(), ControllerError> {
+        let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
+        let mut healthy = self.healthy().count();
+        for i in 0..self.replicas.len() {
+            if healthy >= wanted {
+                break;
+            }
+            let replica = Arc::clone(&self.replicas[i]);
+            let Some(failed_for) = failed_for(&replica) else {
+                continue;
+            };
+            let reusable = replica.metadata.deletion_timestamp.is_none()
+                && replica.spec.healthy_at.is_some()
+                && self.ctx.liveness.is_up(&replica.spec.instance.node_id)
+                && replica_address(&replica).is_some();
+            if !reusable {
+                continue;
+            }
+            if failed_for < REUSE_AFTER {
+                self.wait_at_most(REUSE_AFTER - failed_for);
+                continue;
+            }
+            info!(replica = %replica.name_any(), "reusing a failed replica: it rejoins with an incremental rebuild");
+            self.ctx
+                .event(
+                    &self.volume,
+                    EventType::Normal,
+                    "ReplicaReused",
+                    format!("replica {} is back and rejoins", replica.name_any()),
+                )
+                .await;
+            let patch = json!({"spec": {"failedAt": null}});
+            self.replicas[i] = self.patch_replica(&replica, patch).await?;
+            healthy += 1;
+        }
+        Ok(())
     }
 
     /// Creates replicas until numberOfReplicas of them are not failed. A failed
