@@ -2,12 +2,13 @@
 //! and the volume controller's snapshot and fill work. Every failure is a
 //! `DataPlane`/`DataPlaneConnect` error naming the process. Calls are bounded
 //! so that a hung process fails a pass instead of stalling the volume for
-//! good; a fill's copy is not.
+//! good; a fill's copy is not, but HTTP/2 keepalive ends it if the peer
+//! stops answering.
 
 use std::time::Duration;
 
 use kube::ResourceExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::protocol::{Access, Stamped};
 
@@ -133,7 +134,9 @@ async fn connect(
         address: address.to_owned(),
         source,
     };
-    let mut endpoint = Endpoint::from_shared(format!("http://{address}"))
+    // With the data plane's keepalive: a peer that stops answering fails
+    // the call, streamed copies included, instead of hanging the pass.
+    let mut endpoint = crate::protocol::control_endpoint(address)
         .map_err(failed)?
         .connect_timeout(CONNECT_TIMEOUT);
     if let Some(timeout) = timeout {
