@@ -11,7 +11,7 @@ mod server;
 
 pub use channel::{CONTROL_DEADLINE, control_channel, control_endpoint, within_deadline};
 pub use client::{Connection, ConnectionError};
-pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
+pub use frame::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec, Status};
 pub use server::{Handler, serve};
 
 /// Code generated from proto/dataplane.proto: the control APIs of replicas
