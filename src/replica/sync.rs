@@ -204,9 +204,13 @@ impl ReplicaStore {
             Some(last) => state.find_snapshot(last).map_or(0, |i| i + 1),
             None => 0,
         };
-        for name in chain {
+        // Everything is checked before anything changes: a chain that fails
+        // half way through relinking would leave memory and disk apart.
+        for (i, name) in chain.iter().enumerate() {
             state.layer_or_err(name)?;
-            if keep_from > 0 && state.find_snapshot(name).is_ok_and(|i| i >= keep_from) {
+            let newer_here =
+                keep_from > 0 && state.find_snapshot(name).is_ok_and(|i| i >= keep_from);
+            if newer_here || chain[..i].contains(name) {
                 return Err(StorageError::ChainOrder(name.clone()));
             }
         }
@@ -348,6 +352,28 @@ mod tests {
             "{err}"
         );
         assert_eq!(snapshot_names(&reopen(store)), ["a", "b"]);
+    }
+
+    /// A chain naming a layer twice is refused before anything changes.
+    /// It used to fail half way through relinking, with the layers not yet
+    /// relinked dropped from memory: the replica then read zeros where they
+    /// held data, and listed a chain its disk did not have.
+    #[test]
+    fn a_chain_listing_a_layer_twice_is_refused() {
+        let (_tmp, store) = new_store(8);
+        store.write_at(0, &blocks(1, 1)).unwrap();
+        store.snapshot("a", false, BTreeMap::new()).unwrap();
+        store.write_at(BLOCK_SIZE, &blocks(2, 1)).unwrap();
+        store.snapshot("b", false, BTreeMap::new()).unwrap();
+        let err = store
+            .install_chain(&["a".to_string(), "a".to_string()])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::ChainOrder(ref n) if n == "a"),
+            "{err}"
+        );
+        assert_eq!(snapshot_names(&store), ["a", "b"]);
+        assert_eq!(block_bytes(&store), [1, 2, 0, 0, 0, 0, 0, 0]);
     }
 
     /// A discard that reaches a rebuild target before the layers below it
