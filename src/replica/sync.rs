@@ -157,6 +157,8 @@ impl ReplicaStore {
 
     /// Replaces what snapshot `name` holds in the chunk range
     /// `[offset, offset + len)` with `runs` (offset, data) from the source.
+    /// The chunk must lie in the volume and each run be whole blocks inside
+    /// the chunk, all checked before the layer changes.
     pub fn patch_layer(
         &self,
         name: &str,
@@ -169,23 +171,36 @@ impl ReplicaStore {
         }
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
-        let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
+        let chunk = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
+            offset,
+            len,
+            size: state.meta.size,
+        })?;
+        let (start, end) = state.blocks(offset, chunk)?;
+        let chunk_end = offset + len;
+        for (at, data) in runs {
+            let run_len = data.as_ref().len() as u64;
+            if !at.is_multiple_of(BLOCK_SIZE) || !run_len.is_multiple_of(BLOCK_SIZE) {
+                return Err(StorageError::Unaligned {
+                    offset: *at,
+                    len: run_len,
+                });
+            }
+            if *at < offset || at.checked_add(run_len).is_none_or(|e| e > chunk_end) {
+                return Err(StorageError::OutOfRange {
+                    offset: *at,
+                    len: run_len,
+                    size: chunk_end,
+                });
+            }
+        }
         let mut held = ExtentSet::new();
         layer.add_held(start, end, &mut held)?;
         if !held.is_empty() {
             layer.punch(start, end)?;
         }
         for (at, data) in runs {
-            let data = data.as_ref();
-            let (s, e) = (at / BLOCK_SIZE, (at + data.len() as u64) / BLOCK_SIZE);
-            if !at.is_multiple_of(BLOCK_SIZE) || s < start || e > end {
-                return Err(StorageError::OutOfRange {
-                    offset: *at,
-                    len: data.len() as u64,
-                    size: offset + len,
-                });
-            }
-            layer.write_blocks(s, data)?;
+            layer.write_blocks(at / BLOCK_SIZE, data.as_ref())?;
         }
         Ok(())
     }
@@ -374,6 +389,57 @@ mod tests {
         );
         assert_eq!(snapshot_names(&store), ["a", "b"]);
         assert_eq!(block_bytes(&store), [1, 2, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// A patch is checked whole before it changes the layer: a chunk beyond
+    /// the volume, a run outside its chunk or not in whole blocks is refused
+    /// and leaves the layer as it was. Data past the volume's end would
+    /// otherwise show in the space a later expand adds, and a partial block
+    /// would be held after a reopen but not before.
+    #[test]
+    fn a_patch_out_of_bounds_is_refused_and_changes_nothing() {
+        const BS: u64 = BLOCK_SIZE;
+        let (_tmp, store) = new_store(8);
+        store.stage_layer(&spec("base")).unwrap();
+        store
+            .patch_layer("base", 0, 8 * BS, &[(0, blocks(1, 2))])
+            .unwrap();
+        let err = store
+            .patch_layer("base", 4 * BS, 8 * BS, &[(8 * BS, blocks(2, 1))])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::OutOfRange { offset, len, size }
+                if (offset, len, size) == (4 * BS, 8 * BS, 8 * BS)),
+            "{err}"
+        );
+        let err = store
+            .patch_layer("base", 0, 2 * BS, &[(0, blocks(3, 1)), (BS, blocks(3, 2))])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::OutOfRange { offset, len, .. } if (offset, len) == (BS, 2 * BS)),
+            "{err}"
+        );
+        let err = store
+            .patch_layer("base", 0, 2 * BS, &[(0, vec![4; 100])])
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StorageError::Unaligned {
+                    offset: 0,
+                    len: 100
+                }
+            ),
+            "{err}"
+        );
+        let err = store
+            .patch_layer("base", u64::MAX - BS + 1, 2 * BS, &[(0, blocks(5, 1))])
+            .unwrap_err();
+        assert!(matches!(err, StorageError::OutOfRange { .. }), "{err}");
+        assert_eq!(
+            store.read_layer("base", 0, 8 * BS).unwrap(),
+            [(0, blocks(1, 2))]
+        );
     }
 
     /// A discard that reaches a rebuild target before the layers below it
