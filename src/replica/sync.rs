@@ -442,6 +442,29 @@ mod tests {
         );
     }
 
+    /// A snapshot cannot take the name of a staged layer. It used to: the
+    /// snapshot replaced the staged layer's file while the staged layer
+    /// lived on in memory, and installing the chain then served the staged
+    /// data under a name whose file held the snapshot's, until a reopen.
+    #[test]
+    fn a_snapshot_cannot_take_a_staged_layers_name() {
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.stage_layer(&spec("x")).unwrap();
+        let data = [(4 * BLOCK_SIZE, blocks(4, 1))];
+        store.patch_layer("x", 0, 8 * BLOCK_SIZE, &data).unwrap();
+        store.write_at(0, &blocks(1, 1)).unwrap();
+        let err = store.snapshot("x", false, BTreeMap::new()).unwrap_err();
+        assert!(
+            matches!(err, StorageError::SnapshotExists(ref n) if n == "x"),
+            "{err}"
+        );
+        store.install_chain(&["x".to_string()]).unwrap();
+        store.set_rebuilding(false).unwrap();
+        assert_eq!(block_bytes(&store), [1, 0, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(block_bytes(&reopen(store)), [1, 0, 0, 0, 4, 0, 0, 0]);
+    }
+
     /// A discard that reaches a rebuild target before the layers below it
     /// are filled must not let the data filled in later show through.
     #[test]
