@@ -114,14 +114,20 @@ impl ReplicaStore {
     }
 
     /// The data snapshot `name` itself holds in `[offset, offset + len)`, as
-    /// (offset, bytes) runs.
+    /// (offset, bytes) runs. The range may pass the volume's end (nothing is
+    /// held there), not 2^64.
     pub fn read_layer(&self, name: &str, offset: u64, len: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
             return Err(StorageError::Unaligned { offset, len });
         }
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
-        let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
+        let end = offset.checked_add(len).ok_or(StorageError::OutOfRange {
+            offset,
+            len,
+            size: state.meta.size,
+        })?;
+        let (start, end) = (offset / BLOCK_SIZE, end / BLOCK_SIZE);
         let mut held = ExtentSet::new();
         layer.add_held(start, end, &mut held)?;
         let runs: Vec<_> = held.iter().collect();
@@ -463,6 +469,28 @@ mod tests {
         store.set_rebuilding(false).unwrap();
         assert_eq!(block_bytes(&store), [1, 0, 0, 0, 4, 0, 0, 0]);
         assert_eq!(block_bytes(&reopen(store)), [1, 0, 0, 0, 4, 0, 0, 0]);
+    }
+
+    /// A layer read whose range passes 2^64 is out of range (it was an
+    /// overflow: a panic in debug builds, an empty answer in release ones).
+    /// A range past the volume's end still reads what the layer holds up to
+    /// the end: the last sync chunk of a volume that is not whole chunks.
+    #[test]
+    fn a_layer_read_past_2_64_is_out_of_range() {
+        let (_tmp, store) = new_store(8);
+        store.write_at(7 * BLOCK_SIZE, &blocks(7, 1)).unwrap();
+        store.snapshot("a", false, BTreeMap::new()).unwrap();
+        let offset = u64::MAX - BLOCK_SIZE + 1;
+        let err = store.read_layer("a", offset, 2 * BLOCK_SIZE).unwrap_err();
+        assert!(
+            matches!(err, StorageError::OutOfRange { offset: o, len, size }
+                if (o, len, size) == (offset, 2 * BLOCK_SIZE, 8 * BLOCK_SIZE)),
+            "{err}"
+        );
+        let runs = store
+            .read_layer("a", 4 * BLOCK_SIZE, 8 * BLOCK_SIZE)
+            .unwrap();
+        assert_eq!(runs, [(7 * BLOCK_SIZE, blocks(7, 1))]);
     }
 
     /// A discard that reaches a rebuild target before the layers below it
