@@ -13,16 +13,18 @@
 # replica directories live in a temporary directory under /dev/shm, removed
 # at exit.
 #
-# To refresh the committed corpus from a run's queue:
-#   XDG_DATA_HOME=$OXHORN_CACHE/share PATH=$OXHORN_CACHE/bin:$PATH \
-#     cargo afl cmin -i <out>/default/queue -o fuzz/corpus/<target>.new \
-#       -- <target dir>/afl/release/<target>
+#
+#   hack/fuzz.sh <frame|store> <seconds> --update-corpus
+#
+# also replaces fuzz/corpus/<target> with the run's queue minimised by
+# afl-cmin (inputs named by their content's hash), when the run found
+# nothing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { echo "usage: $0 <frame|store> <seconds>" >&2; exit 2; }
-[ $# -eq 2 ] || usage
-target=$1 seconds=$2
+usage() { echo "usage: $0 <frame|store> <seconds> [--update-corpus]" >&2; exit 2; }
+[ $# -eq 2 ] || { [ $# -eq 3 ] && [ "$3" = --update-corpus ]; } || usage
+target=$1 seconds=$2 update=${3:-}
 case $target in frame | store) ;; *) usage ;; esac
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || usage
 
@@ -67,4 +69,20 @@ if [ "$crashes" != 0 ] || [ "$hangs" != 0 ]; then
 	echo "fuzz $target: findings in $out/default/crashes and $out/default/hangs;" \
 		"replay one with: $afl_dir/release/$target < <file>" >&2
 	exit 1
+fi
+
+if [ -n "$update" ]; then
+	# cargo-afl's afl-cmin is AFL++'s Python one, which finds no tuples in
+	# these persistent-mode targets; the shell one does.
+	release=$(rustc -vV | sed -n 's/^release: //p')
+	commit=$(rustc -vV | sed -n 's/^commit-hash: //p')
+	version=$(cat "$cache/bin/.cargo-afl.version")
+	cmin=$XDG_DATA_HOME/afl.rs/rustc-$release-${commit:0:7}/afl.rs-$version/afl/bin/afl-cmin.bash
+	AFL_NO_UI=1 "$cmin" -i "$out/default/queue" -o "$out/cmin" -- "$afl_dir/release/$target" >"$out/cmin.log" 2>&1
+	rm -f "fuzz/corpus/$target"/*
+	for input in "$out/cmin"/*; do
+		cp "$input" "fuzz/corpus/$target/$(sha256sum <"$input" | cut -c1-16)"
+	done
+	echo "fuzz $target: corpus of $(find "fuzz/corpus/$target" -type f | wc -l) inputs," \
+		"$(cat "fuzz/corpus/$target"/* | wc -c) bytes"
 fi

@@ -11,8 +11,10 @@
 //! The afl binaries (`src/bin/`) only wrap them and are built with
 //! `cargo afl build --release --features afl`; `hack/fuzz.sh <target>
 //! <seconds>` builds and runs one. The corpora in `corpus/<target>/` are
-//! the fuzzer's minimised queues; the tests below replay every file through
-//! its target, so `cargo test` checks each of them without afl.
+//! the queues of long runs minimised by afl-cmin (`hack/fuzz.sh <target>
+//! <seconds> --update-corpus`); the tests below replay every file through
+//! its target, so `cargo test` checks each of them without afl. To follow
+//! one store input step by step: `OXHORN_FUZZ_TRACE=1`.
 
 mod frame;
 mod store;

@@ -9,7 +9,8 @@
 //! contract of each operation (see `src/replica/`): unmap holds zeros where
 //! a snapshot holds the block or the replica is being rebuilt, and punches a
 //! hole elsewhere; removing a snapshot merges it into its child; staged
-//! layers serve no reads and are forgotten by a reopen; and so on.
+//! layers serve no reads and are forgotten by a reopen; while the store is
+//! open, a second one cannot open its directory; and so on.
 //!
 //! Input: one byte picks the operation, the following bytes its arguments
 //! (missing bytes read as zero); at most [`MAX_OPS`] operations run. Errors
@@ -690,6 +691,9 @@ impl Run {
             Op::Reopen | Op::CloseReopen => {
                 let store = self.store.take().unwrap();
                 let path = store.path().to_path_buf();
+                // While open, the directory is locked against a second store.
+                let second = ReplicaStore::open(&path).map(drop);
+                self.expect(op, second, Err(StorageError::Busy { path: path.clone() }));
                 if matches!(op, Op::CloseReopen) {
                     store.close().unwrap();
                     self.model.flush();
