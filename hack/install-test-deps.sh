@@ -5,6 +5,9 @@
 # kube-controller-manager, kubectl, csi-sanity, the CSI sidecars and
 # snapshot-controller) are built from the Go module proxy into a cache
 # directory and stamped with their version, so a second run does nothing. The VolumeSnapshot CRDs go to $cache/crds/snapshot.
+# cargo-afl (the fuzzer of hack/fuzz.sh) is installed with `cargo install`
+# into the same bin directory, and its AFL++ runtime built under
+# $cache/share (its XDG data directory; hack/fuzz.sh sets the same).
 #
 #   OXHORN_CACHE  where built tools live (default: ~/.cache/oxhorn)
 #
@@ -19,6 +22,7 @@ PROVISIONER_VERSION=v6.3.0
 ATTACHER_VERSION=v4.13.0
 RESIZER_VERSION=v2.3.0
 SNAPSHOTTER_VERSION=v8.7.0
+CARGO_AFL_VERSION=0.18.2
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${OXHORN_CACHE:-${HOME}/.cache/oxhorn}
@@ -156,11 +160,39 @@ fetch_snapshot_crds() {
 	echo "$SNAPSHOTTER_VERSION" >"$dir/.version"
 }
 
+# afl_runtime_built: true when cargo-afl's AFL++ runtime exists for the
+# rustc in use (cargo-afl keys it by rustc version and commit).
+afl_runtime_built() {
+	local release commit
+	release=$(rustc -vV | sed -n 's/^release: //p')
+	commit=$(rustc -vV | sed -n 's/^commit-hash: //p')
+	[ -e "$XDG_DATA_HOME/afl.rs/rustc-$release-${commit:0:7}/afl.rs-$CARGO_AFL_VERSION/afl-llvm/afl-compiler-rt.o" ]
+}
+
+# cargo-afl and its AFL++ runtime, built from source with the stable
+# toolchain (no LLVM plugins, so no nightly). Installing it builds the
+# runtime too; `config --build` covers an install whose runtime build failed
+# or a newer rustc.
+install_cargo_afl() {
+	export XDG_DATA_HOME=$cache/share
+	if ! stamped cargo-afl "$CARGO_AFL_VERSION"; then
+		log "cargo install cargo-afl $CARGO_AFL_VERSION (minutes: it builds AFL++)"
+		# Its own temporary target directory, not the caller's.
+		env -u CARGO_TARGET_DIR cargo install --quiet --locked --force \
+			--root "$cache" cargo-afl --version "$CARGO_AFL_VERSION"
+		stamp cargo-afl "$CARGO_AFL_VERSION"
+	fi
+	afl_runtime_built && return
+	log "building the AFL++ runtime of cargo-afl $CARGO_AFL_VERSION"
+	PATH=$bin:$PATH cargo afl config --build --force >/dev/null
+}
+
 install_apt
 quiet_system_etcd
 build_kube
 build_csi_sanity
 build_sidecars
 fetch_snapshot_crds
+install_cargo_afl
 log "tools ready in $bin"
 echo "$bin"

@@ -17,7 +17,7 @@ pub use channel::{
     stamped, within_deadline,
 };
 pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
-pub use frame::{MAX_PAYLOAD, Op, Request, Response, Status};
+pub use frame::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec, Status};
 pub use handshake::{HANDSHAKE_TIMEOUT, HandshakeError, introduce};
 pub use server::{Handler, MAX_CONNECTIONS, serve};
 

@@ -75,7 +75,8 @@ impl ReplicaStore {
     ) -> Result<()> {
         validate_snapshot_name(name)?;
         let mut state = lock::write(&self.state)?;
-        if state.find_snapshot(name).is_ok() {
+        // A staged layer (a rebuild filling it) owns the name's file too.
+        if state.find_snapshot(name).is_ok() || state.staged.contains_key(name) {
             return Err(StorageError::SnapshotExists(name.to_string()));
         }
         self.flush_locked(&state)?;

@@ -49,7 +49,10 @@ pub enum StorageError {
     #[error("snapshot {0:?} already exists")]
     SnapshotExists(String),
 
-    #[error("snapshot {0:?} is newer here than the chain being installed, which lists it below")]
+    #[error(
+        "snapshot {0:?} is out of order in the chain being installed: listed twice, or newer \
+         here than a layer the chain lists above it"
+    )]
     ChainOrder(String),
 
     #[error("invalid snapshot name {0:?}: must match [a-z0-9][a-z0-9._-]{{0,62}}")]

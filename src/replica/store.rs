@@ -68,7 +68,7 @@ impl State {
 
     /// Blocks `[start, end)` of an I/O at `offset` of `len` bytes, checked
     /// against alignment and the volume size.
-    fn blocks(&self, offset: u64, len: usize) -> Result<(u64, u64)> {
+    pub(super) fn blocks(&self, offset: u64, len: usize) -> Result<(u64, u64)> {
         let len = len as u64;
         if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
             return Err(StorageError::Unaligned { offset, len });

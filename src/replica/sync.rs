@@ -114,14 +114,20 @@ impl ReplicaStore {
     }
 
     /// The data snapshot `name` itself holds in `[offset, offset + len)`, as
-    /// (offset, bytes) runs.
+    /// (offset, bytes) runs. The range may pass the volume's end (nothing is
+    /// held there), not 2^64.
     pub fn read_layer(&self, name: &str, offset: u64, len: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
             return Err(StorageError::Unaligned { offset, len });
         }
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
-        let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
+        let end = offset.checked_add(len).ok_or(StorageError::OutOfRange {
+            offset,
+            len,
+            size: state.meta.size,
+        })?;
+        let (start, end) = (offset / BLOCK_SIZE, end / BLOCK_SIZE);
         let mut held = ExtentSet::new();
         layer.add_held(start, end, &mut held)?;
         let runs: Vec<_> = held.iter().collect();
@@ -157,6 +163,8 @@ impl ReplicaStore {
 
     /// Replaces what snapshot `name` holds in the chunk range
     /// `[offset, offset + len)` with `runs` (offset, data) from the source.
+    /// The chunk must lie in the volume and each run be whole blocks inside
+    /// the chunk, all checked before the layer changes.
     pub fn patch_layer(
         &self,
         name: &str,
@@ -169,23 +177,36 @@ impl ReplicaStore {
         }
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
-        let (start, end) = (offset / BLOCK_SIZE, (offset + len) / BLOCK_SIZE);
+        let chunk = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
+            offset,
+            len,
+            size: state.meta.size,
+        })?;
+        let (start, end) = state.blocks(offset, chunk)?;
+        let chunk_end = offset + len;
+        for (at, data) in runs {
+            let run_len = data.as_ref().len() as u64;
+            if !at.is_multiple_of(BLOCK_SIZE) || !run_len.is_multiple_of(BLOCK_SIZE) {
+                return Err(StorageError::Unaligned {
+                    offset: *at,
+                    len: run_len,
+                });
+            }
+            if *at < offset || at.checked_add(run_len).is_none_or(|e| e > chunk_end) {
+                return Err(StorageError::OutOfRange {
+                    offset: *at,
+                    len: run_len,
+                    size: chunk_end,
+                });
+            }
+        }
         let mut held = ExtentSet::new();
         layer.add_held(start, end, &mut held)?;
         if !held.is_empty() {
             layer.punch(start, end)?;
         }
         for (at, data) in runs {
-            let data = data.as_ref();
-            let (s, e) = (at / BLOCK_SIZE, (at + data.len() as u64) / BLOCK_SIZE);
-            if !at.is_multiple_of(BLOCK_SIZE) || s < start || e > end {
-                return Err(StorageError::OutOfRange {
-                    offset: *at,
-                    len: data.len() as u64,
-                    size: offset + len,
-                });
-            }
-            layer.write_blocks(s, data)?;
+            layer.write_blocks(at / BLOCK_SIZE, data.as_ref())?;
         }
         Ok(())
     }
@@ -204,9 +225,13 @@ impl ReplicaStore {
             Some(last) => state.find_snapshot(last).map_or(0, |i| i + 1),
             None => 0,
         };
-        for name in chain {
+        // Everything is checked before anything changes: a chain that fails
+        // half way through relinking would leave memory and disk apart.
+        for (i, name) in chain.iter().enumerate() {
             state.layer_or_err(name)?;
-            if keep_from > 0 && state.find_snapshot(name).is_ok_and(|i| i >= keep_from) {
+            let newer_here =
+                keep_from > 0 && state.find_snapshot(name).is_ok_and(|i| i >= keep_from);
+            if newer_here || chain[..i].contains(name) {
                 return Err(StorageError::ChainOrder(name.clone()));
             }
         }
@@ -348,6 +373,124 @@ mod tests {
             "{err}"
         );
         assert_eq!(snapshot_names(&reopen(store)), ["a", "b"]);
+    }
+
+    /// A chain naming a layer twice is refused before anything changes.
+    /// It used to fail half way through relinking, with the layers not yet
+    /// relinked dropped from memory: the replica then read zeros where they
+    /// held data, and listed a chain its disk did not have.
+    #[test]
+    fn a_chain_listing_a_layer_twice_is_refused() {
+        let (_tmp, store) = new_store(8);
+        store.write_at(0, &blocks(1, 1)).unwrap();
+        store.snapshot("a", false, BTreeMap::new()).unwrap();
+        store.write_at(BLOCK_SIZE, &blocks(2, 1)).unwrap();
+        store.snapshot("b", false, BTreeMap::new()).unwrap();
+        let err = store
+            .install_chain(&["a".to_string(), "a".to_string()])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::ChainOrder(ref n) if n == "a"),
+            "{err}"
+        );
+        assert_eq!(snapshot_names(&store), ["a", "b"]);
+        assert_eq!(block_bytes(&store), [1, 2, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// A patch is checked whole before it changes the layer: a chunk beyond
+    /// the volume, a run outside its chunk or not in whole blocks is refused
+    /// and leaves the layer as it was. Data past the volume's end would
+    /// otherwise show in the space a later expand adds, and a partial block
+    /// would be held after a reopen but not before.
+    #[test]
+    fn a_patch_out_of_bounds_is_refused_and_changes_nothing() {
+        const BS: u64 = BLOCK_SIZE;
+        let (_tmp, store) = new_store(8);
+        store.stage_layer(&spec("base")).unwrap();
+        store
+            .patch_layer("base", 0, 8 * BS, &[(0, blocks(1, 2))])
+            .unwrap();
+        let err = store
+            .patch_layer("base", 4 * BS, 8 * BS, &[(8 * BS, blocks(2, 1))])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::OutOfRange { offset, len, size }
+                if (offset, len, size) == (4 * BS, 8 * BS, 8 * BS)),
+            "{err}"
+        );
+        let err = store
+            .patch_layer("base", 0, 2 * BS, &[(0, blocks(3, 1)), (BS, blocks(3, 2))])
+            .unwrap_err();
+        assert!(
+            matches!(err, StorageError::OutOfRange { offset, len, .. } if (offset, len) == (BS, 2 * BS)),
+            "{err}"
+        );
+        let err = store
+            .patch_layer("base", 0, 2 * BS, &[(0, vec![4; 100])])
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StorageError::Unaligned {
+                    offset: 0,
+                    len: 100
+                }
+            ),
+            "{err}"
+        );
+        let err = store
+            .patch_layer("base", u64::MAX - BS + 1, 2 * BS, &[(0, blocks(5, 1))])
+            .unwrap_err();
+        assert!(matches!(err, StorageError::OutOfRange { .. }), "{err}");
+        assert_eq!(
+            store.read_layer("base", 0, 8 * BS).unwrap(),
+            [(0, blocks(1, 2))]
+        );
+    }
+
+    /// A snapshot cannot take the name of a staged layer. It used to: the
+    /// snapshot replaced the staged layer's file while the staged layer
+    /// lived on in memory, and installing the chain then served the staged
+    /// data under a name whose file held the snapshot's, until a reopen.
+    #[test]
+    fn a_snapshot_cannot_take_a_staged_layers_name() {
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.stage_layer(&spec("x")).unwrap();
+        let data = [(4 * BLOCK_SIZE, blocks(4, 1))];
+        store.patch_layer("x", 0, 8 * BLOCK_SIZE, &data).unwrap();
+        store.write_at(0, &blocks(1, 1)).unwrap();
+        let err = store.snapshot("x", false, BTreeMap::new()).unwrap_err();
+        assert!(
+            matches!(err, StorageError::SnapshotExists(ref n) if n == "x"),
+            "{err}"
+        );
+        store.install_chain(&["x".to_string()]).unwrap();
+        store.set_rebuilding(false).unwrap();
+        assert_eq!(block_bytes(&store), [1, 0, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(block_bytes(&reopen(store)), [1, 0, 0, 0, 4, 0, 0, 0]);
+    }
+
+    /// A layer read whose range passes 2^64 is out of range (it was an
+    /// overflow: a panic in debug builds, an empty answer in release ones).
+    /// A range past the volume's end still reads what the layer holds up to
+    /// the end: the last sync chunk of a volume that is not whole chunks.
+    #[test]
+    fn a_layer_read_past_2_64_is_out_of_range() {
+        let (_tmp, store) = new_store(8);
+        store.write_at(7 * BLOCK_SIZE, &blocks(7, 1)).unwrap();
+        store.snapshot("a", false, BTreeMap::new()).unwrap();
+        let offset = u64::MAX - BLOCK_SIZE + 1;
+        let err = store.read_layer("a", offset, 2 * BLOCK_SIZE).unwrap_err();
+        assert!(
+            matches!(err, StorageError::OutOfRange { offset: o, len, size }
+                if (o, len, size) == (offset, 2 * BLOCK_SIZE, 8 * BLOCK_SIZE)),
+            "{err}"
+        );
+        let runs = store
+            .read_layer("a", 4 * BLOCK_SIZE, 8 * BLOCK_SIZE)
+            .unwrap();
+        assert_eq!(runs, [(7 * BLOCK_SIZE, blocks(7, 1))]);
     }
 
     /// A discard that reaches a rebuild target before the layers below it
