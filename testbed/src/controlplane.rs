@@ -1,6 +1,6 @@
 //! etcd + kube-apiserver on free loopback ports, with oxhorn's CRDs applied.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -26,6 +26,10 @@ const ADMIN_TOKEN_USER: &str = "oxhorn-testbed-admin";
 pub struct ControlPlane {
     config: Config,
     kubeconfig: PathBuf,
+    /// Where the API server listens, and what a kubeconfig needs to reach it.
+    api: SocketAddr,
+    ca: PathBuf,
+    token: String,
     processes: Mutex<Vec<Supervised>>,
     dir: Mutex<Option<TempDir>>,
 }
@@ -54,13 +58,18 @@ impl ControlPlane {
             &path.join("kube-apiserver.log"),
         )?);
         let kubeconfig = path.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, api_port, &path.join("ca.crt"), &token)?;
+        let api = SocketAddr::from(([127, 0, 0, 1], api_port));
+        let ca = path.join("ca.crt");
+        write_kubeconfig(&kubeconfig, api, None, &ca, &token)?;
         let config = load_config(&kubeconfig).await?;
         wait_ready(&Client::try_from(config.clone())?, &mut processes).await?;
 
         let control_plane = Self {
             config,
             kubeconfig,
+            api,
+            ca,
+            token,
             processes: Mutex::new(processes),
             dir: Mutex::new(Some(dir)),
         };
@@ -82,6 +91,19 @@ impl ControlPlane {
     /// The kubeconfig file, for child processes and kubectl.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// Where the API server listens (on loopback).
+    pub fn api_address(&self) -> SocketAddr {
+        self.api
+    }
+
+    /// Writes to `path` a kubeconfig like [`ControlPlane::kubeconfig`] that
+    /// reaches the API server at `server` (a relay), still verifying the
+    /// serving certificate as the loopback address's.
+    pub fn write_kubeconfig_via(&self, path: &Path, server: SocketAddr) -> Result<()> {
+        let name = self.api.ip().to_string();
+        write_kubeconfig(path, server, Some(&name), &self.ca, &self.token)
     }
 
     /// Runs the pinned kubectl against this control plane.
@@ -271,15 +293,24 @@ fn rand_u128() -> u128 {
     (half() << 64) | half()
 }
 
-fn write_kubeconfig(path: &Path, port: u16, ca: &Path, token: &str) -> Result<()> {
+fn write_kubeconfig(
+    path: &Path,
+    server: SocketAddr,
+    tls_server_name: Option<&str>,
+    ca: &Path,
+    token: &str,
+) -> Result<()> {
+    let tls_server_name = tls_server_name
+        .map(|name| format!("\n    tls-server-name: {name}"))
+        .unwrap_or_default();
     let text = format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: oxhorn-testbed
   cluster:
-    server: https://127.0.0.1:{port}
-    certificate-authority: {ca}
+    server: https://{server}
+    certificate-authority: {ca}{tls_server_name}
 users:
 - name: admin
   user:

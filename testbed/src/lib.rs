@@ -9,6 +9,7 @@
 //! Not part of the product: a dev-dependency of `oxhorn`, used by its
 //! integration tests, benchmarks and the local-cluster example.
 
+pub mod apirelay;
 mod certs;
 mod controlplane;
 pub mod csi_client;

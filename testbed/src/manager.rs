@@ -25,6 +25,9 @@ pub struct ManagerOptions {
     /// The node's address: each test node has its own 127.x.y.z.
     pub ip: IpAddr,
     pub lease_seconds: u64,
+    /// The network namespace to run in (a [`crate::netns::Host`]'s), with
+    /// `ip` its address there; the root namespace when `None`.
+    pub netns: Option<PathBuf>,
 }
 
 impl ManagerOptions {
@@ -35,6 +38,7 @@ impl ManagerOptions {
             kubeconfig: kubeconfig.to_owned(),
             ip: IpAddr::from([127, 0, 0, 1]),
             lease_seconds: 15,
+            netns: None,
         }
     }
 }
@@ -218,6 +222,9 @@ fn spawn_process(
         .arg(dir.join("run"))
         .arg("--dev-dir")
         .arg(dir.join("dev"));
+    if let Some(netns) = &options.netns {
+        crate::netns::enter(netns, &mut command)?;
+    }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
 }
 

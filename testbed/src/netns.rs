@@ -114,33 +114,46 @@ impl Network {
     /// Adds a host: a namespace with `eth0` on the bridge at the next free
     /// address of the /24, and loopback up.
     pub fn add_host(&self) -> Result<Host> {
+        let namespace = format!("{PREFIX}-{}-{}", std::process::id(), next_id());
+        ip(&["netns", "add", &namespace])?;
+        let mut host = Host {
+            namespace,
+            ports: Vec::new(),
+        };
+        // From here on, dropping `host` removes what was made.
+        self.connect(&mut host)?;
+        ip(&["-n", host.namespace(), "link", "set", "lo", "up"])?;
+        Ok(host)
+    }
+
+    /// Gives `host` one more interface, `eth<n>`, on this network's bridge,
+    /// at the next free address of the /24: a second network (say, one to
+    /// the API server alone) can then be cut off while the first still
+    /// carries traffic.
+    pub fn connect(&self, host: &mut Host) -> Result<Ipv4Addr> {
         let index = self.inner.next_host.fetch_add(1, Ordering::Relaxed);
         let index = u8::try_from(index)
             .ok()
             .filter(|&i| i < u8::MAX)
             .ok_or_else(|| Error::Failed("no address left on the test network".into()))?;
         let address = self.inner.address(index);
-        let namespace = format!("{PREFIX}-{}-{}", std::process::id(), next_id());
-        let port = link_name('v')?;
-        ip(&["netns", "add", &namespace])?;
-        // From here on, dropping `host` removes what was made.
-        let host = Host {
-            namespace,
-            port,
+        let inside = format!("eth{}", host.ports.len());
+        let port = Port {
+            link: link_name('v')?,
             address,
             network: self.clone(),
         };
-        let (ns, port) = (host.namespace.as_str(), host.port.as_str());
+        let (ns, link) = (host.namespace.clone(), port.link.clone());
+        host.ports.push(port);
         ip(&[
-            "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            "link", "add", &link, "type", "veth", "peer", "name", &inside, "netns", &ns,
         ])?;
-        ip(&["link", "set", port, "master", self.bridge(), "up"])?;
+        ip(&["link", "set", &link, "master", self.bridge(), "up"])?;
         let cidr = format!("{address}/24");
-        ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
-        ip(&["-n", ns, "link", "set", "eth0", "up"])?;
-        ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        ip(&["-n", &ns, "addr", "add", &cidr, "dev", &inside])?;
+        ip(&["-n", &ns, "link", "set", &inside, "up"])?;
         self.check_route(address)?;
-        Ok(host)
+        Ok(address)
     }
 
     /// Fails unless the root namespace routes `address` to the bridge.
@@ -182,20 +195,18 @@ impl Drop for Inner {
     }
 }
 
-/// A network namespace with one interface on a [`Network`]'s bridge.
+/// A network namespace with an interface on one [`Network`]'s bridge, and
+/// maybe on more (see [`Network::connect`]).
 pub struct Host {
     namespace: String,
-    /// The root side of the veth, a port of the bridge.
-    port: String,
-    address: Ipv4Addr,
-    /// Keeps the bridge and its route while the host exists.
-    network: Network,
+    /// Its ports, `eth0` first; each keeps its network's bridge.
+    ports: Vec<Port>,
 }
 
 impl Host {
-    /// The host's address on the network.
+    /// The host's address on its first network.
     pub fn address(&self) -> Ipv4Addr {
-        self.address
+        self.first().address
     }
 
     /// The namespace's name, for `ip netns exec` and `ip -n`.
@@ -208,8 +219,9 @@ impl Host {
         namespace_path(&self.namespace)
     }
 
+    /// The network the host was added to.
     pub fn network(&self) -> &Network {
-        &self.network
+        &self.first().network
     }
 
     /// Makes `command` run in this host's network namespace.
@@ -217,54 +229,94 @@ impl Host {
         enter(&self.namespace_path(), command)
     }
 
-    /// Cuts the host off: its bridge port stops forwarding, and every frame
-    /// to or from it vanishes.
+    /// Cuts the host off its first network: its bridge port stops
+    /// forwarding, and every frame to or from it vanishes.
     pub fn partition(&self) -> Result<()> {
-        self.set_port_state(PortState::Disabled)
+        self.first().set_state(PortState::Disabled)
     }
 
-    /// Lets the host's bridge port forward again.
+    /// Lets the host's port on its first network forward again.
     pub fn heal(&self) -> Result<()> {
-        self.set_port_state(PortState::Forwarding)
+        self.first().set_state(PortState::Forwarding)
     }
 
-    /// Whether the host is cut off now.
+    /// Whether the host is cut off its first network now.
     pub fn is_partitioned(&self) -> Result<bool> {
-        let details = ip(&["-d", "link", "show", "dev", &self.port])?;
+        self.first().is_disabled()
+    }
+
+    /// Like [`Host::partition`], on `network` only.
+    pub fn partition_from(&self, network: &Network) -> Result<()> {
+        self.port_on(network)?.set_state(PortState::Disabled)
+    }
+
+    /// Like [`Host::heal`], on `network` only.
+    pub fn heal_to(&self, network: &Network) -> Result<()> {
+        self.port_on(network)?.set_state(PortState::Forwarding)
+    }
+
+    fn first(&self) -> &Port {
+        // Invariant: `Network::add_host` returns a host only once its first
+        // port is made.
+        &self.ports[0]
+    }
+
+    fn port_on(&self, network: &Network) -> Result<&Port> {
+        self.ports
+            .iter()
+            .find(|p| Arc::ptr_eq(&p.network.inner, &network.inner))
+            .ok_or_else(|| Error::Failed(format!("host {} is not on that network", self.namespace)))
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Deleting the veths cuts the host off at once, even while processes
+        // still run in (and so keep) its namespace.
+        for port in &self.ports {
+            remove_link(&port.link);
+        }
+        if let Err(error) = ip(&["netns", "del", &self.namespace]) {
+            eprintln!("removing network namespace {}: {error}", self.namespace);
+        }
+    }
+}
+
+/// A host's interface on a network: the root side of its veth is a port of
+/// the network's bridge.
+struct Port {
+    link: String,
+    address: Ipv4Addr,
+    /// Keeps the bridge and its route while the host exists.
+    network: Network,
+}
+
+impl Port {
+    fn is_disabled(&self) -> Result<bool> {
+        let details = ip(&["-d", "link", "show", "dev", &self.link])?;
         let forwarding = format!(" state {} ", PortState::Forwarding.name());
         Ok(!details.contains(&forwarding))
     }
 
-    fn set_port_state(&self, state: PortState) -> Result<()> {
+    fn set_state(&self, state: PortState) -> Result<()> {
         let number = (state as u8).to_string();
         // `ip link set ... type bridge_slave state` is accepted and ignored
         // by some kernels; `bridge link set` is not, and the state is read
         // back to be sure.
         run(
             "bridge",
-            &["link", "set", "dev", &self.port, "state", &number],
+            &["link", "set", "dev", &self.link, "state", &number],
         )?;
-        let details = ip(&["-d", "link", "show", "dev", &self.port])?;
+        let details = ip(&["-d", "link", "show", "dev", &self.link])?;
         let expected = format!(" state {} ", state.name());
         if !details.contains(&expected) {
             return Err(Error::Failed(format!(
                 "bridge port {} did not become {}: {details}",
-                self.port,
+                self.link,
                 state.name()
             )));
         }
         Ok(())
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        // Deleting the veth cuts the host off at once, even while processes
-        // still run in (and so keep) its namespace.
-        remove_link(&self.port);
-        if let Err(error) = ip(&["netns", "del", &self.namespace]) {
-            eprintln!("removing network namespace {}: {error}", self.namespace);
-        }
     }
 }
 

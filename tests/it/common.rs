@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use oxhorn::types::*;
+use oxhorn_testbed::apirelay::ApiRelay;
+use oxhorn_testbed::netns::{Host, Network};
 use oxhorn_testbed::{self as testbed, ManagerOptions, ManagerProcess, TestNamespace};
 use serde_json::json;
 
@@ -81,10 +83,68 @@ pub fn require_root() {
 
 /// A few nodes, each a manager process, in one test namespace.
 pub struct Cluster {
-    // Dropped first: the nodes power off before the namespace is purged.
+    // Dropped first: the nodes power off before their hosts go and the
+    // namespace is purged.
     pub nodes: Vec<ManagerProcess>,
+    /// The nodes' network namespaces, when they run in some.
+    pub hosts: Option<Hosts>,
     pub client: Client,
     pub ns: TestNamespace,
+}
+
+/// Network namespaces for a cluster's nodes, one each: a data network
+/// between them (and the test process), and a network on which they reach
+/// the API server alone, through a relay, so that a node can be cut off
+/// the API server while its data traffic flows.
+pub struct Hosts {
+    hosts: Vec<Host>,
+    api: Network,
+    _relay: ApiRelay,
+    /// The kubeconfig that reaches the API server through the relay.
+    kubeconfig: tempfile::NamedTempFile,
+}
+
+impl Hosts {
+    async fn create(count: usize) -> Self {
+        let data = Network::create().unwrap();
+        let api = Network::create().unwrap();
+        let control_plane = testbed::shared();
+        let relay = ApiRelay::start(api.gateway().into(), control_plane.api_address())
+            .await
+            .unwrap();
+        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        control_plane
+            .write_kubeconfig_via(kubeconfig.path(), relay.address())
+            .unwrap();
+        let mut hosts = Vec::new();
+        for _ in 0..count {
+            let mut host = data.add_host().unwrap();
+            api.connect(&mut host).unwrap();
+            hosts.push(host);
+        }
+        Self {
+            hosts,
+            api,
+            _relay: relay,
+            kubeconfig,
+        }
+    }
+
+    /// The nodes' addresses on the data network, in order.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.hosts.iter().map(|h| h.address().into()).collect()
+    }
+
+    /// Cuts node `index` (from 0) off the API server: every frame between
+    /// it and the relay vanishes; its data network is untouched.
+    pub fn cut_from_api(&self, index: usize) {
+        self.hosts[index].partition_from(&self.api).unwrap();
+    }
+
+    /// Lets node `index` reach the API server again.
+    pub fn reconnect_to_api(&self, index: usize) {
+        self.hosts[index].heal_to(&self.api).unwrap();
+    }
 }
 
 impl Cluster {
@@ -104,6 +164,25 @@ impl Cluster {
     /// `count` nodes whose managers have been started, without waiting for
     /// them to be ready.
     pub async fn launch(prefix: &str, count: usize, lease_seconds: u64) -> Self {
+        Self::launch_on(prefix, count, lease_seconds, None).await
+    }
+
+    /// `count` nodes, each in a network namespace of its own (see
+    /// [`Hosts`]), every node Ready and Schedulable.
+    pub async fn start_in_namespaces(prefix: &str, count: usize) -> Self {
+        require_root();
+        let hosts = Hosts::create(count).await;
+        let cluster = Self::launch_on(prefix, count, LEASE_SECONDS, Some(hosts)).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
+    }
+
+    async fn launch_on(
+        prefix: &str,
+        count: usize,
+        lease_seconds: u64,
+        hosts: Option<Hosts>,
+    ) -> Self {
         static SUBNET: AtomicU8 = AtomicU8::new(1);
         let control_plane = testbed::shared();
         let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
@@ -130,9 +209,20 @@ impl Cluster {
             let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
             options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
             options.lease_seconds = lease_seconds;
+            if let Some(hosts) = &hosts {
+                let host = &hosts.hosts[i - 1];
+                options.ip = host.address().into();
+                options.netns = Some(host.namespace_path());
+                options.kubeconfig = hosts.kubeconfig.path().to_owned();
+            }
             nodes.push(ManagerProcess::start(Path::new(OXHORN), options).unwrap());
         }
-        Self { nodes, client, ns }
+        Self {
+            nodes,
+            hosts,
+            client,
+            ns,
+        }
     }
 
     pub fn api<K>(&self) -> Api<K>

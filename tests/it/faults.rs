@@ -12,7 +12,9 @@
 //! nodes and attach a volume through the controllers. Each test prints its
 //! row of the matrix (`fault matrix |` lines; `--nocapture` shows them).
 //!
-//! The partition row lives with the network-namespace tests.
+//! The row that cuts the engine's node off the API server runs its nodes in
+//! network namespaces ([`crate::common::Hosts`]); the row that partitions a
+//! replica lives with the other network-namespace tests.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -588,13 +590,19 @@ async fn one_replicas_disk_full() {
 // controllers, a manager killed under writes.
 
 mod cluster {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::net::IpAddr;
     use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
     use oxhorn::types::{Condition, ConditionStatus, Node, ReplicaMode, Robustness, VolumeState};
     use oxhorn_testbed::Writer;
 
-    use super::{PHASE_WRITES, Row, SIZE, read_replica, until_acknowledged, writer_options};
+    use super::{
+        PHASE_WRITES, Row, SIZE, read_replica, until_acknowledged, write_more, writer_options,
+    };
     use crate::common::{Cluster, OXHORN, PATIENCE, eventually};
 
     const VOLUME: &str = "vol";
@@ -751,6 +759,165 @@ mod cluster {
         row.finish(&stats, &verdict, &images, &writer, || logs(&cluster));
         cluster.detach(VOLUME).await;
         cluster.delete_volume(VOLUME).await;
+    }
+
+    /// Cuts the manager of the node the volume is attached to off the API
+    /// server (and only that: its data network still carries the volume's
+    /// traffic) under writes, until another manager has taken its node over
+    /// as down, then lets it back. Nothing acknowledged may be lost, and no
+    /// second engine may run beside the first at any moment.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partition_the_engines_node_from_the_api_server() {
+        let name = "partition the engine's node from the API server";
+        let mut row = Row::new(name);
+        let cluster = Cluster::start_in_namespaces("fm-api-part", 3).await;
+        let hosts = cluster.hosts.as_ref().expect("nodes in namespaces");
+        let engines = EngineWatch::start(hosts.addresses());
+        cluster.create_volume(VOLUME, SIZE as i64, 3).await;
+        cluster
+            .until_volume(VOLUME, "the volume detached and healthy", |s| {
+                s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
+            })
+            .await;
+        let replicas = cluster.replicas_of(VOLUME).await;
+        let attached_to = replicas[0].spec.instance.node_id.clone();
+        let index = cluster
+            .nodes
+            .iter()
+            .position(|n| n.node_id() == attached_to)
+            .unwrap();
+        let device = PathBuf::from(cluster.attach(VOLUME, &attached_to).await);
+        until_healthy(&cluster, 3).await;
+        let generation = cluster.engine_of(VOLUME).await.unwrap().spec.generation;
+        eprintln!("{name}: attached to {attached_to} (engine generation {generation})");
+
+        let writer = Writer::new(SIZE, writer_options(8));
+        let running = writer.start(&device).unwrap();
+        until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;
+        hosts.cut_from_api(index);
+        until_taken_over(&cluster, &attached_to).await;
+        until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
+        let engine = cluster.engine_of(VOLUME).await.unwrap();
+        assert_eq!(
+            (engine.spec.generation, &engine.spec.instance.node_id),
+            (generation, &attached_to),
+            "the engine was started again while its node was cut off"
+        );
+        hosts.reconnect_to_api(index);
+        until_back(&cluster, &attached_to).await;
+        until_healthy(&cluster, 3).await;
+        until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
+        let stats = running.stop();
+        assert_eq!(stats.failed, 0, "{stats}");
+        row.check_after_fault(writer.verify(&device).unwrap(), || logs(&cluster));
+
+        let stats = write_more(&writer, &device, PHASE_WRITES).await;
+        let addresses = until_healthy(&cluster, 3).await;
+        let verdict = writer.verify(&device).unwrap();
+        let mut images = Vec::new();
+        for (replica, address) in &addresses {
+            let access = cluster.access(VOLUME).await;
+            images.push((replica.clone(), read_replica(address, SIZE, &access).await));
+        }
+        let seen = engines.stop();
+        eprintln!("{name}: engine processes: {seen}");
+        assert_eq!(
+            seen.most_at_once,
+            1,
+            "two engines of the volume ran at once: {seen}\n{}",
+            logs(&cluster)
+        );
+        row.finish(&stats, &verdict, &images, &writer, || logs(&cluster));
+        cluster.detach(VOLUME).await;
+        cluster.delete_volume(VOLUME).await;
+    }
+
+    /// Watches the machine's `oxhorn engine` processes serving on any of a
+    /// cluster's node addresses (one volume per cluster), from a thread
+    /// that samples /proc every 10 ms until stopped.
+    struct EngineWatch {
+        stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<EnginesSeen>>,
+    }
+
+    #[derive(Debug, Default)]
+    struct EnginesSeen {
+        most_at_once: usize,
+        /// Each process seen: (pid, generation).
+        processes: BTreeSet<(u32, u64)>,
+    }
+
+    impl std::fmt::Display for EnginesSeen {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "{} in all, at most {} at once, (pid, generation): {:?}",
+                self.processes.len(),
+                self.most_at_once,
+                self.processes
+            )
+        }
+    }
+
+    impl EngineWatch {
+        fn start(addresses: Vec<IpAddr>) -> Self {
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopped = stop.clone();
+            let thread = std::thread::spawn(move || {
+                let mut seen = EnginesSeen::default();
+                while !stopped.load(Ordering::Relaxed) {
+                    let now = engines_on(&addresses);
+                    seen.most_at_once = seen.most_at_once.max(now.len());
+                    seen.processes.extend(now);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                seen
+            });
+            Self {
+                stop,
+                thread: Some(thread),
+            }
+        }
+
+        fn stop(mut self) -> EnginesSeen {
+            self.stop.store(true, Ordering::Relaxed);
+            let thread = self.thread.take().expect("stopped once");
+            thread.join().expect("the watch thread panicked")
+        }
+    }
+
+    impl Drop for EngineWatch {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The `oxhorn engine` processes listening on one of `addresses`:
+    /// (pid, generation).
+    fn engines_on(addresses: &[IpAddr]) -> Vec<(u32, u64)> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let value = |flag: &str| {
+                    let at = args.iter().position(|a| *a == flag.as_bytes())?;
+                    std::str::from_utf8(args.get(at + 1)?).ok()
+                };
+                if args.get(1) != Some(&b"engine".as_slice()) {
+                    return None;
+                }
+                let listen: std::net::SocketAddr = value("--listen")?.parse().ok()?;
+                let generation = value("--generation")?.parse().ok()?;
+                addresses
+                    .contains(&listen.ip())
+                    .then_some((pid, generation))
+            })
+            .collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
