@@ -363,7 +363,13 @@ impl<'a> Pass<'a> {
                 .values()
                 .filter(|m| **m == ReplicaMode::ReadWrite)
                 .count(),
-            None => self.usable().len(),
+            // Without a running engine, no replica is known to be in the
+            // I/O path: count those that could be, on nodes that are up.
+            None => self
+                .usable()
+                .iter()
+                .filter(|r| self.ctx.liveness.is_up(&r.spec.instance.node_id))
+                .count(),
         };
         self.status.robustness = match healthy {
             0 if !ever_scheduled => Robustness::Unknown,

@@ -100,6 +100,11 @@ impl ManagerProcess {
         self.process.pid()
     }
 
+    /// The node's address.
+    pub fn ip(&self) -> IpAddr {
+        self.options.ip
+    }
+
     pub fn node_id(&self) -> &str {
         &self.options.node_id
     }
