@@ -169,6 +169,8 @@ mod tests {
                 replica_address_map: Default::default(),
                 frontend: Frontend::Fuse,
                 generation: 0,
+                salvage: false,
+                salvage_request: String::new(),
             },
         );
         let timeout = Duration::from_secs(5);

@@ -120,6 +120,7 @@ async fn run_here(
             size: engine.spec.instance.volume_size.unsigned_abs(),
             replicas: engine.spec.replica_address_map.values().cloned().collect(),
             frontend: FrontendKind::Fuse,
+            salvage: engine.spec.salvage,
         },
     };
     let info = ctx.instances.ensure_running(request)?;

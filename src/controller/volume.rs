@@ -296,6 +296,8 @@ impl<'a> Pass<'a> {
                 replica_address_map: Default::default(),
                 frontend: self.volume.spec.frontend,
                 generation: 0,
+                salvage: false,
+                salvage_request: String::new(),
             },
         );
         engine.metadata.owner_references = self.owner_reference().map(|r| vec![r]);
@@ -371,6 +373,13 @@ impl<'a> Pass<'a> {
                 .filter(|r| self.ctx.liveness.is_up(&r.spec.instance.node_id))
                 .count(),
         };
+        // The engine keeps which salvage request it answered (the cache may
+        // hold an older status than the pass that saw it done).
+        if !engine.spec.salvage && !engine.spec.salvage_request.is_empty() {
+            self.status
+                .salvaged_request
+                .clone_from(&engine.spec.salvage_request);
+        }
         self.status.robustness = match healthy {
             0 if !ever_scheduled => Robustness::Unknown,
             0 => Robustness::Faulted,

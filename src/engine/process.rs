@@ -137,10 +137,6 @@ pub async fn run(
     let span = info_span!("engine", volume = %config.volume, generation = config.generation);
     let mut shutdown = std::pin::pin!(shutdown);
     async move {
-        let address = config.listen;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|source| EngineError::Listen { address, source })?;
         let Some(engine) = start(&access, &config, &mut shutdown).await? else {
             info!("engine stopped before it served");
             return Ok(());
@@ -156,6 +152,14 @@ pub async fn run(
         let resizer = frontend
             .clone()
             .map(|f| tokio::spawn(follow_size(engine.watch_size(), f)));
+        // Listen only now: the instance manager takes a bound port for an
+        // engine that runs, and the volume then reports itself attached; an
+        // engine still waiting for its I/O path, or without its device yet,
+        // must not look so.
+        let address = config.listen;
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| EngineError::Listen { address, source })?;
         let service = EngineControlService::new(Arc::clone(&engine), endpoint.clone());
         info!(control = %config.listen, replicas = ?config.replicas, endpoint, "engine serving");
         Server::builder()

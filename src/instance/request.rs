@@ -31,6 +31,9 @@ pub enum InstanceKind {
         replicas: Vec<String>,
         #[serde(with = "frontend_serde")]
         frontend: FrontendKind,
+        /// Serve even without the newest I/O path's replicas.
+        #[serde(default)]
+        salvage: bool,
     },
 }
 
@@ -118,6 +121,7 @@ impl InstanceRequest {
                 size,
                 replicas,
                 frontend,
+                salvage: _,
             } => {
                 push("--volume", volume);
                 push("--generation", &generation.to_string());
@@ -130,6 +134,9 @@ impl InstanceRequest {
                 push("--run-dir", &run_dir);
                 push("--dev-dir", &dev_dir);
             }
+        }
+        if let InstanceKind::Engine { salvage: true, .. } = &self.kind {
+            args.push("--salvage".into());
         }
         args
     }
@@ -179,6 +186,7 @@ mod tests {
                 size: 8192,
                 replicas: vec!["10.0.0.1:1000".into(), "10.0.0.2:1000".into()],
                 frontend: FrontendKind::None,
+                salvage: false,
             },
         }
     }
@@ -196,6 +204,32 @@ mod tests {
             args.join(" "),
             "engine --volume vol --generation 3 --size 8192 --replica 10.0.0.1:1000 --replica 10.0.0.2:1000 \
              --frontend none --listen 10.0.0.3:2000 --run-dir /run/ox --dev-dir /dev/ox"
+        );
+    }
+
+    #[test]
+    fn a_salvaging_engine_says_so_on_its_command_line() {
+        let mut request = engine();
+        if let InstanceKind::Engine { salvage, .. } = &mut request.kind {
+            *salvage = true;
+        }
+        let args = request.args(
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3)),
+            2000,
+            Path::new("/run/ox"),
+            Path::new("/dev/ox"),
+        );
+        assert_eq!(args.iter().filter(|a| *a == "--salvage").count(), 1);
+        assert!(
+            !engine()
+                .args(
+                    IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    2000,
+                    Path::new("/r"),
+                    Path::new("/d")
+                )
+                .iter()
+                .any(|a| a == "--salvage")
         );
     }
 

@@ -60,6 +60,15 @@ pub struct EngineSpec {
     /// running on an unreachable node cannot write once a newer one started.
     #[serde(default)]
     pub generation: u64,
+    /// Serve from the replicas in replicaAddressMap even if the newest I/O
+    /// path they recorded names replicas that cannot be reached (a user's
+    /// salvage, see the Volume's salvageRequest). Set for one start.
+    #[serde(default)]
+    pub salvage: bool,
+    /// The Volume's salvageRequest the last salvage start answered: the
+    /// request is not acted on again, whatever the Volume's status says yet.
+    #[serde(default)]
+    pub salvage_request: String,
 }
 
 /// What the engine's node last saw of the engine and its replicas.

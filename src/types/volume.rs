@@ -85,6 +85,13 @@ pub struct VolumeSpec {
     /// Backup URL to restore the volume from; empty for a new, zeroed volume.
     #[serde(default)]
     pub from_backup: String,
+    /// Set to a new value (the time, say) to bring the volume up from the
+    /// replicas that can be reached now, even when replicas that hold newer
+    /// acknowledged writes cannot be: those writes are lost. Without it such
+    /// a volume waits for them. Acted on once per value, on the next attach;
+    /// status.salvagedRequest then holds the value.
+    #[serde(default)]
+    pub salvage_request: String,
     /// Only disks carrying all these tags may hold the volume's replicas.
     #[serde(default)]
     pub disk_selector: Vec<String>,
@@ -259,6 +266,9 @@ pub struct VolumeStatus {
     /// Name of the newest completed backup.
     #[serde(default)]
     pub last_backup: String,
+    /// The last spec.salvageRequest acted on.
+    #[serde(default)]
+    pub salvaged_request: String,
 }
 
 /// Where the volume is in its life.

@@ -110,6 +110,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             data_locality: DataLocality::BestEffort,
             stale_replica_timeout: 30,
             from_backup: String::new(),
+            salvage_request: String::new(),
             disk_selector: vec!["ssd".into()],
             node_selector: vec![],
             replica_auto_balance: ReplicaAutoBalance::Ignored,
@@ -137,6 +138,8 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             replica_address_map: BTreeMap::from([("vol-a-r-1".into(), "127.0.0.1:10000".into())]),
             frontend: Frontend::Fuse,
             generation: 0,
+            salvage: false,
+            salvage_request: String::new(),
         },
     );
     round_trip(

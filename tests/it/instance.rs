@@ -394,6 +394,7 @@ fn engine(name: &str, replicas: &[SocketAddr], frontend: FrontendKind) -> Instan
             size: SIZE,
             replicas: replicas.iter().map(ToString::to_string).collect(),
             frontend,
+            salvage: false,
         },
     }
 }

@@ -39,6 +39,9 @@ impl Pass<'_> {
             self.wait_at_most(SOON);
             return Ok(());
         }
+        if self.salvage_pending(engine) && !self.restart_to_salvage(engine).await? {
+            return Ok(());
+        }
         let starting =
             spec.instance.desire_state == DesireState::Stopped || spec.instance.node_id != target;
         // Start only once every usable replica runs (or cannot: node down),
@@ -57,19 +60,84 @@ impl Pass<'_> {
             // A new engine fences every older one out of the replicas.
             let generation = spec.generation + u64::from(starting);
             info!(replicas = ?addresses.keys().collect::<Vec<_>>(), generation, "engine wanted on {target}");
-            self.set_engine(
-                engine,
-                json!({"spec": {
-                    "nodeID": target,
-                    "desireState": "running",
-                    "replicaAddressMap": replacing(&spec.replica_address_map, &addresses),
-                    "volumeSize": self.volume.spec.size,
-                    "generation": generation,
-                }}),
-            )
-            .await?;
+            let mut patch = json!({"spec": {
+                "nodeID": target,
+                "desireState": "running",
+                "replicaAddressMap": replacing(&spec.replica_address_map, &addresses),
+                "volumeSize": self.volume.spec.size,
+                "generation": generation,
+            }});
+            if starting {
+                let salvage = self.salvage_pending(engine);
+                patch["spec"]["salvage"] = salvage.into();
+                if salvage {
+                    patch["spec"]["salvageRequest"] =
+                        self.volume.spec.salvage_request.clone().into();
+                }
+            }
+            self.set_engine(engine, patch).await?;
+        } else if spec.salvage && engine_state(engine) == InstanceState::Running {
+            self.salvaged(engine, &addresses).await?;
         }
         Ok(())
+    }
+
+    /// Whether the user asked for a salvage not yet done. The engine says
+    /// which request its last salvage start answered: the Volume's status
+    /// in the cache may be older than that.
+    fn salvage_pending(&self, engine: &Engine) -> bool {
+        let request = &self.volume.spec.salvage_request;
+        !request.is_empty()
+            && *request != self.status.salvaged_request
+            && *request != engine.spec.salvage_request
+    }
+
+    /// For a salvage the user asked for: the engine is stopped, to start
+    /// again with the salvage flag. Always, even one that seems to serve: its
+    /// status may be older than the loss of its replicas. True when
+    /// attaching may go on.
+    async fn restart_to_salvage(&mut self, engine: &Engine) -> Result<bool, ControllerError> {
+        let spec = &engine.spec;
+        let state = engine_state(engine);
+        if spec.instance.desire_state == DesireState::Stopped {
+            // Start again only once stopped: a process still waiting would
+            // keep waiting.
+            if state != InstanceState::Stopped {
+                self.wait_at_most(SOON);
+                return Ok(false);
+            }
+            return Ok(true);
+        }
+        warn!("salvage requested: restarting the engine to serve the replicas it reaches");
+        self.set_engine(engine, json!({"spec": {"desireState": "stopped"}}))
+            .await?;
+        self.wait_at_most(SOON);
+        Ok(false)
+    }
+
+    /// An engine started to salvage serves: the request is done, and the
+    /// engine's next start waits for its I/O path again.
+    async fn salvaged(
+        &mut self,
+        engine: &Engine,
+        addresses: &BTreeMap<String, String>,
+    ) -> Result<(), ControllerError> {
+        let names: Vec<&String> = addresses.keys().collect();
+        warn!(replicas = ?names, "salvaged: the volume serves the replicas it reached");
+        self.ctx
+            .event(
+                &self.volume,
+                EventType::Warning,
+                "Salvaged",
+                format!(
+                    "as requested ({}), the volume serves replicas {names:?}: acknowledged writes only other replicas held are lost",
+                    engine.spec.salvage_request
+                ),
+            )
+            .await;
+        self.status.salvaged_request = engine.spec.salvage_request.clone();
+        self.set_engine(engine, json!({"spec": {"salvage": false}}))
+            .await
     }
 
     /// Stops the engine, then the replicas, unless the data plane has work

@@ -84,6 +84,7 @@ impl ControllerService {
                 .stale_replica_timeout
                 .unwrap_or(settings.stale_replica_timeout),
             from_backup: String::new(),
+            salvage_request: String::new(),
             disk_selector: parameters.disk_selector.clone(),
             node_selector: parameters.node_selector.clone(),
             replica_auto_balance: parameters.replica_auto_balance,

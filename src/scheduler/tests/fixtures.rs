@@ -121,6 +121,7 @@ pub(super) fn volume(size: i64, replicas: i32) -> Volume {
             data_locality: Default::default(),
             stale_replica_timeout: 2880,
             from_backup: String::new(),
+            salvage_request: String::new(),
             disk_selector: vec![],
             node_selector: vec![],
             replica_auto_balance: Default::default(),

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::ResourceExt;
 use oxhorn::types::{Condition, ConditionStatus, Node, ReplicaMode, Robustness, VolumeState};
 use oxhorn_testbed::Writer;
 
@@ -17,13 +16,10 @@ use super::{
 };
 use crate::common::{Cluster, OXHORN, PATIENCE, eventually};
 
-const VOLUME: &str = "vol";
-/// An engine that cannot reach its volume's I/O path gives up after 60 s;
-/// salvage starts one once the stale replica's node is back.
-const GIVING_UP: Duration = Duration::from_secs(150);
+pub(super) const VOLUME: &str = "vol";
 
 /// The managers' logs and those of the engines and replicas they run.
-fn logs(cluster: &Cluster) -> String {
+pub(super) fn logs(cluster: &Cluster) -> String {
     let mut logs = cluster.logs();
     for node in &cluster.nodes {
         let dir = oxhorn::manager::instance_state_dir(&node.data_dir()).join("logs");
@@ -42,9 +38,16 @@ fn logs(cluster: &Cluster) -> String {
     logs
 }
 
+/// The log of `instance` (its processes' output, one after the other) on
+/// `node`.
+pub(super) fn instance_log(cluster: &Cluster, node: &str, instance: &str) -> String {
+    let dir = oxhorn::manager::instance_state_dir(&cluster.node(node).data_dir()).join("logs");
+    std::fs::read_to_string(dir.join(format!("{instance}.log"))).unwrap_or_default()
+}
+
 /// Waits until another manager has taken `victim`'s node over as down
 /// (its lease expired).
-async fn until_taken_over(cluster: &Cluster, victim: &str) {
+pub(super) async fn until_taken_over(cluster: &Cluster, victim: &str) {
     let nodes = cluster.api::<Node>();
     cluster
         .until(&format!("{victim} taken over as down"), || async {
@@ -56,7 +59,7 @@ async fn until_taken_over(cluster: &Cluster, victim: &str) {
 }
 
 /// Waits until `node`'s own manager reports it Ready again.
-async fn until_back(cluster: &Cluster, node: &str) {
+pub(super) async fn until_back(cluster: &Cluster, node: &str) {
     let nodes = cluster.api::<Node>();
     cluster
         .until(&format!("{node} back"), || async {
@@ -69,7 +72,7 @@ async fn until_back(cluster: &Cluster, node: &str) {
 
 /// Waits until the volume is attached and healthy with every replica RW
 /// in its engine, and returns the replicas' data addresses.
-async fn until_healthy(cluster: &Cluster, replicas: usize) -> BTreeMap<String, String> {
+pub(super) async fn until_healthy(cluster: &Cluster, replicas: usize) -> BTreeMap<String, String> {
     let healthy = eventually(PATIENCE, || async {
         let status = cluster.volume(VOLUME).await?.status?;
         if status.state != VolumeState::Attached || status.robustness != Robustness::Healthy {
@@ -244,160 +247,29 @@ async fn partition_the_engines_node_from_the_api_server() {
     cluster.delete_volume(VOLUME).await;
 }
 
-/// Finding 5 end to end: the replica on one node misses writes (its node
-/// loses power), then the nodes of the two that hold them lose power too,
-/// and only the stale replica's node comes back. Auto-salvage brings that
-/// replica back and starts an engine on it alone; the engine must not serve
-/// it (it is not in the I/O path its replicas last recorded) and gives up,
-/// so the volume waits. Once the other nodes are back, the volume serves
-/// every acknowledged write again. The engine runs on a fourth node that
-/// holds no replica, so that it survives the replicas' nodes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_a_stale_replica_comes_back() {
-    let name = "only a stale replica back, the up-to-date ones' nodes down";
-    let mut row = Row::new(name);
-    let mut cluster = Cluster::start("fm-stale", 4).await;
-    let engines = EngineWatch::start(cluster.nodes.iter().map(|n| n.ip()).collect());
-    cluster.create_volume(VOLUME, SIZE as i64, 3).await;
-    cluster
-        .until_volume(VOLUME, "the volume detached and healthy", |s| {
-            s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
-        })
-        .await;
-    let holders: BTreeMap<String, String> = cluster
-        .replicas_of(VOLUME)
-        .await
-        .iter()
-        .map(|r| (r.name_any(), r.spec.instance.node_id.clone()))
-        .collect();
-    let engine_node = cluster
-        .nodes
-        .iter()
-        .map(|n| n.node_id().to_owned())
-        .find(|n| !holders.values().any(|h| h == n))
-        .expect("a node without a replica");
-    let device = PathBuf::from(cluster.attach(VOLUME, &engine_node).await);
-    until_healthy(&cluster, 3).await;
-    let names: Vec<&String> = holders.keys().collect();
-    let (stale, up_to_date) = (names[2].clone(), [names[0], names[1]]);
-    let writer = Writer::new(SIZE, writer_options(9));
-    let running = writer.start(&device).unwrap();
-    until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;
-    cluster.node_mut(&holders[&stale]).power_off();
-    until_out(&cluster, &stale).await;
-    until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
-    let stats = running.stop();
-    assert_eq!(stats.failed, 0, "{stats}");
-    let before = engines.seen();
-    eprintln!(
-        "{name}: {stale} on {} missed {} writes; powering off {:?}",
-        holders[&stale],
-        PHASE_WRITES,
-        up_to_date.map(|r| &holders[r])
-    );
-    for replica in up_to_date {
-        cluster.node_mut(&holders[replica]).power_off();
-    }
-    cluster
-        .node_mut(&holders[&stale])
-        .restart(Path::new(OXHORN))
-        .unwrap();
-    until_back(&cluster, &holders[&stale]).await;
-
-    // Salvage starts an engine that reaches the stale replica alone; the
-    // engine must give up rather than serve it (the I/O path it waits for
-    // is A and B's), and the volume must not report it healthy.
-    let gave_up = eventually(GIVING_UP, || async {
-        let seen = engines.seen();
-        if let Some(status) = cluster.engine_of(VOLUME).await.and_then(|e| e.status) {
-            assert_ne!(
-                status.replica_mode_map.get(&stale),
-                Some(&ReplicaMode::ReadWrite),
-                "the stale replica was made RW: {status:#?}\n{}",
-                logs(&cluster)
-            );
-        }
-        seen.processes
-            .iter()
-            .find(|(pid, _)| !before.processes.contains_key(*pid) && !seen.running.contains(*pid))
-            .map(|(pid, p)| (*pid, p.clone()))
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e} waiting for an engine started on the stale replica to give up: {}\n{}",
-            engines.seen(),
-            logs(&cluster)
-        )
-    });
-    eprintln!("{name}: an engine reaching {stale} alone gave up: {gave_up:?}");
-    let volume = cluster.volume(VOLUME).await.and_then(|v| v.status).unwrap();
-    assert_ne!(volume.robustness, Robustness::Healthy, "{volume:#?}");
-
-    for replica in up_to_date {
-        cluster
-            .node_mut(&holders[replica])
-            .restart(Path::new(OXHORN))
-            .unwrap();
-    }
-    until_healthy(&cluster, 3).await;
-    let device = PathBuf::from(
-        cluster
-            .engine_of(VOLUME)
-            .await
-            .unwrap()
-            .status
-            .unwrap()
-            .endpoint,
-    );
-    row.check_after_fault(writer.verify(&device).unwrap(), || logs(&cluster));
-    let stats = write_more(&writer, &device, PHASE_WRITES).await;
-    let addresses = until_healthy(&cluster, 3).await;
-    let verdict = writer.verify(&device).unwrap();
-    let mut images = Vec::new();
-    for (replica, address) in &addresses {
-        let access = cluster.access(VOLUME).await;
-        images.push((replica.clone(), read_replica(address, SIZE, &access).await));
-    }
-    eprintln!("{name}: engine processes: {}", engines.stop());
-    row.finish(&stats, &verdict, &images, &writer, || logs(&cluster));
-    cluster.detach(VOLUME).await;
-    cluster.delete_volume(VOLUME).await;
-}
-
-/// Waits until the volume's engine no longer lists `replica` as RW.
-async fn until_out(cluster: &Cluster, replica: &str) {
-    cluster
-        .until(&format!("{replica} out of the I/O path"), || async {
-            let status = cluster.engine_of(VOLUME).await?.status?;
-            (status.replica_mode_map.get(replica) != Some(&ReplicaMode::ReadWrite)).then_some(())
-        })
-        .await;
-}
-
 /// Watches the machine's `oxhorn engine` processes serving on any of a
 /// cluster's node addresses (one volume per cluster), from a thread that
 /// samples /proc every 10 ms until stopped.
-struct EngineWatch {
+pub(super) struct EngineWatch {
     seen: Arc<Mutex<EnginesSeen>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 #[derive(Clone, Debug, Default)]
-struct EnginesSeen {
-    most_at_once: usize,
+pub(super) struct EnginesSeen {
+    pub most_at_once: usize,
     /// Every process seen, by pid.
-    processes: BTreeMap<u32, EngineProcess>,
+    pub processes: BTreeMap<u32, EngineProcess>,
     /// The pids running at the last sample.
-    running: BTreeSet<u32>,
+    pub running: BTreeSet<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
-struct EngineProcess {
-    generation: u64,
+pub(super) struct EngineProcess {
+    pub generation: u64,
     /// Its replicas' data addresses, as started.
-    replicas: Vec<String>,
+    pub replicas: Vec<String>,
 }
 
 impl std::fmt::Display for EnginesSeen {
@@ -413,7 +285,7 @@ impl std::fmt::Display for EnginesSeen {
 }
 
 impl EngineWatch {
-    fn start(addresses: Vec<IpAddr>) -> Self {
+    pub(super) fn start(addresses: Vec<IpAddr>) -> Self {
         let seen = Arc::new(Mutex::new(EnginesSeen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let (shared, stopped) = (seen.clone(), stop.clone());
@@ -436,11 +308,11 @@ impl EngineWatch {
     }
 
     /// What the watch has seen so far.
-    fn seen(&self) -> EnginesSeen {
+    pub(super) fn seen(&self) -> EnginesSeen {
         self.seen.lock().unwrap().clone()
     }
 
-    fn stop(mut self) -> EnginesSeen {
+    pub(super) fn stop(mut self) -> EnginesSeen {
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.take().expect("stopped once");
         thread.join().expect("the watch thread panicked");

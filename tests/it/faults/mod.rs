@@ -586,3 +586,4 @@ async fn one_replicas_disk_full() {
 }
 
 mod cluster;
+mod stale;
