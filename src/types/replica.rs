@@ -60,6 +60,11 @@ pub struct ReplicaSpec {
     /// When the replica last failed; unset while it is healthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_at: Option<Time>,
+    /// How many times in a row the replica rejoined after failing without
+    /// staying healthy for long in between; each such rejoin waits twice as
+    /// long as the one before.
+    #[serde(default)]
+    pub rejoins: u32,
 }
 
 pub type ReplicaStatus = InstanceStatus;

@@ -162,6 +162,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             data_directory_name: "vol-a-1a2b3c".into(),
             healthy_at: None,
             failed_at: None,
+            rejoins: 0,
         },
     );
     round_trip(

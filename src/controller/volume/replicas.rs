@@ -21,8 +21,12 @@ use crate::types::{
 
 /// How long a failed replica waits before it rejoins: failures come in
 /// bursts (a flapping link, a restarting process), and each rejoin costs a
-/// rebuild's comparison of the whole replica.
+/// rebuild's comparison of the whole replica. A replica that fails again
+/// soon after rejoining waits twice as long each time, up to MAX_REUSE_WAIT.
 const REUSE_AFTER: Duration = Duration::from_secs(10);
+const MAX_REUSE_WAIT: Duration = Duration::from_secs(300);
+/// Healthy this long before it failed, a replica waits REUSE_AFTER again.
+const STABLE: Duration = Duration::from_secs(600);
 
 impl Pass<'_> {
     /// Records in each replica when it last became healthy and when it failed,
@@ -146,11 +150,12 @@ impl Pass<'_> {
             if !reusable {
                 continue;
             }
-            if failed_for < REUSE_AFTER {
-                self.wait_at_most(REUSE_AFTER - failed_for);
+            let (wait, rejoins) = rejoin_backoff(&replica.spec);
+            if failed_for < wait {
+                self.wait_at_most(wait - failed_for);
                 continue;
             }
-            info!(replica = %replica.name_any(), "reusing a failed replica: it rejoins with an incremental rebuild");
+            info!(replica = %replica.name_any(), rejoins, "reusing a failed replica: it rejoins with an incremental rebuild");
             self.ctx
                 .event(
                     &self.volume,
@@ -159,7 +164,7 @@ impl Pass<'_> {
                     format!("replica {} is back and rejoins", replica.name_any()),
                 )
                 .await;
-            let patch = json!({"spec": {"failedAt": null}});
+            let patch = json!({"spec": {"failedAt": null, "rejoins": rejoins}});
             self.replicas[i] = self.patch_replica(&replica, patch).await?;
             healthy += 1;
         }
@@ -254,6 +259,7 @@ impl Pass<'_> {
                 data_directory_name: String::new(),
                 healthy_at: None,
                 failed_at: None,
+                rejoins: 0,
             },
         );
         replica.metadata.owner_references = self.owner_reference().map(|r| vec![r]);
@@ -460,6 +466,26 @@ fn surplus_order<'r>(
     }
 }
 
+/// How long a failed replica waits before it rejoins, and the count of
+/// rejoins in a row it then has: one that had been healthy for STABLE before
+/// it failed starts again from REUSE_AFTER.
+fn rejoin_backoff(spec: &ReplicaSpec) -> (Duration, u32) {
+    let healthy_for = spec
+        .healthy_at
+        .as_ref()
+        .zip(spec.failed_at.as_ref())
+        .and_then(|(healthy, failed)| Duration::try_from(failed.0.duration_since(healthy.0)).ok());
+    let in_a_row = if healthy_for.is_some_and(|d| d >= STABLE) {
+        0
+    } else {
+        spec.rejoins
+    };
+    let wait = REUSE_AFTER
+        .saturating_mul(1u32.checked_shl(in_a_row).unwrap_or(u32::MAX))
+        .min(MAX_REUSE_WAIT);
+    (wait, in_a_row.saturating_add(1))
+}
+
 /// How long ago the replica failed.
 fn failed_for(replica: &Replica) -> Option<Duration> {
     let failed = replica.spec.failed_at.as_ref()?;
@@ -490,8 +516,40 @@ mod tests {
                 data_directory_name: String::new(),
                 healthy_at: None,
                 failed_at: None,
+                rejoins: 0,
             },
         )
+    }
+
+    fn failed(healthy_for_secs: i64, rejoins: u32) -> ReplicaSpec {
+        let failed = jiff::Timestamp::now();
+        let healthy = failed - jiff::SignedDuration::from_secs(healthy_for_secs);
+        ReplicaSpec {
+            healthy_at: Some(Time(healthy)),
+            failed_at: Some(Time(failed)),
+            rejoins,
+            ..replica("r", "n").spec
+        }
+    }
+
+    #[test]
+    fn a_flapping_replica_waits_twice_as_long_each_time() {
+        let secs = |(wait, rejoins): (Duration, u32)| (wait.as_secs(), rejoins);
+        assert_eq!(secs(rejoin_backoff(&failed(5, 0))), (10, 1));
+        assert_eq!(secs(rejoin_backoff(&failed(5, 1))), (20, 2));
+        assert_eq!(secs(rejoin_backoff(&failed(5, 3))), (80, 4));
+        assert_eq!(secs(rejoin_backoff(&failed(5, 5))), (300, 6), "capped");
+        assert_eq!(
+            secs(rejoin_backoff(&failed(5, 40))),
+            (300, 41),
+            "no overflow"
+        );
+    }
+
+    #[test]
+    fn a_replica_healthy_for_long_before_failing_waits_the_least_again() {
+        let (wait, rejoins) = rejoin_backoff(&failed(601, 7));
+        assert_eq!((wait, rejoins), (REUSE_AFTER, 1));
     }
 
     fn names(replicas: Vec<&Replica>) -> Vec<String> {

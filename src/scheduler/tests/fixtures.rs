@@ -154,6 +154,7 @@ pub(super) fn replica(
             data_directory_name: String::new(),
             healthy_at: None,
             failed_at: None,
+            rejoins: 0,
         },
     )
 }
