@@ -5,7 +5,11 @@ use kube::runtime::events::EventType;
 
 use super::Context;
 use crate::instance::InstanceInfo;
-use crate::types::{InstanceState, InstanceStatus};
+use crate::types::{Condition, ConditionStatus, InstanceState, InstanceStatus};
+
+/// The instance status condition that says whether the process runs, and
+/// when it failed, why.
+pub const RUNNING: &str = "Running";
 
 /// Whether the process never ran since it was last asked to stop: nothing
 /// to stop or report.
@@ -50,6 +54,23 @@ where
 
 /// Copies what the instance manager knows of a process into status.
 pub fn reflect(status: &mut InstanceStatus, info: &InstanceInfo) {
+    match info.state {
+        InstanceState::Running => Condition::set(
+            &mut status.conditions,
+            RUNNING,
+            ConditionStatus::True,
+            "Running",
+            "",
+        ),
+        InstanceState::Error => Condition::set(
+            &mut status.conditions,
+            RUNNING,
+            ConditionStatus::False,
+            "ProcessFailed",
+            info.message.clone(),
+        ),
+        _ => false,
+    };
     status.current_state = info.state;
     status.ip = info.ip.to_string();
     status.port = i32::from(info.port);

@@ -23,12 +23,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info, info_span};
 
-use super::{Context, ControllerError, delete, patch_guarded, release, replace_status};
+use super::{Context, ControllerError, delete, patch_guarded, process, release, replace_status};
 use crate::datastore::Settings;
 use crate::protocol::Access;
 use crate::types::{
-    DesireState, Engine, EngineSpec, FINALIZER, InstanceSpec, InstanceState, Replica, ReplicaMode,
-    Robustness, Snapshot, Volume, VolumeState, VolumeStatus,
+    Condition, ConditionStatus, DesireState, Engine, EngineSpec, FINALIZER, InstanceSpec,
+    InstanceState, Replica, ReplicaMode, Robustness, Snapshot, Volume, VolumeState, VolumeStatus,
 };
 
 /// Longest a volume goes unlooked-at: time-based rules (stale replicas,
@@ -373,6 +373,7 @@ impl<'a> Pass<'a> {
                 .filter(|r| self.ctx.liveness.is_up(&r.spec.instance.node_id))
                 .count(),
         };
+        self.observe_engine_failure(engine);
         // The engine keeps which salvage request it answered (the cache may
         // hold an older status than the pass that saw it done).
         if !engine.spec.salvage && !engine.spec.salvage_request.is_empty() {
@@ -388,6 +389,49 @@ impl<'a> Pass<'a> {
         };
     }
 }
+
+impl Pass<'_> {
+    /// Says on the volume, where a user looks, why its engine does not run
+    /// (say, replicas of its I/O path out of reach): the reason its process
+    /// gave when it last failed. Not said while no engine is wanted.
+    fn observe_engine_failure(&mut self, engine: &Engine) {
+        let conditions = &mut self.status.conditions;
+        if engine.spec.instance.desire_state != DesireState::Running {
+            conditions.retain(|c| c.type_ != ENGINE_RUNNING);
+            return;
+        }
+        let status = engine.status.as_ref().map(|s| &s.instance);
+        let failed = status
+            .filter(|s| s.current_state != InstanceState::Running)
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == process::RUNNING))
+            .filter(|c| c.status == ConditionStatus::False);
+        if let Some(failed) = failed {
+            let message = format!(
+                "the engine on {} failed: {}",
+                engine.spec.instance.node_id, failed.message
+            );
+            Condition::set(
+                conditions,
+                ENGINE_RUNNING,
+                ConditionStatus::False,
+                "EngineFailed",
+                message,
+            );
+        } else if status.is_some_and(|s| s.current_state == InstanceState::Running) {
+            Condition::set(
+                conditions,
+                ENGINE_RUNNING,
+                ConditionStatus::True,
+                "Running",
+                "",
+            );
+        }
+    }
+}
+
+/// The volume's condition saying whether its engine runs, and if it failed,
+/// why.
+const ENGINE_RUNNING: &str = "EngineRunning";
 
 /// The engine's status when its process runs.
 fn running_status(engine: &Engine) -> Option<&crate::types::EngineStatus> {

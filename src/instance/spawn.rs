@@ -21,6 +21,33 @@ pub(super) fn log_path(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join("logs").join(format!("{name}.log"))
 }
 
+/// The last line a process wrote to its log, as Kubernetes takes a failed
+/// container's last log lines for its termination message: a process that
+/// gives up says why last. At most [`LAST_WORDS`] bytes of it.
+pub(super) fn last_words(log: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(log).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    // Not the instance manager's own line: the process said nothing.
+    if line.starts_with("--- instance manager:") {
+        return None;
+    }
+    let mut end = line.len().min(LAST_WORDS);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_owned())
+}
+
+/// How much of a log's end [`last_words`] reads, and keeps.
+const TAIL: u64 = 4096;
+const LAST_WORDS: usize = 512;
+
 /// Starts `oxhorn` for `request` on `port`, its output appended to its log.
 pub(super) fn spawn(
     config: &InstanceManagerConfig,
@@ -99,4 +126,41 @@ fn watch(child: &Child) -> Result<Spawned, InstanceError> {
         .map_err(|e| InstanceError::io("reading", &proc_path(), e))?
         .start_time;
     Ok(Spawned { pidfd, start_time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.log");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn last_words_are_the_processs_last_line() {
+        let (_dir, path) = log("--- instance manager: starting oxhorn [\"engine\"]\n\
+             WARN not serving yet\n\
+             ERROR oxhorn: exiting error=replicas [\"a\"] cannot be reached\n\n");
+        assert_eq!(
+            last_words(&path).as_deref(),
+            Some("ERROR oxhorn: exiting error=replicas [\"a\"] cannot be reached")
+        );
+    }
+
+    #[test]
+    fn a_process_that_said_nothing_has_no_last_words() {
+        let (_dir, path) = log("old run's line\n--- instance manager: starting oxhorn []\n");
+        assert_eq!(last_words(&path), None);
+        assert_eq!(last_words(Path::new("/nonexistent/e.log")), None);
+    }
+
+    #[test]
+    fn last_words_are_cut_short_on_a_character_boundary() {
+        let (_dir, path) = log(&"é".repeat(LAST_WORDS));
+        let words = last_words(&path).unwrap();
+        assert!(words.len() <= LAST_WORDS && words.chars().all(|c| c == 'é'));
+    }
 }

@@ -139,6 +139,11 @@ impl Supervisor {
                     break;
                 }
                 Watched::Exited(status) => {
+                    let log = super::spawn::log_path(&self.shared.config.state_dir, &self.name);
+                    let status = match super::spawn::last_words(&log) {
+                        Some(words) => format!("{status}; its last words: {words}"),
+                        None => status,
+                    };
                     restart = true;
                     left_behind = true;
                     let delay = backoff.after(started.elapsed());

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube::ResourceExt;
-use oxhorn::types::{ReplicaMode, Robustness, VolumeState};
+use oxhorn::types::{ConditionStatus, ReplicaMode, Robustness, VolumeState};
 use oxhorn_testbed::Writer;
 use serde_json::json;
 
@@ -173,6 +173,21 @@ async fn only_a_stale_replica_comes_back() {
         )
     });
     eprintln!("{name}: the engine gave up: {gave_up}");
+    // And the volume says why, where a user looks.
+    let why = cluster
+        .until("the volume saying why its engine failed", || async {
+            let status = cluster.volume(VOLUME).await?.status?;
+            let condition = status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "EngineRunning" && c.status == ConditionStatus::False)?;
+            condition
+                .message
+                .contains("newest I/O path")
+                .then_some(condition.message)
+        })
+        .await;
+    eprintln!("{name}: the volume says: {why}");
     stale.restart_up_to_date();
     let cluster = &stale.cluster;
     until_healthy(cluster, 3).await;
