@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kube::ResourceExt;
 use oxhorn::types::{Condition, ConditionStatus, Node, ReplicaMode, Robustness, VolumeState};
 use oxhorn_testbed::Writer;
 
@@ -218,6 +219,25 @@ async fn partition_the_engines_node_from_the_api_server() {
         (generation, &attached_to),
         "the engine was started again while its node was cut off"
     );
+    // The cut-off manager, whose caches froze with every other lease
+    // unrenewed, must not have acted on them (finding 7): the replicas on
+    // the nodes that are up are still in the I/O path.
+    let modes = cluster
+        .until("the engine's status from a manager that is up", || async {
+            let engine = cluster.engine_of(VOLUME).await?;
+            let status = engine.status?;
+            (status.instance.owner_id != attached_to).then_some(status.replica_mode_map)
+        })
+        .await;
+    for replica in &replicas[1..] {
+        let name = replica.name_any();
+        assert_eq!(
+            modes.get(&name),
+            Some(&ReplicaMode::ReadWrite),
+            "{name}, on a node that is up, left the I/O path while {attached_to} was cut off: {modes:?}\n{}",
+            logs(&cluster)
+        );
+    }
     hosts.reconnect_to_api(index);
     until_back(&cluster, &attached_to).await;
     until_healthy(&cluster, 3).await;
