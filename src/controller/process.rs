@@ -54,23 +54,19 @@ where
 
 /// Copies what the instance manager knows of a process into status.
 pub fn reflect(status: &mut InstanceStatus, info: &InstanceInfo) {
-    match info.state {
-        InstanceState::Running => Condition::set(
-            &mut status.conditions,
-            RUNNING,
-            ConditionStatus::True,
-            "Running",
-            "",
-        ),
-        InstanceState::Error => Condition::set(
-            &mut status.conditions,
+    let conditions = &mut status.conditions;
+    if info.state == InstanceState::Running {
+        Condition::set(conditions, RUNNING, ConditionStatus::True, "Running", "");
+    } else if info.state == InstanceState::Error {
+        let why = info.message.clone();
+        Condition::set(
+            conditions,
             RUNNING,
             ConditionStatus::False,
             "ProcessFailed",
-            info.message.clone(),
-        ),
-        _ => false,
-    };
+            why,
+        );
+    }
     status.current_state = info.state;
     status.ip = info.ip.to_string();
     status.port = i32::from(info.port);

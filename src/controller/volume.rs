@@ -401,8 +401,10 @@ impl Pass<'_> {
             return;
         }
         let status = engine.status.as_ref().map(|s| &s.instance);
+        // Only while it is failed: an older failure's condition stays on
+        // the engine through a stop, a start or a move.
         let failed = status
-            .filter(|s| s.current_state != InstanceState::Running)
+            .filter(|s| s.current_state == InstanceState::Error)
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == process::RUNNING))
             .filter(|c| c.status == ConditionStatus::False);
         if let Some(failed) = failed {

@@ -3,11 +3,12 @@
 //! told to stop.
 
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::time::Duration;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
@@ -97,6 +98,22 @@ async fn follow_size(mut size: tokio::sync::watch::Receiver<u64>, frontend: Arc<
     }
 }
 
+/// Connections the control port queues before it accepts them.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// A socket bound to `address`, not listening yet (as TcpListener::bind,
+/// with SO_REUSEADDR).
+fn bind(address: SocketAddr) -> io::Result<TcpSocket> {
+    let socket = if address.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    Ok(socket)
+}
+
 /// Starts the engine, waiting a while for replicas of the newest I/O path
 /// that are out of reach; `None` if `shutdown` completes first.
 async fn start(
@@ -137,6 +154,14 @@ pub async fn run(
     let span = info_span!("engine", volume = %config.volume, generation = config.generation);
     let mut shutdown = std::pin::pin!(shutdown);
     async move {
+        // The port is bound now, so that nothing else takes it, but listens
+        // only once the engine serves: the instance manager takes a port
+        // that accepts connections for an engine that runs, and the volume
+        // then reports itself attached; an engine still waiting for its
+        // I/O path, or without its device yet, must not look so.
+        let address = config.listen;
+        let listen_error = |source| EngineError::Listen { address, source };
+        let socket = bind(address).map_err(listen_error)?;
         let Some(engine) = start(&access, &config, &mut shutdown).await? else {
             info!("engine stopped before it served");
             return Ok(());
@@ -152,14 +177,7 @@ pub async fn run(
         let resizer = frontend
             .clone()
             .map(|f| tokio::spawn(follow_size(engine.watch_size(), f)));
-        // Listen only now: the instance manager takes a bound port for an
-        // engine that runs, and the volume then reports itself attached; an
-        // engine still waiting for its I/O path, or without its device yet,
-        // must not look so.
-        let address = config.listen;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|source| EngineError::Listen { address, source })?;
+        let listener = socket.listen(LISTEN_BACKLOG).map_err(listen_error)?;
         let service = EngineControlService::new(Arc::clone(&engine), endpoint.clone());
         info!(control = %config.listen, replicas = ?config.replicas, endpoint, "engine serving");
         Server::builder()

@@ -32,7 +32,13 @@ pub(super) fn last_words(log: &Path) -> Option<String> {
     let mut tail = Vec::new();
     file.read_to_end(&mut tail).ok()?;
     let text = String::from_utf8_lossy(&tail);
-    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    // A panic's last line is the hint about RUST_BACKTRACE; the message is
+    // the line before.
+    let line = text
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with("note: "))?;
     // Not the instance manager's own line: the process said nothing.
     if line.starts_with("--- instance manager:") {
         return None;
@@ -148,6 +154,13 @@ mod tests {
             last_words(&path).as_deref(),
             Some("ERROR oxhorn: exiting error=replicas [\"a\"] cannot be reached")
         );
+    }
+
+    #[test]
+    fn a_panic_says_what_panicked() {
+        let (_dir, path) = log("thread 'main' panicked at src/main.rs:1:1:\nboom\n\
+             note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n");
+        assert_eq!(last_words(&path).as_deref(), Some("boom"));
     }
 
     #[test]

@@ -140,7 +140,8 @@ impl Supervisor {
                 }
                 Watched::Exited(status) => {
                     let log = super::spawn::log_path(&self.shared.config.state_dir, &self.name);
-                    let status = match super::spawn::last_words(&log) {
+                    let words = tokio::task::spawn_blocking(move || super::spawn::last_words(&log));
+                    let status = match words.await.ok().flatten() {
                         Some(words) => format!("{status}; its last words: {words}"),
                         None => status,
                     };

@@ -1,7 +1,8 @@
 //! Test hosts in network namespaces, for partitions that are real: a
 //! [`Network`] is a bridge in the root namespace with a private /24 out of
 //! 10.250.0.0/16, and each [`Host`] a network namespace with a veth on that
-//! bridge, an address of the /24 and loopback up. The test process, in the
+//! bridge, an address of the /24 and loopback up; [`Network::connect`] puts
+//! a host on more networks (`eth1`, ...), each cut off on its own. The test process, in the
 //! root namespace, reaches every host over the bridge, and the hosts reach
 //! each other; the hosts have no other route, and the /24 has a blackhole
 //! route under the bridge's, so nothing sent to it ever leaves the machine,
@@ -14,8 +15,8 @@
 //!
 //! Everything is made with iproute2's `ip` and named after the test process:
 //! namespaces `oxp-<pid>-<n>`, links `oxp<pid>b<n>` (bridges) and
-//! `oxp<pid>v<n>` (the root side of a host's veth; the host side is `eth0`
-//! in its namespace), blackhole routes with metric `<pid>`. Dropping a
+//! `oxp<pid>v<n>` (the root side of a host's veth; the host side is
+//! `eth<i>` in its namespace), blackhole routes with metric `<pid>`. Dropping a
 //! [`Host`] or the last handle on a [`Network`] removes what it made, also
 //! while a failed test unwinds; a crashed process's leftovers (its pid no
 //! longer running) are removed when the next network is created.

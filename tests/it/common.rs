@@ -109,9 +109,7 @@ impl Hosts {
         let data = Network::create().unwrap();
         let api = Network::create().unwrap();
         let control_plane = testbed::shared();
-        let relay = ApiRelay::start(api.gateway().into(), control_plane.api_address())
-            .await
-            .unwrap();
+        let relay = ApiRelay::start(api.gateway().into(), control_plane.api_address()).unwrap();
         let kubeconfig = tempfile::NamedTempFile::new().unwrap();
         control_plane
             .write_kubeconfig_via(kubeconfig.path(), relay.address())

@@ -83,13 +83,13 @@ impl Pass<'_> {
     }
 
     /// Whether the user asked for a salvage not yet done. The engine says
-    /// which request its last salvage start answered: the Volume's status
-    /// in the cache may be older than that.
+    /// which request its last salvage start was made for, and clears its
+    /// salvage flag once that start served: the Volume's status in the cache
+    /// may be older than that.
     fn salvage_pending(&self, engine: &Engine) -> bool {
         let request = &self.volume.spec.salvage_request;
-        !request.is_empty()
-            && *request != self.status.salvaged_request
-            && *request != engine.spec.salvage_request
+        let answered = engine.spec.salvage_request == *request && !engine.spec.salvage;
+        !request.is_empty() && *request != self.status.salvaged_request && !answered
     }
 
     /// For a salvage the user asked for: the engine is stopped, to start
@@ -99,10 +99,18 @@ impl Pass<'_> {
     async fn restart_to_salvage(&mut self, engine: &Engine) -> Result<bool, ControllerError> {
         let spec = &engine.spec;
         let state = engine_state(engine);
-        if spec.instance.desire_state == DesireState::Stopped {
+        if spec.salvage {
+            // Started for this request already, and not served yet.
+            return Ok(true);
+        }
+        // An engine on a node that is down is as good as stopped: nobody
+        // can stop it, and the next one's generation fences it.
+        let node_down =
+            !spec.instance.node_id.is_empty() && !self.ctx.liveness.is_up(&spec.instance.node_id);
+        if spec.instance.desire_state == DesireState::Stopped || node_down {
             // Start again only once stopped: a process still waiting would
             // keep waiting.
-            if state != InstanceState::Stopped {
+            if state != InstanceState::Stopped && !node_down {
                 self.wait_at_most(SOON);
                 return Ok(false);
             }

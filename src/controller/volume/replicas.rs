@@ -164,7 +164,10 @@ impl Pass<'_> {
                     format!("replica {} is back and rejoins", replica.name_any()),
                 )
                 .await;
-            let patch = json!({"spec": {"failedAt": null, "rejoins": rejoins}});
+            // healthyAt restarts too: how long the replica then stays up
+            // decides whether its next failure counts as one more in a row.
+            let now = Time(jiff::Timestamp::now());
+            let patch = json!({"spec": {"failedAt": null, "healthyAt": now, "rejoins": rejoins}});
             self.replicas[i] = self.patch_replica(&replica, patch).await?;
             healthy += 1;
         }

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::ResourceExt;
+use oxhorn::protocol::control::engine_control_client::EngineControlClient;
+use oxhorn::protocol::control::{EngineStatusRequest, ReplicaMode as WireMode};
 use oxhorn::types::{Condition, ConditionStatus, Node, ReplicaMode, Robustness, VolumeState};
 use oxhorn_testbed::Writer;
 
@@ -220,21 +222,27 @@ async fn partition_the_engines_node_from_the_api_server() {
         "the engine was started again while its node was cut off"
     );
     // The cut-off manager, whose caches froze with every other lease
-    // unrenewed, must not have acted on them (finding 7): the replicas on
-    // the nodes that are up are still in the I/O path.
-    let modes = cluster
-        .until("the engine's status from a manager that is up", || async {
-            let engine = cluster.engine_of(VOLUME).await?;
-            let status = engine.status?;
-            (status.instance.owner_id != attached_to).then_some(status.replica_mode_map)
-        })
-        .await;
+    // unrenewed, must not have acted on them (finding 7): asked directly
+    // (the Engine's status is whatever that manager last wrote), the engine
+    // still has the replicas on the nodes that are up RW.
+    let status = engine.status.as_ref().unwrap();
+    let control = format!("{}:{}", status.instance.ip, status.instance.port);
+    let access = cluster.access(VOLUME).await;
+    let channel = oxhorn::protocol::control_channel(&control).await.unwrap();
+    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, &access));
+    let members = client
+        .status(EngineStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
     for replica in &replicas[1..] {
-        let name = replica.name_any();
+        let address = &engine.spec.replica_address_map[&replica.name_any()];
+        let member = members.iter().find(|m| m.address == *address);
         assert_eq!(
-            modes.get(&name),
-            Some(&ReplicaMode::ReadWrite),
-            "{name}, on a node that is up, left the I/O path while {attached_to} was cut off: {modes:?}\n{}",
+            member.map(|m| m.mode()),
+            Some(WireMode::Rw),
+            "{address}, on a node that is up, left the I/O path while {attached_to} was cut off: {members:?}\n{}",
             logs(&cluster)
         );
     }
