@@ -91,6 +91,7 @@ pub struct VolumeSpec {
     /// a volume waits for them. Acted on once per value, on the next attach;
     /// status.salvagedRequest then holds the value.
     #[serde(default)]
+    #[schemars(length(max = 253))]
     pub salvage_request: String,
     /// Only disks carrying all these tags may hold the volume's replicas.
     #[serde(default)]

@@ -286,6 +286,10 @@ async fn invalid_specs_are_refused_with_clear_messages() {
             json!({"size": GIB, "dataLocality": "nearby"}),
             "spec.dataLocality: Unsupported value: \"nearby\"",
         ),
+        (
+            json!({"size": GIB, "salvageRequest": "x".repeat(254)}),
+            "spec.salvageRequest: Too long: may not be more than 253",
+        ),
     ];
     for (i, (spec, expected)) in cases.into_iter().enumerate() {
         let message = refusal(
