@@ -374,8 +374,9 @@ impl<'a> Pass<'a> {
                 .count(),
         };
         self.observe_engine_failure(engine);
-        // The engine keeps which salvage request it answered (the cache may
-        // hold an older status than the pass that saw it done).
+        // status.salvagedRequest follows the engine, whatever the cached
+        // status says: a salvage start that served has its flag cleared and
+        // keeps the request it was made for.
         if !engine.spec.salvage && !engine.spec.salvage_request.is_empty() {
             self.status
                 .salvaged_request

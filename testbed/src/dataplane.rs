@@ -309,14 +309,22 @@ impl EngineProcess {
 
     /// A client of the engine's control API, authenticated with its key.
     pub async fn client(&self) -> Result<EngineControlClient<oxhorn::protocol::Stamped>> {
-        let channel = oxhorn::protocol::control_channel(&self.control)
-            .await
-            .map_err(|e| Error::Failed(format!("engine control {}: {e}", self.control)))?;
-        Ok(EngineControlClient::new(oxhorn::protocol::stamped(
-            channel,
-            &self.access,
-        )))
+        engine_client(&self.control, &self.access).await
     }
+}
+
+/// A client of the engine control API at `control` (host:port), calling as
+/// `access` says.
+pub async fn engine_client(
+    control: &str,
+    access: &oxhorn::protocol::Access,
+) -> Result<EngineControlClient<oxhorn::protocol::Stamped>> {
+    let channel = oxhorn::protocol::control_channel(control)
+        .await
+        .map_err(|e| Error::Failed(format!("engine control {control}: {e}")))?;
+    Ok(EngineControlClient::new(oxhorn::protocol::stamped(
+        channel, access,
+    )))
 }
 
 impl Drop for EngineProcess {

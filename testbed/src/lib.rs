@@ -25,7 +25,7 @@ pub mod sidecars;
 pub mod writer;
 
 pub use controlplane::ControlPlane;
-pub use dataplane::{EngineProcess, ReplicaProcess};
+pub use dataplane::{EngineProcess, ReplicaProcess, engine_client};
 pub use error::{Error, Result};
 pub use manager::{
     ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,

@@ -143,7 +143,7 @@ impl Pass<'_> {
                 ),
             )
             .await;
-        self.status.salvaged_request = engine.spec.salvage_request.clone();
+        // status.salvagedRequest follows from the engine (see observe).
         self.set_engine(engine, json!({"spec": {"salvage": false}}))
             .await
     }

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::ResourceExt;
-use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{EngineStatusRequest, ReplicaMode as WireMode};
-use oxhorn::types::{Condition, ConditionStatus, Node, ReplicaMode, Robustness, VolumeState};
-use oxhorn_testbed::Writer;
+use oxhorn::types::{
+    Condition, ConditionStatus, Node, Replica, ReplicaMode, Robustness, VolumeState,
+};
+use oxhorn_testbed::{ManagerProcess, Writer};
 
 use super::{
     PHASE_WRITES, Row, SIZE, read_replica, until_acknowledged, write_more, writer_options,
@@ -25,8 +26,7 @@ pub(super) const VOLUME: &str = "vol";
 pub(super) fn logs(cluster: &Cluster) -> String {
     let mut logs = cluster.logs();
     for node in &cluster.nodes {
-        let dir = oxhorn::manager::instance_state_dir(&node.data_dir()).join("logs");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+        let Ok(entries) = std::fs::read_dir(instance_logs(node)) else {
             continue;
         };
         for entry in entries.flatten() {
@@ -44,8 +44,25 @@ pub(super) fn logs(cluster: &Cluster) -> String {
 /// The log of `instance` (its processes' output, one after the other) on
 /// `node`.
 pub(super) fn instance_log(cluster: &Cluster, node: &str, instance: &str) -> String {
-    let dir = oxhorn::manager::instance_state_dir(&cluster.node(node).data_dir()).join("logs");
-    std::fs::read_to_string(dir.join(format!("{instance}.log"))).unwrap_or_default()
+    let path = instance_logs(cluster.node(node)).join(format!("{instance}.log"));
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Where `node`'s instance manager writes its processes' logs.
+fn instance_logs(node: &ManagerProcess) -> PathBuf {
+    oxhorn::manager::instance_state_dir(&node.data_dir()).join("logs")
+}
+
+/// Creates the rows' volume (3 replicas) and waits until it is detached and
+/// healthy; its replicas.
+pub(super) async fn create_healthy_volume(cluster: &Cluster) -> Vec<Replica> {
+    cluster.create_volume(VOLUME, SIZE as i64, 3).await;
+    cluster
+        .until_volume(VOLUME, "the volume detached and healthy", |s| {
+            s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
+        })
+        .await;
+    cluster.replicas_of(VOLUME).await
 }
 
 /// Waits until another manager has taken `victim`'s node over as down
@@ -112,13 +129,7 @@ pub(super) async fn until_healthy(cluster: &Cluster, replicas: usize) -> BTreeMa
 async fn kill_a_manager(name: &'static str, prefix: &str, engine_node: bool, seed: u64) {
     let mut row = Row::new(name);
     let mut cluster = Cluster::start(prefix, 3).await;
-    cluster.create_volume(VOLUME, SIZE as i64, 3).await;
-    cluster
-        .until_volume(VOLUME, "the volume detached and healthy", |s| {
-            s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
-        })
-        .await;
-    let replicas = cluster.replicas_of(VOLUME).await;
+    let replicas = create_healthy_volume(&cluster).await;
     let holders: Vec<String> = replicas
         .iter()
         .map(|r| r.spec.instance.node_id.clone())
@@ -166,7 +177,8 @@ async fn kill_a_manager(name: &'static str, prefix: &str, engine_node: bool, see
     assert_eq!(
         names(cluster.replicas_of(VOLUME).await),
         original,
-        "the failed replica rejoined (or never left the engine) rather than being replaced"
+        "the failed replica rejoined (or never left the engine) rather than being replaced\n{}",
+        logs(&cluster)
     );
     let verdict = writer.verify(&device).unwrap();
     let mut images = Vec::new();
@@ -191,13 +203,7 @@ async fn partition_the_engines_node_from_the_api_server() {
     let cluster = Cluster::start_in_namespaces("fm-api-part", 3).await;
     let hosts = cluster.hosts.as_ref().expect("nodes in namespaces");
     let engines = EngineWatch::start(hosts.addresses());
-    cluster.create_volume(VOLUME, SIZE as i64, 3).await;
-    cluster
-        .until_volume(VOLUME, "the volume detached and healthy", |s| {
-            s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
-        })
-        .await;
-    let replicas = cluster.replicas_of(VOLUME).await;
+    let replicas = create_healthy_volume(&cluster).await;
     let attached_to = replicas[0].spec.instance.node_id.clone();
     let index = cluster
         .nodes
@@ -228,8 +234,9 @@ async fn partition_the_engines_node_from_the_api_server() {
     let status = engine.status.as_ref().unwrap();
     let control = format!("{}:{}", status.instance.ip, status.instance.port);
     let access = cluster.access(VOLUME).await;
-    let channel = oxhorn::protocol::control_channel(&control).await.unwrap();
-    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, &access));
+    let mut client = oxhorn_testbed::engine_client(&control, &access)
+        .await
+        .unwrap();
     let members = client
         .status(EngineStatusRequest {})
         .await

@@ -420,22 +420,31 @@ impl DataPlane {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_one_replica() {
-    let mut row = Row::new("kill -9 one replica");
-    let mut plane = DataPlane::start("fm-kill-one", None).await;
-    let writer = Writer::new(SIZE, writer_options(1));
+/// Kills replicas `victims` under writes, waits until each is out of the
+/// I/O path and writes go on, then restarts and adds them back.
+async fn kill_replicas(name: &'static str, prefix: &str, seed: u64, victims: &[usize]) {
+    let mut row = Row::new(name);
+    let mut plane = DataPlane::start(prefix, None).await;
+    let writer = Writer::new(SIZE, writer_options(seed));
     let running = writer.start(&plane.device).unwrap();
     until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;
-    plane.replicas[1].kill();
-    plane.until_out(1).await;
+    for &victim in victims {
+        plane.replicas[victim].kill();
+    }
+    for &victim in victims {
+        plane.until_out(victim).await;
+    }
     until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
     let stats = running.stop();
     assert_eq!(stats.failed, 0, "{stats}");
     row.check_after_fault(writer.verify(&plane.device).unwrap(), || plane.logs());
 
-    plane.restart(1).await;
-    plane.add(1).await;
+    for &victim in victims {
+        plane.restart(victim).await;
+    }
+    for &victim in victims {
+        plane.add(victim).await;
+    }
     let running = writer.start(&plane.device).unwrap();
     plane.until_all_rw().await;
     assert_eq!(running.stop().failed, 0);
@@ -443,29 +452,13 @@ async fn kill_one_replica() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_two_replicas() {
-    let mut row = Row::new("kill -9 two replicas");
-    let mut plane = DataPlane::start("fm-kill-two", None).await;
-    let writer = Writer::new(SIZE, writer_options(2));
-    let running = writer.start(&plane.device).unwrap();
-    until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;
-    plane.replicas[1].kill();
-    plane.replicas[2].kill();
-    plane.until_out(1).await;
-    plane.until_out(2).await;
-    until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
-    let stats = running.stop();
-    assert_eq!(stats.failed, 0, "{stats}");
-    row.check_after_fault(writer.verify(&plane.device).unwrap(), || plane.logs());
+async fn kill_one_replica() {
+    kill_replicas("kill -9 one replica", "fm-kill-one", 1, &[1]).await;
+}
 
-    plane.restart(1).await;
-    plane.restart(2).await;
-    plane.add(1).await;
-    plane.add(2).await;
-    let running = writer.start(&plane.device).unwrap();
-    plane.until_all_rw().await;
-    assert_eq!(running.stop().failed, 0);
-    plane.finish(row, &writer).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_two_replicas() {
+    kill_replicas("kill -9 two replicas", "fm-kill-two", 2, &[1, 2]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,8 @@ use oxhorn_testbed::Writer;
 use serde_json::json;
 
 use super::cluster::{
-    EngineWatch, VOLUME, instance_log, logs, until_back, until_healthy, until_taken_over,
+    EngineWatch, VOLUME, create_healthy_volume, instance_log, logs, until_back, until_healthy,
+    until_taken_over,
 };
 use super::{
     PHASE_WRITES, Row, SIZE, read_replica, until_acknowledged, write_more, writer_options,
@@ -47,14 +48,7 @@ impl Stale {
     async fn start(name: &str, prefix: &str, seed: u64) -> Self {
         let mut cluster = Cluster::start(prefix, 4).await;
         let engines = EngineWatch::start(cluster.nodes.iter().map(|n| n.ip()).collect());
-        cluster.create_volume(VOLUME, SIZE as i64, 3).await;
-        cluster
-            .until_volume(VOLUME, "the volume detached and healthy", |s| {
-                s.state == VolumeState::Detached && s.robustness == Robustness::Healthy
-            })
-            .await;
-        let holders: BTreeMap<String, String> = cluster
-            .replicas_of(VOLUME)
+        let holders: BTreeMap<String, String> = create_healthy_volume(&cluster)
             .await
             .iter()
             .map(|r| (r.name_any(), r.spec.instance.node_id.clone()))
