@@ -77,19 +77,19 @@ impl Key {
         Self::from_hex(&value)
     }
 
-    /// What a data connection presents for `nonce`: binds the volume and
-    /// the generation, so neither can be changed on the way.
-    pub fn proof(&self, nonce: &[u8], volume: &str, generation: u64) -> [u8; KEY_LEN] {
-        self.mac(&[&proof_message(nonce, volume, generation)])
+    /// What a data connection presents for `nonce`: binds the volume, the
+    /// generation and the role, so none can be changed on the way.
+    pub fn proof(&self, nonce: &[u8], claim: &Claim) -> [u8; KEY_LEN] {
+        self.mac(&[&proof_message(nonce, claim)])
     }
 
     /// Whether `proof` is [`Self::proof`] of the same inputs, in constant
     /// time.
-    pub fn verify(&self, nonce: &[u8], volume: &str, generation: u64, proof: &[u8]) -> bool {
+    pub fn verify(&self, nonce: &[u8], claim: &Claim, proof: &[u8]) -> bool {
         // ring's verify compares in constant time.
         hmac::verify(
             &hmac::Key::new(hmac::HMAC_SHA256, &self.0),
-            &proof_message(nonce, volume, generation),
+            &proof_message(nonce, claim),
             proof,
         )
         .is_ok()
@@ -134,13 +134,44 @@ pub struct Access {
     pub generation: u64,
 }
 
-fn proof_message(nonce: &[u8], volume: &str, generation: u64) -> Vec<u8> {
+/// How a data connection means to use a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    /// The engine: reads and writes. Its newest connection to a replica
+    /// supersedes its older ones (see the replica's fence).
+    Engine = 0,
+    /// Reads only and supersedes nothing: for checking a replica's data
+    /// while its engine runs.
+    Reader = 1,
+}
+
+impl Role {
+    pub fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(Role::Engine),
+            1 => Some(Role::Reader),
+            _ => None,
+        }
+    }
+}
+
+/// What a data connection says it is; its proof binds all of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub volume: String,
+    pub generation: u64,
+    pub role: Role,
+}
+
+fn proof_message(nonce: &[u8], claim: &Claim) -> Vec<u8> {
     [
-        b"oxhorn data v1\0".as_slice(),
+        b"oxhorn data v2\0".as_slice(),
         nonce,
-        volume.as_bytes(),
+        claim.volume.as_bytes(),
         b"\0",
-        &generation.to_be_bytes(),
+        &claim.generation.to_be_bytes(),
+        &[claim.role as u8],
     ]
     .concat()
 }
@@ -161,18 +192,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_proof_binds_key_nonce_volume_and_generation() {
+    fn a_proof_binds_key_nonce_volume_generation_and_role() {
         let cluster = Key::generate();
         let key = cluster.for_volume("vol-a");
         let nonce = random();
-        let proof = key.proof(&nonce, "vol-a", 7);
-        assert!(key.verify(&nonce, "vol-a", 7, &proof));
-        assert!(!key.verify(&nonce, "vol-a", 8, &proof), "generation");
-        assert!(!key.verify(&nonce, "vol-b", 7, &proof), "volume");
-        assert!(!key.verify(&random(), "vol-a", 7, &proof), "nonce");
-        assert!(!key.verify(&nonce, "vol-a", 7, &proof[..31]), "length");
+        let claim = |volume: &str, generation, role| Claim {
+            volume: volume.into(),
+            generation,
+            role,
+        };
+        let proof = key.proof(&nonce, &claim("vol-a", 7, Role::Reader));
+        assert!(key.verify(&nonce, &claim("vol-a", 7, Role::Reader), &proof));
+        let verify = |claim: &Claim| key.verify(&nonce, claim, &proof);
+        assert!(!verify(&claim("vol-a", 8, Role::Reader)), "generation");
+        assert!(!verify(&claim("vol-b", 7, Role::Reader)), "volume");
+        assert!(!verify(&claim("vol-a", 7, Role::Engine)), "role");
+        let claim = claim("vol-a", 7, Role::Reader);
+        assert!(!key.verify(&random(), &claim, &proof), "nonce");
+        assert!(!key.verify(&nonce, &claim, &proof[..31]), "length");
         let other = cluster.for_volume("vol-b");
-        assert!(!other.verify(&nonce, "vol-a", 7, &proof), "key");
+        assert!(!other.verify(&nonce, &claim, &proof), "key");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-use super::auth::Access;
+use super::auth::{Access, Claim, Role};
 use super::frame::{ClientCodec, Op, Request, Response, Status};
 use super::handshake::{self, HandshakeError};
 
@@ -106,10 +106,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Connection {
-    /// Connects to `address` (host:port), passes the handshake with
-    /// `access`, and starts the writer, reader and keepalive tasks on the
-    /// current runtime.
+    /// Connects to `address` (host:port) as the engine of `access`, passes
+    /// the handshake, and starts the writer, reader and keepalive tasks on
+    /// the current runtime. From then on the replica refuses requests on
+    /// the engine's older connections to it.
     pub async fn connect(address: &str, access: &Access) -> Result<Self> {
+        Self::open(address, access, Role::Engine).await
+    }
+
+    async fn open(address: &str, access: &Access, role: Role) -> Result<Self> {
         let failed = |reason: String| ConnectionError::Connect {
             address: address.to_string(),
             reason,
@@ -118,7 +123,12 @@ impl Connection {
             .await
             .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| failed(e.to_string()))?;
-        handshake::introduce(&mut stream, &access.key, &access.volume, access.generation)
+        let claim = Claim {
+            volume: access.volume.clone(),
+            generation: access.generation,
+            role,
+        };
+        handshake::introduce(&mut stream, &access.key, &claim)
             .await
             .map_err(|reason| ConnectionError::Refused {
                 address: address.to_string(),
@@ -151,6 +161,13 @@ impl Connection {
         ];
         lock(&inner.tasks).extend(tasks);
         Ok(Self { inner })
+    }
+
+    /// Connects as a reader: reads only, and leaves the engine's
+    /// connection in place (an engine's newer connection supersedes its
+    /// older ones).
+    pub async fn read_only(address: &str, access: &Access) -> Result<Self> {
+        Self::open(address, access, Role::Reader).await
     }
 
     pub fn address(&self) -> &str {

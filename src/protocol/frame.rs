@@ -33,6 +33,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// What the operation does, for messages.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Unmap => "discard",
+            Op::Ping => "ping",
+        }
+    }
+
     fn from_u8(value: u8) -> Option<Self> {
         Some(match value {
             1 => Op::Read,

@@ -1,10 +1,11 @@
 //! How a data connection opens, before any frame: the replica sends a
-//! nonce, the engine answers with its volume, its generation and a proof of
-//! the volume's key over all three, and the replica admits or refuses it.
+//! nonce, the peer answers with its role, volume and generation and a proof
+//! of the volume's key over all of them and the nonce, and the replica
+//! admits or refuses it.
 //!
 //! ```text
-//! replica -> engine  challenge: magic u16 | version u8 | 0 u8 | nonce [32]
-//! engine  -> replica hello:     magic u16 | version u8 | 0 u8 | generation u64
+//! replica -> peer    challenge: magic u16 | version u8 | 0 u8 | nonce [32]
+//! peer    -> replica hello:     magic u16 | version u8 | role u8 | generation u64
 //!                               | volume length u8 | volume | proof [32]
 //! replica -> engine  verdict:   magic u16 | version u8 | code u8
 //!                               | message length u16 | message
@@ -17,10 +18,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::auth::{Key, random};
+use super::auth::{Claim, Key, Role, random};
 
 const MAGIC: u16 = 0x4f48; // "OH"
-const VERSION: u8 = 1;
+/// 2: the hello carries the peer's role.
+const VERSION: u8 = 2;
 const NONCE: usize = 32;
 const PROOF: usize = 32;
 /// Volume names are DNS subdomains, at most 253 bytes.
@@ -41,13 +43,6 @@ pub enum HandshakeError {
     /// A newer engine generation has connected to the replica.
     #[error("fenced: {0}")]
     Fenced(String),
-}
-
-/// What the engine said of itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Hello {
-    pub volume: String,
-    pub generation: u64,
 }
 
 /// The replica's answer to a hello.
@@ -89,9 +84,9 @@ fn preamble(code: u8) -> Vec<u8> {
 }
 
 /// The replica's side, up to the hello: sends a nonce, reads the hello and
-/// checks its proof against `key`. The caller decides on the generation and
+/// checks its proof against `key`. The caller decides on the claim and
 /// then calls [`admit`] or [`refuse`].
-pub async fn challenge<S>(stream: &mut S, key: &Key) -> Result<Hello, HandshakeError>
+pub async fn challenge<S>(stream: &mut S, key: &Key) -> Result<Claim, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -100,7 +95,9 @@ where
         let mut out = preamble(0);
         out.extend(nonce);
         stream.write_all(&out).await.map_err(io)?;
-        read_preamble(stream).await?;
+        let role = read_preamble(stream).await?;
+        let role = Role::from_u8(role)
+            .ok_or_else(|| HandshakeError::Protocol(format!("unknown role {role}")))?;
         let generation = stream.read_u64().await.map_err(io)?;
         let length = usize::from(stream.read_u8().await.map_err(io)?);
         if length > MAX_VOLUME {
@@ -114,12 +111,18 @@ where
         stream.read_exact(&mut proof).await.map_err(io)?;
         let volume = String::from_utf8(volume)
             .map_err(|_| HandshakeError::Protocol("volume name is not UTF-8".into()))?;
-        if !key.verify(&nonce, &volume, generation, &proof) {
+        let claim = Claim {
+            volume,
+            generation,
+            role,
+        };
+        if !key.verify(&nonce, &claim, &proof) {
             return Err(HandshakeError::Denied(format!(
-                "no valid proof of the key of volume {volume:?}"
+                "no valid proof of the key of volume {:?}",
+                claim.volume
             )));
         }
-        Ok(Hello { volume, generation })
+        Ok(claim)
     })
     .await
 }
@@ -151,17 +154,13 @@ pub async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, error: &HandshakeErro
     let _ = verdict(stream, code, &message).await;
 }
 
-/// The engine's side: proves `key` for `volume` at `generation` and waits for
-/// the replica's verdict.
-pub async fn introduce<S>(
-    stream: &mut S,
-    key: &Key,
-    volume: &str,
-    generation: u64,
-) -> Result<(), HandshakeError>
+/// The peer's side: proves `key` for `claim` and waits for the replica's
+/// verdict.
+pub async fn introduce<S>(stream: &mut S, key: &Key, claim: &Claim) -> Result<(), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let volume = &claim.volume;
     if volume.len() > MAX_VOLUME {
         return Err(HandshakeError::Protocol(format!(
             "volume name of {} bytes",
@@ -172,12 +171,12 @@ where
         read_preamble(stream).await?;
         let mut nonce = [0; NONCE];
         stream.read_exact(&mut nonce).await.map_err(io)?;
-        let mut out = preamble(0);
-        out.extend(generation.to_be_bytes());
+        let mut out = preamble(claim.role as u8);
+        out.extend(claim.generation.to_be_bytes());
         // At most MAX_VOLUME, checked above.
         out.push(volume.len() as u8);
         out.extend(volume.as_bytes());
-        out.extend(key.proof(&nonce, volume, generation));
+        out.extend(key.proof(&nonce, claim));
         stream.write_all(&out).await.map_err(io)?;
         let code = read_preamble(stream).await?;
         let length = usize::from(stream.read_u16().await.map_err(io)?);
@@ -207,7 +206,7 @@ mod tests {
         server_key: Key,
         client_key: Key,
         volume: &str,
-    ) -> (Result<Hello, HandshakeError>, Result<(), HandshakeError>) {
+    ) -> (Result<Claim, HandshakeError>, Result<(), HandshakeError>) {
         let (mut client, mut server) = tokio::io::duplex(4096);
         let volume = volume.to_string();
         let replica = tokio::spawn(async move {
@@ -221,19 +220,25 @@ mod tests {
             }
             hello
         });
-        let engine = introduce(&mut client, &client_key, &volume, 7).await;
+        let claim = Claim {
+            volume,
+            generation: 7,
+            role: Role::Reader,
+        };
+        let engine = introduce(&mut client, &client_key, &claim).await;
         (replica.await.unwrap(), engine)
     }
 
     #[tokio::test]
-    async fn the_right_key_is_admitted_with_its_volume_and_generation() {
+    async fn the_right_key_is_admitted_with_its_claim() {
         let key = Key::generate().for_volume("vol");
         let (hello, engine) = exchange(key.clone(), key, "vol").await;
         assert_eq!(
             hello,
-            Ok(Hello {
+            Ok(Claim {
                 volume: "vol".into(),
-                generation: 7
+                generation: 7,
+                role: Role::Reader,
             })
         );
         assert_eq!(engine, Ok(()));
@@ -276,5 +281,20 @@ mod tests {
             replica.await.unwrap(),
             Err(HandshakeError::Protocol(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_role_is_a_protocol_error() {
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let key = Key::generate();
+        let replica = tokio::spawn(async move { challenge(&mut server, &key).await });
+        let mut nonce = [0; 4 + NONCE];
+        client.read_exact(&mut nonce).await.unwrap();
+        client.write_all(&preamble(7)).await.unwrap();
+        let refused = replica.await.unwrap();
+        assert!(
+            matches!(&refused, Err(HandshakeError::Protocol(m)) if m.contains("role 7")),
+            "{refused:?}"
+        );
     }
 }

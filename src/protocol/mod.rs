@@ -11,7 +11,7 @@ mod frame;
 mod handshake;
 mod server;
 
-pub use auth::{Access, GENERATION_HEADER, KEY_ENV, Key, KeyError, TOKEN_HEADER};
+pub use auth::{Access, Claim, GENERATION_HEADER, KEY_ENV, Key, KeyError, Role, TOKEN_HEADER};
 pub use channel::{
     CONTROL_DEADLINE, Guard, Stamp, Stamped, control_channel, control_endpoint, generation_of,
     stamped, within_deadline,
@@ -19,7 +19,7 @@ pub use channel::{
 pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
 pub use frame::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec, Status};
 pub use handshake::{HANDSHAKE_TIMEOUT, HandshakeError, introduce};
-pub use server::{Handler, MAX_CONNECTIONS, serve};
+pub use server::{Handler, MAX_CONNECTIONS, Peer, serve};
 
 /// Code generated from proto/dataplane.proto: the control APIs of replicas
 /// and engines.

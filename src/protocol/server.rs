@@ -1,6 +1,7 @@
 //! The replica's side of the data protocol: each connection first passes the
-//! handshake (the volume's key, an admitted generation), then decodes
-//! requests and runs them concurrently; answers go back as they complete.
+//! handshake (the volume's key, an admitted generation and role), then
+//! decodes requests and runs them concurrently; answers go back as they
+//! complete.
 //! Connections, requests in flight and the bytes they hold are bounded.
 
 use std::future::Future;
@@ -13,7 +14,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tracing::{Instrument, debug, warn};
 
-use super::auth::Key;
+use super::auth::{Claim, Key, Role};
 use super::frame::{MAX_PAYLOAD, Op, Request, Response, ServerCodec};
 use super::handshake::{self, HandshakeError};
 
@@ -25,15 +26,26 @@ const MAX_IN_FLIGHT_KIB: usize = 64 << 10;
 /// Connections open at once, handshakes included; more are closed at once.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// Admits engines and serves their requests. Pings never reach it.
+/// Who an admitted connection speaks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub generation: u64,
+    pub role: Role,
+    /// The handler's number for the connection (see [`Handler::admit`]).
+    pub session: u64,
+}
+
+/// Admits engines and readers and serves their requests. Pings never reach
+/// it.
 pub trait Handler: Send + Sync + 'static {
     /// The volume whose key connections must prove.
     fn volume(&self) -> &str;
     fn key(&self) -> &Key;
-    /// Admits an engine of `generation`, or says why it is fenced.
-    fn admit(&self, generation: u64) -> impl Future<Output = Result<(), String>> + Send;
-    /// Serves a request of an admitted engine of `generation`.
-    fn handle(&self, request: Request, generation: u64) -> impl Future<Output = Response> + Send;
+    /// Admits a connection that proved `claim` and numbers it, or says why
+    /// it is fenced.
+    fn admit(&self, claim: &Claim) -> impl Future<Output = Result<u64, String>> + Send;
+    /// Serves a request of an admitted connection.
+    fn handle(&self, request: Request, peer: Peer) -> impl Future<Output = Response> + Send;
 }
 
 /// Accepts connections on `listener` until the listener fails.
@@ -57,26 +69,30 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
     }
 }
 
-/// Runs the handshake; the engine's generation once admitted.
-async fn admit<H: Handler>(stream: &mut TcpStream, handler: &H) -> Result<u64, HandshakeError> {
+/// Runs the handshake; who the connection speaks for once admitted.
+async fn admit<H: Handler>(stream: &mut TcpStream, handler: &H) -> Result<Peer, HandshakeError> {
     let result = async {
-        let hello = handshake::challenge(stream, handler.key()).await?;
-        if hello.volume != handler.volume() {
+        let claim = handshake::challenge(stream, handler.key()).await?;
+        if claim.volume != handler.volume() {
             return Err(HandshakeError::Denied(format!(
                 "this replica belongs to volume {:?}, not {:?}",
                 handler.volume(),
-                hello.volume
+                claim.volume
             )));
         }
-        handler
-            .admit(hello.generation)
+        let session = handler
+            .admit(&claim)
             .await
             .map_err(HandshakeError::Fenced)?;
-        Ok(hello.generation)
+        Ok(Peer {
+            generation: claim.generation,
+            role: claim.role,
+            session,
+        })
     }
     .await;
     match result {
-        Ok(generation) => handshake::admit(stream).await.map(|()| generation),
+        Ok(peer) => handshake::admit(stream).await.map(|()| peer),
         Err(error) => {
             handshake::refuse(stream, &error).await;
             Err(error)
@@ -97,14 +113,14 @@ async fn connection<H: Handler>(mut stream: TcpStream, peer: SocketAddr, handler
     if let Err(error) = stream.set_nodelay(true) {
         warn!(%error, "set_nodelay");
     }
-    let generation = match admit(&mut stream, &*handler).await {
-        Ok(generation) => generation,
+    let admitted = match admit(&mut stream, &*handler).await {
+        Ok(admitted) => admitted,
         Err(error) => {
             warn!(%error, "connection refused");
             return;
         }
     };
-    debug!(generation, "engine admitted");
+    debug!(?admitted, "admitted");
     let (read, write) = stream.into_split();
     let mut requests = FramedRead::new(read, ServerCodec);
     let (answers, queue) = mpsc::channel(MAX_IN_FLIGHT);
@@ -135,7 +151,7 @@ async fn connection<H: Handler>(mut stream: TcpStream, peer: SocketAddr, handler
         tokio::spawn(async move {
             let response = match request.op {
                 Op::Ping => Response::ok(request.id, bytes::Bytes::new()),
-                _ => handler.handle(request, generation).await,
+                _ => handler.handle(request, admitted).await,
             };
             let _ = answers.send(response).await;
             drop((permit, bytes));

@@ -80,6 +80,18 @@ pub enum StorageError {
     #[error("engine generation {asked} is fenced: generation {current} has taken over")]
     Fenced { asked: u64, current: u64 },
 
+    #[error(
+        "connection {session} of engine generation {generation} is superseded by its connection {current}"
+    )]
+    Superseded {
+        generation: u64,
+        session: u64,
+        current: u64,
+    },
+
+    #[error("a read-only connection cannot {0}")]
+    ReadOnly(&'static str),
+
     #[error("I/O-path record {asked:?} is older than the one held, {held:?} (generation, version)")]
     StaleIoPath { asked: (u64, u64), held: (u64, u64) },
 

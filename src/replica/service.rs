@@ -26,8 +26,8 @@ use crate::protocol::control::{
     RevertRequest, SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
 };
 use crate::protocol::{
-    self, Access, Guard, Handler, Key, Op, Request as DataRequest, Response as DataResponse,
-    Stamped, Status,
+    self, Access, Claim, Guard, Handler, Key, Op, Peer, Request as DataRequest,
+    Response as DataResponse, Role, Stamped, Status,
 };
 
 /// Rebuilds compare and copy layers in chunks of this size.
@@ -144,30 +144,71 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-/// Keeps superseded engines out: requests of an engine run while holding
-/// the generation shared and only if theirs is the current one; admitting a
-/// newer generation holds it exclusively, so once a new engine is admitted
-/// no request of an older one is still being applied, nor applied later.
+/// Keeps superseded engines out. Requests run while holding the fence
+/// shared, and only if their engine is the current one; admitting a newer
+/// generation, or a newer connection of the current engine, holds it
+/// exclusively. So once a new engine (or the engine's new connection, when
+/// it re-adds the replica or restarts with the same generation) is
+/// admitted, no request of an older one is still being applied, nor
+/// applied later, whatever was left in the old connection's receive buffer.
 struct Fence {
-    current: std::sync::RwLock<u64>,
+    current: std::sync::RwLock<Holder>,
+}
+
+/// The newest engine admitted: its generation and its connection.
+#[derive(Clone, Copy)]
+struct Holder {
+    generation: u64,
+    /// Numbers engine connections in the order they were admitted; this
+    /// process's own, since connections die with it.
+    session: u64,
 }
 
 impl Fence {
     fn new(generation: u64) -> Self {
         Self {
-            current: std::sync::RwLock::new(generation),
+            current: std::sync::RwLock::new(Holder {
+                generation,
+                session: 0,
+            }),
         }
     }
 
-    /// Admits `generation` (durably, if it is new). Blocks on the disk.
-    fn admit(&self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
-        let mut current = self
-            .current
+    // A plain pair of u64 behind the lock: never left torn by a panic.
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Holder> {
+        self.current
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Holder> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Admits `generation` for control calls (durably, if it is new).
+    /// Blocks on the disk.
+    fn admit(&self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
+        let mut current = self.write();
         store.admit_generation(generation)?;
-        *current = (*current).max(generation);
+        current.generation = current.generation.max(generation);
         Ok(())
+    }
+
+    /// Admits a data connection and numbers it: an engine's supersedes every
+    /// connection admitted before it; a reader's supersedes nothing.
+    fn admit_connection(&self, store: &ReplicaStore, claim: &Claim) -> Result<u64, StorageError> {
+        match claim.role {
+            Role::Engine => {
+                let mut current = self.write();
+                store.admit_generation(claim.generation)?;
+                current.generation = current.generation.max(claim.generation);
+                current.session += 1;
+                Ok(current.session)
+            }
+            Role::Reader => self.within(claim.generation, || Ok(0)),
+        }
     }
 
     /// Runs `work` if `generation` is the current one.
@@ -176,15 +217,35 @@ impl Fence {
         generation: u64,
         work: impl FnOnce() -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        // A plain u64 behind the lock: never left torn by a panic.
-        let current = self
-            .current
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if generation < *current {
+        let current = self.read();
+        if generation < current.generation {
             return Err(StorageError::Fenced {
                 asked: generation,
-                current: *current,
+                current: current.generation,
+            });
+        }
+        work()
+    }
+
+    /// Runs `work` for a data connection if it is the current engine's
+    /// newest (or a reader of the current generation).
+    fn within_connection<T>(
+        &self,
+        peer: Peer,
+        work: impl FnOnce() -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let current = self.read();
+        if peer.generation < current.generation {
+            return Err(StorageError::Fenced {
+                asked: peer.generation,
+                current: current.generation,
+            });
+        }
+        if peer.role == Role::Engine && peer.session < current.session {
+            return Err(StorageError::Superseded {
+                generation: peer.generation,
+                session: peer.session,
+                current: current.session,
             });
         }
         work()
@@ -202,7 +263,8 @@ fn status_of(error: &StorageError) -> Status {
     match error {
         StorageError::Unaligned { .. } | StorageError::OutOfRange { .. } => Status::InvalidArgument,
         StorageError::NoSpace { .. } => Status::NoSpace,
-        StorageError::Fenced { .. } => Status::Fenced,
+        StorageError::ReadOnly(_) => Status::InvalidArgument,
+        StorageError::Fenced { .. } | StorageError::Superseded { .. } => Status::Fenced,
         _ => Status::IoError,
     }
 }
@@ -216,35 +278,39 @@ impl Handler for DataHandler {
         &self.key
     }
 
-    async fn admit(&self, generation: u64) -> Result<(), String> {
-        let (store, fence) = (self.store.clone(), self.fence.clone());
-        blocking(move || fence.admit(&store, generation))
+    async fn admit(&self, claim: &Claim) -> Result<u64, String> {
+        let (store, fence, claim) = (self.store.clone(), self.fence.clone(), claim.clone());
+        blocking(move || fence.admit_connection(&store, &claim))
             .await
             .map_err(|e| e.to_string())
     }
 
-    async fn handle(&self, request: DataRequest, generation: u64) -> DataResponse {
+    async fn handle(&self, request: DataRequest, peer: Peer) -> DataResponse {
         let store = &self.store;
         let (id, offset, length) = (request.id, request.offset, request.length);
         // Reads and writes hit the page cache and finish in microseconds:
         // handing them to the blocking pool would cost more than it saves.
         // Only flush waits on the disk.
         let fence = &self.fence;
+        let within = |work: &mut dyn FnMut() -> Result<Bytes, StorageError>| {
+            fence.within_connection(peer, work)
+        };
         let result = match request.op {
-            Op::Read => fence.within(generation, || {
+            Op::Read => within(&mut || {
                 let mut buf = vec![0; length as usize];
                 store.read_at(offset, &mut buf).map(|()| Bytes::from(buf))
             }),
-            Op::Write => fence.within(generation, || {
-                store.write_at(offset, &request.data).map(|()| Bytes::new())
-            }),
-            Op::Unmap => fence.within(generation, || {
+            _ if peer.role == Role::Reader => Err(StorageError::ReadOnly(request.op.verb())),
+            Op::Write => {
+                within(&mut || store.write_at(offset, &request.data).map(|()| Bytes::new()))
+            }
+            Op::Unmap => within(&mut || {
                 store
                     .unmap(offset, u64::from(length))
                     .map(|()| Bytes::new())
             }),
-            Op::Flush => match fence.within(generation, || Ok(())) {
-                Ok(()) => {
+            Op::Flush => match within(&mut || Ok(Bytes::new())) {
+                Ok(_) => {
                     let store = store.clone();
                     blocking(move || store.flush().map(|()| Bytes::new())).await
                 }
@@ -284,9 +350,9 @@ fn grpc(error: StorageError) -> GrpcStatus {
         | StorageError::CannotShrink { .. }
         | StorageError::ChainOrder(_) => GrpcStatus::invalid_argument(message),
         StorageError::NoSpace { .. } => GrpcStatus::resource_exhausted(message),
-        StorageError::Fenced { .. } | StorageError::StaleIoPath { .. } => {
-            GrpcStatus::failed_precondition(message)
-        }
+        StorageError::Fenced { .. }
+        | StorageError::Superseded { .. }
+        | StorageError::StaleIoPath { .. } => GrpcStatus::failed_precondition(message),
         _ => GrpcStatus::internal(message),
     }
 }

@@ -185,9 +185,10 @@ pub(crate) async fn read_all(device: &impl BlockDevice) -> Vec<u8> {
     out
 }
 
-/// Reads a replica's whole volume straight from its data port.
+/// Reads a replica's whole volume straight from its data port, as a reader
+/// that leaves the engine's connection in place.
 pub(crate) async fn read_replica(address: &str, access: &Access) -> Vec<u8> {
-    let connection = Connection::connect(address, access).await.unwrap();
+    let connection = Connection::read_only(address, access).await.unwrap();
     let mut out = Vec::with_capacity(SIZE as usize);
     for offset in (0..SIZE).step_by(4 << 20) {
         out.extend_from_slice(&connection.read(offset, 4 << 20).await.unwrap());
@@ -412,7 +413,12 @@ async fn a_malformed_frame_closes_that_connection_only() {
     for handshake in [false, true] {
         let mut raw = tokio::net::TcpStream::connect(address).await.unwrap();
         if handshake {
-            oxhorn::protocol::introduce(&mut raw, &access.key, &access.volume, access.generation)
+            let claim = oxhorn::protocol::Claim {
+                volume: access.volume.clone(),
+                generation: access.generation,
+                role: oxhorn::protocol::Role::Engine,
+            };
+            oxhorn::protocol::introduce(&mut raw, &access.key, &claim)
                 .await
                 .unwrap();
         }

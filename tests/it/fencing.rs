@@ -9,7 +9,7 @@ use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::replica_control_client::ReplicaControlClient;
 use oxhorn::protocol::control::{EngineStatusRequest, ReplicaMode, ReplicaStatusRequest};
-use oxhorn::protocol::{Access, Connection, ConnectionError, HandshakeError};
+use oxhorn::protocol::{Access, Connection, ConnectionError, HandshakeError, Status};
 
 use crate::dataplane::{
     BLOCK, Model, PATIENCE, Replicas, Rng, SIZE, WHOLE, access, assert_same, modes, read_all,
@@ -67,6 +67,45 @@ async fn an_older_engine_is_fenced_once_a_newer_one_connects() {
             &[[1; 4096], [3; 4096]].concat()
         );
     }
+}
+
+/// An engine that re-adds a replica, or restarts with the same generation,
+/// opens a new connection: whatever still arrives on the old one (a write
+/// left in the replica's receive buffer when the engine gave up on it) must
+/// not land over what the rebuild copies through the new one. A reader
+/// supersedes nothing and may only read.
+#[tokio::test]
+async fn a_superseded_connection_of_the_same_generation_writes_nothing() {
+    let replicas = Replicas::start("vol-superseded", 1).await;
+    let address = replicas.addresses()[0].clone();
+    let access = replicas.next_access();
+    let old = Connection::connect(&address, &access).await.unwrap();
+    old.write(0, block(1)).await.unwrap();
+
+    let new = Connection::connect(&address, &access).await.unwrap();
+    let refused = old.write(BLOCK, block(2)).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ConnectionError::Remote {
+                status: Status::Fenced,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(old.unmap(0, BLOCK as u32).await.is_err(), "an old discard");
+
+    let reader = Connection::read_only(&address, &access).await.unwrap();
+    assert_eq!(reader.read(0, BLOCK as u32).await.unwrap(), block(1));
+    let refused = reader.write(0, block(3)).await.unwrap_err();
+    assert!(refused.to_string().contains("read-only"), "{refused}");
+    new.write(2 * BLOCK, block(4)).await.unwrap();
+    assert_eq!(
+        new.read(0, 3 * BLOCK as u32).await.unwrap(),
+        [block(1), block(0), block(4)].concat(),
+        "only the newest connection's writes landed"
+    );
 }
 
 /// Replica C dies under writes, A and B take the writes that follow, the

@@ -92,13 +92,10 @@ async fn start_engine(addresses: &[String]) -> Arc<Engine> {
         .unwrap()
 }
 
-async fn connect(address: &str) -> Connection {
-    Connection::connect(address, &ACCESS).await.unwrap()
-}
-
-/// Reads a replica's whole volume straight from its data port.
+/// Reads a replica's whole volume straight from its data port, as a reader
+/// that leaves the engine's connection in place.
 async fn read_replica(address: &str) -> Vec<u8> {
-    let connection = connect(address).await;
+    let connection = Connection::read_only(address, &ACCESS).await.unwrap();
     let mut out = Vec::with_capacity(SIZE as usize);
     for offset in (0..SIZE).step_by(4 << 20) {
         out.extend_from_slice(&connection.read(offset, 4 << 20).await.unwrap());

@@ -66,8 +66,9 @@ fn spawn_engine(dir: &Path, volume: &str, replicas: &[String]) -> EngineProcess 
     EngineProcess::spawn(Path::new(OXHORN), dir, &access(volume), SIZE, replicas).unwrap()
 }
 
+/// Reads through a reader's connection, which leaves the engine's in place.
 async fn connect(address: &str, access: &Access) -> Connection {
-    Connection::connect(address, access)
+    Connection::read_only(address, access)
         .await
         .unwrap_or_else(|e| panic!("connecting to replica {address}: {e}"))
 }
