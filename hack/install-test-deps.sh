@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the build and the tests need, idempotently.
 #
-# Debian packages go through apt; Go programs (kube-apiserver,
-# kube-controller-manager, kubectl, csi-sanity, the CSI sidecars and
+# Debian packages go through apt; Go programs (kube-apiserver, kubelet,
+# kube-scheduler, kube-controller-manager, kubectl, csi-sanity, the CSI sidecars and
 # snapshot-controller) are built from the Go module proxy into a cache
 # directory and stamped with their version, so a second run does nothing. The VolumeSnapshot CRDs go to $cache/crds/snapshot.
 # cargo-afl (the fuzzer of hack/fuzz.sh) is installed with `cargo install`
@@ -41,6 +41,9 @@ apt_packages=(
 	fuse3              # fusermount3, for the FUSE frontend
 	fio                # bench/
 	iproute2           # ip, bridge: the partition tests' namespaces and bridges
+	containerd runc    # the test bed's real kubelet nodes run pods with these
+	containernetworking-plugins  # a CNI configuration containerd accepts
+	busybox-static umoci         # the test images, built locally
 )
 
 install_apt() {
@@ -74,7 +77,7 @@ build_kube() {
 		gitTreeState=clean buildDate=1970-01-01T00:00:00Z; do
 		ldflags+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
 	done
-	for tool in kube-apiserver kube-controller-manager kubectl; do
+	for tool in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
 		stamped "$tool" "$KUBE_VERSION" && continue
 		log "go build $tool $KUBE_VERSION (several minutes on a cold cache)"
 		(cd "$here/tools" && go build -trimpath -ldflags "$ldflags" -o "$bin/$tool" "k8s.io/kubernetes/cmd/$tool")

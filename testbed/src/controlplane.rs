@@ -196,7 +196,7 @@ fn data_root() -> PathBuf {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("127.0.0.1:0", e))?;
     Ok(listener
         .local_addr()
@@ -205,7 +205,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// The path of an installed tool, or an error saying how to install it.
-pub(super) fn tool(name: &str) -> Result<PathBuf> {
+pub(crate) fn tool(name: &str) -> Result<PathBuf> {
     let path = tools_dir().join(name);
     if path.is_file() {
         Ok(path)

@@ -11,11 +11,15 @@
 
 pub mod apirelay;
 mod certs;
+mod cgroup;
 mod controlplane;
 pub mod csi_client;
 mod dataplane;
 mod error;
+mod host_state;
+pub mod images;
 pub mod kubelet;
+mod kubelet_node;
 mod manager;
 mod mount;
 mod namespace;
@@ -27,6 +31,7 @@ pub mod writer;
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess, engine_client};
 pub use error::{Error, Result};
+pub use kubelet_node::KubeletNode;
 pub use manager::{
     ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,
 };

@@ -17,6 +17,7 @@ mod fencing;
 mod frontend;
 mod identity;
 mod instance;
+mod kubelet_node;
 mod layout;
 mod local_cluster;
 mod partition;

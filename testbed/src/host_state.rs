@@ -1,0 +1,109 @@
+//! What a real kubelet and containerd change on the host outside the
+//! directories they are given, put back when the last node of this process
+//! stops, and at the next start if a crashed run could not.
+//!
+//! The kubelet sets three sysctls (`kernel.panic`, `kernel.panic_on_oops`,
+//! `vm.overcommit_memory`) and creates fixed paths (its device-plugin socket
+//! under `/var/lib/kubelet`, `/var/log/containers`); containerd's shims keep
+//! their sockets under `/run/containerd`. Their original values, and which
+//! paths did not exist, are written to a record before the first node starts;
+//! the record is removed once everything is restored.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::{Error, Result};
+
+const SYSCTLS: [&str; 3] = [
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "vm.overcommit_memory",
+];
+const FIXED_PATHS: [&str; 3] = ["/var/lib/kubelet", "/var/log/containers", "/run/containerd"];
+const RECORD: &str = "/run/oxhorn-testbed/host-state";
+
+/// Nodes of this process running now.
+static RUNNING: Mutex<usize> = Mutex::new(0);
+
+fn sysctl_path(name: &str) -> PathBuf {
+    Path::new("/proc/sys").join(name.replace('.', "/"))
+}
+
+/// The record of what to put back: `sysctl NAME VALUE` and `created PATH`
+/// lines.
+fn write_record() -> Result<()> {
+    let mut text = String::new();
+    for name in SYSCTLS {
+        let path = sysctl_path(name);
+        let value = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        text.push_str(&format!("sysctl {name} {}\n", value.trim()));
+    }
+    for path in FIXED_PATHS {
+        if !Path::new(path).exists() {
+            text.push_str(&format!("created {path}\n"));
+        }
+    }
+    let record = Path::new(RECORD);
+    if let Some(dir) = record.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    std::fs::write(record, text).map_err(|e| Error::io(record, e))
+}
+
+/// Puts back what the record says and removes it. Best effort, never
+/// panics: also runs while unwinding.
+fn restore() {
+    let Ok(text) = std::fs::read_to_string(RECORD) else {
+        return;
+    };
+    for line in text.lines() {
+        let mut words = line.splitn(3, ' ');
+        match (words.next(), words.next(), words.next()) {
+            (Some("sysctl"), Some(name), Some(value)) if SYSCTLS.contains(&name) => {
+                let _ = std::fs::write(sysctl_path(name), value);
+            }
+            (Some("created"), Some(path), None) if FIXED_PATHS.contains(&path) => {
+                let _ = std::fs::remove_dir_all(path);
+            }
+            _ => tracing::warn!(line, "unknown line in {RECORD}"),
+        }
+    }
+    let _ = std::fs::remove_file(RECORD);
+}
+
+/// Held by each running node; the last one dropped restores the host.
+pub(crate) struct HostChanges {
+    first: bool,
+}
+
+impl HostChanges {
+    /// Before a node starts: the first node of this process restores what
+    /// a crashed run left (its record holds the true originals) and
+    /// records the host as it is.
+    pub(crate) fn begin() -> Result<Self> {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        let first = *running == 0;
+        if first {
+            restore();
+            write_record()?;
+        }
+        *running += 1;
+        Ok(Self { first })
+    }
+
+    /// Whether no other node of this process runs: the time to sweep what
+    /// a crashed run left.
+    pub(crate) fn first(&self) -> bool {
+        self.first
+    }
+}
+
+impl Drop for HostChanges {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        *running -= 1;
+        if *running == 0 {
+            restore();
+        }
+    }
+}

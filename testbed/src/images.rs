@@ -1,0 +1,113 @@
+//! Container images for test nodes, built here: no registry is reachable, so
+//! pods name local images with `imagePullPolicy: Never`.
+//!
+//! [`BUSYBOX`] holds Debian's static busybox and its applets; its default
+//! command sleeps, which also makes it the nodes' pod sandbox ("pause")
+//! image. It is an OCI image layout made with umoci and packed as an OCI
+//! archive for `ctr images import`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Error, Result};
+
+/// The name pods use for the busybox image: [`BUSYBOX_REPOSITORY`] and the
+/// archive's tag.
+pub const BUSYBOX: &str = "oxhorn.test/busybox:1";
+pub const BUSYBOX_REPOSITORY: &str = "oxhorn.test/busybox";
+const BUSYBOX_BINARY: &str = "/bin/busybox";
+/// The applets a test pod runs, linked to busybox.
+const APPLETS: [&str; 14] = [
+    "sh",
+    "sleep",
+    "cat",
+    "echo",
+    "ls",
+    "sha256sum",
+    "dd",
+    "df",
+    "stat",
+    "sync",
+    "test",
+    "mkdir",
+    "rm",
+    "wc",
+];
+
+/// Runs `program` with `args`, an error with its output if it fails.
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<()> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| Error::io(program, e))?;
+    if !output.status.success() {
+        return Err(Error::Failed(format!(
+            "{program} {args:?}: {}\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(())
+}
+
+fn text(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| Error::Failed(format!("{} is not UTF-8", path.display())))
+}
+
+/// Builds the busybox image as an OCI archive under `dir`; returns its path.
+pub fn build_busybox(dir: &Path) -> Result<PathBuf> {
+    let layout = dir.join("busybox-layout");
+    let bundle = dir.join("busybox-bundle");
+    let archive = dir.join("busybox.tar");
+    let image = format!("{}:1", text(&layout)?);
+    run("umoci", &["init", "--layout", text(&layout)?])?;
+    run("umoci", &["new", "--image", &image])?;
+    run("umoci", &["unpack", "--image", &image, text(&bundle)?])?;
+    let bin = bundle.join("rootfs/bin");
+    std::fs::create_dir_all(&bin).map_err(|e| Error::io(&bin, e))?;
+    std::fs::create_dir_all(bundle.join("rootfs/tmp")).map_err(|e| Error::io(&bundle, e))?;
+    let busybox = bin.join("busybox");
+    std::fs::copy(BUSYBOX_BINARY, &busybox).map_err(|e| Error::io(BUSYBOX_BINARY, e))?;
+    for applet in APPLETS {
+        let link = bin.join(applet);
+        std::os::unix::fs::symlink("busybox", &link).map_err(|e| Error::io(&link, e))?;
+    }
+    run("umoci", &["repack", "--image", &image, text(&bundle)?])?;
+    run(
+        "umoci",
+        &[
+            "config",
+            "--image",
+            &image,
+            "--config.entrypoint",
+            "/bin/sleep",
+            "--config.cmd",
+            "2147483647",
+        ],
+    )?;
+    run("tar", &["-C", text(&layout)?, "-cf", text(&archive)?, "."])?;
+    std::fs::remove_dir_all(&bundle).map_err(|e| Error::io(&bundle, e))?;
+    std::fs::remove_dir_all(&layout).map_err(|e| Error::io(&layout, e))?;
+    Ok(archive)
+}
+
+/// Imports the OCI archive `archive` into the containerd at `socket`, in
+/// the namespace the CRI uses, as `repository` with the archive's tags.
+pub fn import(socket: &Path, archive: &Path, repository: &str) -> Result<()> {
+    run(
+        "ctr",
+        &[
+            "--address",
+            text(socket)?,
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+            "--base-name",
+            repository,
+            text(archive)?,
+        ],
+    )
+}

@@ -1,0 +1,339 @@
+//! A real Kubernetes node: Debian's containerd (with runc) and the pinned
+//! kubelet, registered with the test control plane, running real pods.
+//!
+//! Each node has its own containerd root, state, socket and runc root, its
+//! own kubelet root, certificate and log directories, and a cgroup of its
+//! own ([`crate::cgroup`]) that every pod lives under. What the two programs
+//! change elsewhere on the host is put back when the last node stops
+//! ([`crate::host_state`]). The kubelet runs without iptables on its PATH,
+//! so it leaves the host's firewall alone. Its device-plugin socket has a
+//! fixed path, so one host runs one kubelet node at a time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use tempfile::TempDir;
+
+use crate::controlplane::{free_port, tool};
+use crate::host_state::HostChanges;
+use crate::process::Supervised;
+use crate::{ControlPlane, Error, Result, cgroup, images, release_under};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Node directories are named with this prefix, which finds a crashed
+/// run's containerd shims.
+const DIR_PREFIX: &str = "oxhorn-node-";
+/// What the kubelet may run from /usr/sbin (block volumes); iptables is
+/// left out on purpose.
+const SBIN_TOOLS: [&str; 3] = ["losetup", "blockdev", "blkid"];
+
+pub struct KubeletNode {
+    name: String,
+    socket: PathBuf,
+    cgroup: String,
+    kubelet: Option<Supervised>,
+    containerd: Option<Supervised>,
+    dir: Option<TempDir>,
+    /// Dropped last: the host is restored once everything else is gone.
+    _host: HostChanges,
+}
+
+impl KubeletNode {
+    /// Starts containerd and a kubelet that registers as `name` with
+    /// `control`, imports the [`images::BUSYBOX`] image, and waits until the
+    /// Node is Ready. On an error, whatever was started is stopped again.
+    pub async fn start(control: &ControlPlane, name: &str) -> Result<Self> {
+        let host = HostChanges::begin()?;
+        if host.first() {
+            cgroup::sweep();
+            kill_shims(|address| address.contains(DIR_PREFIX) && !Path::new(address).exists());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(DIR_PREFIX)
+            .tempdir()
+            .map_err(|e| Error::io(std::env::temp_dir(), e))?;
+        let cgroup = format!("{}{name}", cgroup::PREFIX);
+        let mut node = Self {
+            name: name.to_string(),
+            socket: dir.path().join("containerd.sock"),
+            cgroup,
+            kubelet: None,
+            containerd: None,
+            dir: Some(dir),
+            _host: host,
+        };
+        node.start_processes(control)?;
+        node.until_ready(control).await?;
+        Ok(node)
+    }
+
+    fn dir(&self) -> &Path {
+        // Invariant: taken only by drop.
+        self.dir.as_ref().expect("node directory").path()
+    }
+
+    fn start_processes(&mut self, control: &ControlPlane) -> Result<()> {
+        let dir = self.dir().to_path_buf();
+        write_containerd_config(&dir, &self.socket)?;
+        let mut containerd = Command::new("containerd");
+        containerd.arg("--config").arg(dir.join("containerd.toml"));
+        self.containerd = Some(Supervised::spawn(
+            "containerd",
+            containerd,
+            &dir.join("containerd.log"),
+        )?);
+        wait_for_socket(&self.socket, self.containerd.as_mut())?;
+        let archive = images::build_busybox(&dir)?;
+        images::import(&self.socket, &archive, images::BUSYBOX_REPOSITORY)?;
+
+        cgroup::create(&self.cgroup)?;
+        write_kubelet_config(&dir, &self.socket, &self.cgroup)?;
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).map_err(|e| Error::io(&bin, e))?;
+        for tool in SBIN_TOOLS {
+            let link = bin.join(tool);
+            std::os::unix::fs::symlink(Path::new("/usr/sbin").join(tool), &link)
+                .map_err(|e| Error::io(&link, e))?;
+        }
+        let mut kubelet = Command::new(tool("kubelet")?);
+        kubelet
+            .arg("--config")
+            .arg(dir.join("kubelet.yaml"))
+            .arg("--kubeconfig")
+            .arg(control.kubeconfig())
+            .arg("--root-dir")
+            .arg(dir.join("kubelet"))
+            .arg("--cert-dir")
+            .arg(dir.join("kubelet-pki"))
+            .arg("--hostname-override")
+            .arg(&self.name)
+            .arg("--v=1")
+            .env("PATH", format!("{}:/usr/local/bin:/usr/bin", bin.display()));
+        self.kubelet = Some(Supervised::spawn(
+            "kubelet",
+            kubelet,
+            &dir.join("kubelet.log"),
+        )?);
+        Ok(())
+    }
+
+    async fn until_ready(&mut self, control: &ControlPlane) -> Result<()> {
+        let nodes: Api<Node> = Api::all(control.client()?);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            for process in [&mut self.kubelet, &mut self.containerd]
+                .into_iter()
+                .flatten()
+            {
+                process.check_running()?;
+            }
+            let node = nodes.get_opt(&self.name).await?;
+            if node.as_ref().is_some_and(is_ready) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Failed(format!(
+                    "node {} not Ready within {READY_TIMEOUT:?}; end of the kubelet's log:\n{}",
+                    self.name,
+                    self.logs(30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// containerd's socket, for `ctr --address`.
+    pub fn containerd_socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The kubelet's root directory (pods, plugins, plugin registration).
+    pub fn kubelet_dir(&self) -> PathBuf {
+        self.dir().join("kubelet")
+    }
+
+    /// The last `lines` lines of the kubelet's and containerd's logs.
+    pub fn logs(&self, lines: usize) -> String {
+        [&self.kubelet, &self.containerd]
+            .into_iter()
+            .flatten()
+            .map(|p| format!("--- {}:\n{}", p.name, p.log_tail(lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for KubeletNode {
+    /// Stops the kubelet, kills the pods' processes, stops containerd and
+    /// its shims, unmounts what they mounted and removes the directory and
+    /// the cgroup. Never panics: also runs while unwinding.
+    fn drop(&mut self) {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            let _ = kubelet.terminate(STOP_TIMEOUT);
+        }
+        cgroup::remove(&self.cgroup);
+        if let Some(mut containerd) = self.containerd.take() {
+            let _ = containerd.terminate(STOP_TIMEOUT);
+        }
+        let socket = self.socket.to_string_lossy().into_owned();
+        kill_shims(|address| address == socket);
+        if let Some(dir) = self.dir.take() {
+            release_under(dir.path());
+            drop(dir);
+        }
+    }
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+fn wait_for_socket(socket: &Path, mut process: Option<&mut Supervised>) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !socket.exists() {
+        if let Some(process) = process.as_mut() {
+            process.check_running()?;
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Failed(format!(
+                "{} did not appear within {READY_TIMEOUT:?}",
+                socket.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Kills every containerd shim whose `-address` (its containerd's socket)
+/// `matches`.
+fn kill_shims(matches: impl Fn(&str) -> bool) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_shim = args.first().is_some_and(|a| a.contains("containerd-shim"));
+        let address = args
+            .iter()
+            .position(|a| a == "-address")
+            .and_then(|i| args.get(i + 1));
+        if is_shim && address.is_some_and(|a| matches(a)) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+fn write_containerd_config(dir: &Path, socket: &Path) -> Result<()> {
+    let cni = dir.join("cni");
+    std::fs::create_dir_all(&cni).map_err(|e| Error::io(&cni, e))?;
+    // Pods here use the host's network; the CRI only needs a valid network
+    // configuration to report the network ready. Were a pod ever to use it,
+    // its traffic would stay on a bridge of this node's, with no route out.
+    let conflist = cni.join("10-oxhorn-test.conflist");
+    let network = serde_json::json!({
+        "cniVersion": "0.4.0",
+        "name": "oxhorn-test",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": "oxt-cni0",
+            "isGateway": false,
+            "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": dir.join("cni-ipam"),
+                "ranges": [[{"subnet": "10.251.0.0/24"}]]
+            }
+        }]
+    });
+    std::fs::write(&conflist, network.to_string()).map_err(|e| Error::io(&conflist, e))?;
+    let path = |name: &str| dir.join(name).display().to_string();
+    let config = format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[plugins."io.containerd.grpc.v1.cri"]
+  # This VM's capability bounding set lacks CAP_SYS_RESOURCE.
+  restrict_oom_score_adj = true
+  sandbox_image = "{sandbox}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      Root = "{runc}"
+"#,
+        root = path("containerd-root"),
+        state = path("containerd-state"),
+        socket = socket.display(),
+        sandbox = images::BUSYBOX,
+        cni = cni.display(),
+        runc = path("runc"),
+    );
+    let file = dir.join("containerd.toml");
+    std::fs::write(&file, config).map_err(|e| Error::io(&file, e))
+}
+
+fn write_kubelet_config(dir: &Path, socket: &Path, cgroup: &str) -> Result<()> {
+    let config = serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": format!("/{cgroup}"),
+        // The machine is cgroup v1 (hybrid); 1.35 refuses v1 without this.
+        "failCgroupV1": false,
+        "failSwapOn": false,
+        "address": "127.0.0.1",
+        "port": free_port()?,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": free_port()?,
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": false}
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": format!("unix://{}", socket.display()),
+        "podLogsDir": dir.join("pod-logs"),
+        "volumePluginDir": dir.join("volume-plugins"),
+        // A shared test machine's disk is often fuller than the defaults
+        // allow; nothing here should be evicted for it.
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%"
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99
+    });
+    let file = dir.join("kubelet.yaml");
+    std::fs::write(&file, config.to_string()).map_err(|e| Error::io(&file, e))
+}
