@@ -76,6 +76,15 @@ pub struct ManagerConfig {
     /// NodeGetInfo; 0 means no limit.
     #[arg(long, default_value_t = 0)]
     pub max_volumes: i64,
+    /// The kubelet's plugin registration directory (its `plugins_registry`):
+    /// when given, the manager registers its CSI endpoint with the kubelet
+    /// there.
+    #[arg(long, env = "KUBELET_REGISTRATION_DIR")]
+    pub kubelet_registration_dir: Option<PathBuf>,
+    /// The CSI socket's path as the kubelet sees it, where that differs from
+    /// `--csi-endpoint`'s (a manager in a container); by default the same.
+    #[arg(long, env = "KUBELET_CSI_PATH")]
+    pub kubelet_csi_path: Option<PathBuf>,
 }
 
 fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {
@@ -124,9 +133,11 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                 let _ = stop_rx.await;
             });
+        let registration = register_with_kubelet(&config, &socket_path);
         tokio::pin!(server);
         tokio::select! {
             served = &mut server => served?,
+            registered = registration => registered?,
             () = shutdown => {
                 let _ = stop_tx.send(());
                 // Graceful shutdown also waits for idle client connections,
@@ -143,6 +154,22 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
     }
     .instrument(span)
     .await
+}
+
+/// Serves the kubelet's plugin registration while the manager runs, if asked
+/// to: the socket goes when the manager stops (this future is dropped).
+async fn register_with_kubelet(
+    config: &ManagerConfig,
+    socket_path: &std::path::Path,
+) -> Result<()> {
+    let Some(dir) = &config.kubelet_registration_dir else {
+        return std::future::pending().await;
+    };
+    let csi_path = config
+        .kubelet_csi_path
+        .clone()
+        .unwrap_or_else(|| socket_path.to_path_buf());
+    csi::registration::serve(dir, csi_path, std::future::pending()).await
 }
 
 /// Where the instance manager of a node whose default disk is `data_dir`

@@ -11,6 +11,7 @@ mod guard;
 mod identity;
 mod node;
 mod parameters;
+pub mod registration;
 mod traced;
 
 pub use controller::ControllerService;

@@ -7,7 +7,8 @@
 //! change elsewhere on the host is put back when the last node stops
 //! ([`crate::host_state`]). The kubelet runs without iptables on its PATH,
 //! so it leaves the host's firewall alone. Its device-plugin socket has a
-//! fixed path, so one host runs one kubelet node at a time.
+//! fixed path, so one host runs one kubelet node at a time: a second
+//! [`KubeletNode::start`] waits for the first node to stop.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +32,10 @@ const DIR_PREFIX: &str = "oxhorn-node-";
 /// left out on purpose.
 const SBIN_TOOLS: [&str; 3] = ["losetup", "blockdev", "blkid"];
 
+/// Held by the running node: the kubelet's device-plugin socket has a
+/// fixed path, so nodes of one process run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub struct KubeletNode {
     name: String,
     socket: PathBuf,
@@ -38,15 +43,19 @@ pub struct KubeletNode {
     kubelet: Option<Supervised>,
     containerd: Option<Supervised>,
     dir: Option<TempDir>,
-    /// Dropped last: the host is restored once everything else is gone.
+    /// Dropped last: the host is restored once everything else is gone,
+    /// then the next node may start.
     _host: HostChanges,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl KubeletNode {
     /// Starts containerd and a kubelet that registers as `name` with
     /// `control`, imports the [`images::BUSYBOX`] image, and waits until the
     /// Node is Ready. On an error, whatever was started is stopped again.
+    /// Waits while another node of this process runs.
     pub async fn start(control: &ControlPlane, name: &str) -> Result<Self> {
+        let turn = ONE_AT_A_TIME.lock().await;
         let host = HostChanges::begin()?;
         if host.first() {
             cgroup::sweep();
@@ -65,6 +74,7 @@ impl KubeletNode {
             containerd: None,
             dir: Some(dir),
             _host: host,
+            _turn: turn,
         };
         node.start_processes(control)?;
         node.until_ready(control).await?;
@@ -158,6 +168,11 @@ impl KubeletNode {
     /// The kubelet's root directory (pods, plugins, plugin registration).
     pub fn kubelet_dir(&self) -> PathBuf {
         self.dir().join("kubelet")
+    }
+
+    /// Where plugins register with the kubelet (its `plugins_registry`).
+    pub fn registration_dir(&self) -> PathBuf {
+        self.kubelet_dir().join("plugins_registry")
     }
 
     /// The last `lines` lines of the kubelet's and containerd's logs.

@@ -28,6 +28,10 @@ pub struct ManagerOptions {
     /// The network namespace to run in (a [`crate::netns::Host`]'s), with
     /// `ip` its address there; the root namespace when `None`.
     pub netns: Option<PathBuf>,
+    /// A real kubelet's plugin registration directory
+    /// ([`crate::KubeletNode::registration_dir`]), where the manager
+    /// registers its CSI endpoint; none without a kubelet.
+    pub kubelet_registration_dir: Option<PathBuf>,
 }
 
 impl ManagerOptions {
@@ -39,6 +43,7 @@ impl ManagerOptions {
             ip: IpAddr::from([127, 0, 0, 1]),
             lease_seconds: 15,
             netns: None,
+            kubelet_registration_dir: None,
         }
     }
 }
@@ -229,6 +234,9 @@ fn spawn_process(
         .arg(dir.join("dev"));
     if let Some(netns) = &options.netns {
         crate::netns::enter(netns, &mut command)?;
+    }
+    if let Some(dir) = &options.kubelet_registration_dir {
+        command.arg("--kubelet-registration-dir").arg(dir);
     }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
 }

@@ -1,14 +1,20 @@
 //! The test bed's real node: containerd and a kubelet run a pod from an
-//! image built here, and leave the host as they found it.
+//! image built here, and leave the host as they found it; a manager on the
+//! node registers the CSI driver with the kubelet itself.
 
 use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::await_condition;
-use oxhorn_testbed::{KubeletNode, TestNamespace, delete_kube_node, images};
+use oxhorn_testbed::{
+    KubeletNode, ManagerOptions, ManagerProcess, TestNamespace, delete_kube_node, images,
+};
+
+use crate::common::OXHORN;
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -123,4 +129,67 @@ async fn a_real_node_runs_a_pod_and_leaves_the_host_as_it_was() {
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains("oxhorn-node-"), "mounts left:\n{mounts}");
+}
+
+/// The drivers a node's CSINode lists, by name, with the node id each gave.
+fn drivers(node: Option<&CSINode>) -> Vec<(String, String)> {
+    node.map(|n| {
+        n.spec
+            .drivers
+            .iter()
+            .map(|d| (d.name.clone(), d.node_id.clone()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// No node-driver-registrar: the manager registers the CSI driver with the
+/// kubelet, which then lists it in the node's CSINode, and forgets it once
+/// the manager stops.
+#[tokio::test]
+async fn the_manager_registers_the_driver_with_the_kubelet() {
+    let control = oxhorn_testbed::shared();
+    let client = control.client().unwrap();
+    let namespace = TestNamespace::create(control, "kn-reg").await.unwrap();
+    let node = KubeletNode::start(control, "kn-reg-1").await.unwrap();
+    let mut options = ManagerOptions::new(control.kubeconfig(), node.name(), namespace.name());
+    options.kubelet_registration_dir = Some(node.registration_dir());
+    let mut manager = ManagerProcess::start(Path::new(OXHORN), options).unwrap();
+
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let registered = [("driver.oxhorn.io".to_string(), node.name().to_string())];
+    tokio::time::timeout(
+        PATIENCE,
+        await_condition(csinodes.clone(), node.name(), |n: Option<&CSINode>| {
+            drivers(n) == registered
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the CSINode does not list the driver\n{}\n{}",
+            node.logs(30),
+            manager.log()
+        )
+    })
+    .unwrap();
+
+    manager.terminate(Duration::from_secs(10)).unwrap();
+    tokio::time::timeout(
+        PATIENCE,
+        await_condition(csinodes, node.name(), |n: Option<&CSINode>| {
+            drivers(n).is_empty()
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the kubelet kept the driver of a stopped manager\n{}",
+            node.logs(30)
+        )
+    })
+    .unwrap();
+    let name = node.name().to_string();
+    drop(node);
+    delete_kube_node(&client, &name).await.unwrap();
 }
