@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use tempfile::TempDir;
 
 use crate::controlplane::{free_port, tool};
@@ -142,8 +143,8 @@ impl KubeletNode {
                 process.check_running()?;
             }
             let node = nodes.get_opt(&self.name).await?;
-            if node.as_ref().is_some_and(is_ready) {
-                return Ok(());
+            if let Some(node) = node.filter(is_ready) {
+                return untaint(&nodes, &node).await;
             }
             if Instant::now() > deadline {
                 return Err(Error::Failed(format!(
@@ -205,6 +206,30 @@ impl Drop for KubeletNode {
             drop(dir);
         }
     }
+}
+
+/// The taint a kubelet registers its node with, which the node-lifecycle
+/// controller removes once the node is Ready.
+const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+
+/// Does what the node-lifecycle controller would for a Ready node: removes
+/// its not-ready taint. That controller does not run here: it would mark the
+/// manager-only test nodes, which have no kubelet, unreachable.
+async fn untaint(nodes: &Api<Node>, node: &Node) -> Result<()> {
+    let taints: Vec<_> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != NOT_READY_TAINT)
+        .collect();
+    let patch = serde_json::json!({"spec": {"taints": taints}});
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
 }
 
 fn is_ready(node: &Node) -> bool {

@@ -30,8 +30,13 @@ const RETRY_MAX: &str = "--retry-interval-max=5s";
 
 /// The kube-controller-manager controllers a CSI driver needs; the
 /// attach-detach controller is not among them: it needs kubelets.
-const KUBE_CONTROLLERS: &str = "--controllers=persistentvolume-binder-controller,\
+const KUBE_CONTROLLERS: &str = "persistentvolume-binder-controller,\
 persistentvolume-protection-controller,persistentvolumeclaim-protection-controller";
+/// What real kubelet nodes add: the attach-detach controller, and the
+/// service-account controller, which gives every namespace the `default`
+/// ServiceAccount that pods run as.
+const KUBELET_CONTROLLERS: &str = "persistentvolume-attach-detach-controller,\
+serviceaccount-controller";
 
 /// The running sidecars; dropping this kills them and removes their logs.
 pub struct Sidecars {
@@ -44,6 +49,17 @@ impl Sidecars {
     /// Starts every sidecar against `kubeconfig`, the CSI ones talking to the
     /// plugin on `socket`. They wait for the socket to appear.
     pub fn start(kubeconfig: &Path, socket: &Path) -> Result<Self> {
+        Self::start_with(kubeconfig, socket, false)
+    }
+
+    /// Like [`Sidecars::start`], for a cluster with real kubelet nodes
+    /// ([`crate::KubeletNode`]): with kube-scheduler and the attach-detach
+    /// and service-account controllers too.
+    pub fn start_for_kubelets(kubeconfig: &Path, socket: &Path) -> Result<Self> {
+        Self::start_with(kubeconfig, socket, true)
+    }
+
+    fn start_with(kubeconfig: &Path, socket: &Path, kubelets: bool) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("oxhorn-sidecars-")
             .tempdir()
@@ -71,11 +87,16 @@ impl Sidecars {
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(["--leader-election=false", RETRY_MAX, "--v=2"]);
 
+        let controllers = if kubelets {
+            format!("{KUBE_CONTROLLERS},{KUBELET_CONTROLLERS}")
+        } else {
+            KUBE_CONTROLLERS.to_string()
+        };
         let mut kube_controllers = Command::new(tool("kube-controller-manager")?);
         kube_controllers
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--controllers={controllers}"))
             .args([
-                KUBE_CONTROLLERS,
                 "--leader-elect=false",
                 // Serves no health or metrics endpoint: nothing probes it.
                 "--secure-port=0",
@@ -85,7 +106,7 @@ impl Sidecars {
                 "--v=2",
             ]);
 
-        let commands = [
+        let mut commands = vec![
             ("kube-controller-manager", kube_controllers),
             ("csi-provisioner", provisioner),
             ("csi-attacher", attacher),
@@ -93,6 +114,13 @@ impl Sidecars {
             ("csi-snapshotter", snapshotter),
             ("snapshot-controller", snapshot_controller),
         ];
+        if kubelets {
+            let mut scheduler = Command::new(tool("kube-scheduler")?);
+            scheduler
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .args(["--leader-elect=false", "--secure-port=0", "--v=2"]);
+            commands.push(("kube-scheduler", scheduler));
+        }
         let mut processes = Vec::new();
         for (name, command) in commands {
             let log = dir.path().join(format!("{name}.log"));

@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 use oxhorn::types::*;
 use oxhorn_testbed::apirelay::ApiRelay;
 use oxhorn_testbed::netns::{Host, Network};
-use oxhorn_testbed::{self as testbed, ManagerOptions, ManagerProcess, TestNamespace};
+use oxhorn_testbed::{self as testbed, KubeletNode, ManagerOptions, ManagerProcess, TestNamespace};
 use serde_json::json;
 
 pub const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -162,7 +162,16 @@ impl Cluster {
     /// `count` nodes whose managers have been started, without waiting for
     /// them to be ready.
     pub async fn launch(prefix: &str, count: usize, lease_seconds: u64) -> Self {
-        Self::launch_on(prefix, count, lease_seconds, None).await
+        Self::launch_on(prefix, count, lease_seconds, None, None).await
+    }
+
+    /// `count` nodes, the first of them `kubelet`'s, whose manager registers
+    /// the CSI driver with that real kubelet; every node Ready and
+    /// Schedulable.
+    pub async fn start_with_kubelet(prefix: &str, count: usize, kubelet: &KubeletNode) -> Self {
+        let cluster = Self::launch_on(prefix, count, LEASE_SECONDS, None, Some(kubelet)).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
     }
 
     /// `count` nodes, each in a network namespace of its own (see
@@ -170,7 +179,7 @@ impl Cluster {
     pub async fn start_in_namespaces(prefix: &str, count: usize) -> Self {
         require_root();
         let hosts = Hosts::create(count).await;
-        let cluster = Self::launch_on(prefix, count, LEASE_SECONDS, Some(hosts)).await;
+        let cluster = Self::launch_on(prefix, count, LEASE_SECONDS, Some(hosts), None).await;
         cluster.until_nodes_schedulable().await;
         cluster
     }
@@ -180,6 +189,7 @@ impl Cluster {
         count: usize,
         lease_seconds: u64,
         hosts: Option<Hosts>,
+        kubelet: Option<&KubeletNode>,
     ) -> Self {
         static SUBNET: AtomicU8 = AtomicU8::new(1);
         let control_plane = testbed::shared();
@@ -200,11 +210,19 @@ impl Cluster {
             .unwrap();
         let mut nodes = Vec::new();
         for i in 1..=count {
-            let name = format!("{}-n{i}", ns.name());
-            testbed::register_kube_node(&client, &name, &[])
-                .await
-                .unwrap();
+            let on_kubelet = kubelet.filter(|_| i == 1);
+            let name = match on_kubelet {
+                Some(kubelet) => kubelet.name().to_string(),
+                None => {
+                    let name = format!("{}-n{i}", ns.name());
+                    testbed::register_kube_node(&client, &name, &[])
+                        .await
+                        .unwrap();
+                    name
+                }
+            };
             let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
+            options.kubelet_registration_dir = on_kubelet.map(KubeletNode::registration_dir);
             options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
             options.lease_seconds = lease_seconds;
             if let Some(hosts) = &hosts {

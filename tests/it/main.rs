@@ -25,4 +25,5 @@ mod placement;
 mod provisioning;
 mod sanity;
 mod snapshots;
+mod user_flow;
 mod volume;
