@@ -12,7 +12,8 @@ runtime=${1:-15}
 size=$((1 << 30))
 hack/install-test-deps.sh >/dev/null
 cargo build --release --quiet --bin oxhorn
-oxhorn=$PWD/target/release/oxhorn
+# Where cargo put it: $CARGO_TARGET_DIR (relative to here, as cargo reads it) or target/.
+oxhorn=$(realpath "${CARGO_TARGET_DIR:-target}/release/oxhorn")
 work=$(mktemp -d /var/tmp/oxhorn-fio-XXXXXX)
 pids=()
 cleanup() {

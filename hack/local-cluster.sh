@@ -6,4 +6,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 hack/install-test-deps.sh >/dev/null
 cargo build --release --bin oxhorn --example local-cluster
-exec target/release/examples/local-cluster --oxhorn target/release/oxhorn "$@"
+# Where cargo put them: $CARGO_TARGET_DIR (relative to here, as cargo reads it) or target/.
+release=${CARGO_TARGET_DIR:-target}/release
+exec "$release/examples/local-cluster" --oxhorn "$release/oxhorn" "$@"

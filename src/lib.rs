@@ -21,6 +21,7 @@ pub mod datastore;
 pub mod engine;
 pub mod error;
 pub mod frontend;
+pub mod health;
 pub mod host;
 pub mod instance;
 pub mod logging;

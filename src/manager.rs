@@ -85,6 +85,10 @@ pub struct ManagerConfig {
     /// `--csi-endpoint`'s (a manager in a container); by default the same.
     #[arg(long, env = "KUBELET_CSI_PATH")]
     pub kubelet_csi_path: Option<PathBuf>,
+    /// Serve the kubelet's probes (`/healthz`, `/readyz`) on this port of
+    /// `--ip`; none when not given.
+    #[arg(long)]
+    pub health_port: Option<u16>,
 }
 
 fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {
@@ -134,10 +138,12 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
                 let _ = stop_rx.await;
             });
         let registration = register_with_kubelet(&config, &socket_path);
+        let health = serve_health(&config, datastore.readiness());
         tokio::pin!(server);
         tokio::select! {
             served = &mut server => served?,
             registered = registration => registered?,
+            answered = health => answered?,
             () = shutdown => {
                 let _ = stop_tx.send(());
                 // Graceful shutdown also waits for idle client connections,
@@ -170,6 +176,17 @@ async fn register_with_kubelet(
         .clone()
         .unwrap_or_else(|| socket_path.to_path_buf());
     csi::registration::serve(dir, csi_path, std::future::pending()).await
+}
+
+/// Answers the kubelet's probes while the manager runs, if asked to.
+async fn serve_health(
+    config: &ManagerConfig,
+    ready: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    match config.health_port {
+        Some(port) => crate::health::serve(std::net::SocketAddr::new(config.ip, port), ready).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Where the instance manager of a node whose default disk is `data_dir`
