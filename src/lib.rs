@@ -24,6 +24,7 @@ pub mod frontend;
 pub mod health;
 pub mod host;
 pub mod instance;
+pub mod instance_manager;
 pub mod logging;
 pub mod manager;
 pub mod names;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use oxhorn::engine::{self, EngineConfig};
+use oxhorn::instance_manager::{self, InstanceManagerArgs};
 use oxhorn::logging::{self, LogFormat};
 use oxhorn::manager::{self, ManagerConfig};
 use oxhorn::replica::ReplicaConfig;
@@ -37,6 +38,9 @@ struct Cli {
 enum Command {
     /// Run the per-node daemon: CSI services, controllers, instance manager.
     Manager(ManagerConfig),
+    /// Hold the node's engine and replica processes for its manager, in a
+    /// pod of their own.
+    InstanceManager(InstanceManagerArgs),
     /// Serve one replica of a volume from a directory (started by the manager).
     Replica(ReplicaConfig),
     /// Replicate a volume's I/O to its replicas and expose it (started by the manager).
@@ -52,6 +56,9 @@ fn main() -> ExitCode {
     logging::init(cli.log_format);
     let result = match cli.command {
         Command::Manager(config) => run_until_signal(|shutdown| manager::run(config, shutdown)),
+        Command::InstanceManager(args) => {
+            run_until_signal(|shutdown| instance_manager::run(args, shutdown))
+        }
         Command::Replica(config) => {
             run_until_signal(|shutdown| oxhorn::replica::run(config, shutdown))
         }

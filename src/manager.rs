@@ -27,6 +27,7 @@ use crate::csi::{
 };
 use crate::datastore::Datastore;
 use crate::instance::{InstanceManager, InstanceManagerConfig};
+use crate::protocol::Key;
 use crate::{Error, Result, names};
 
 /// How long in-flight CSI calls may take to finish after a shutdown signal.
@@ -89,9 +90,15 @@ pub struct ManagerConfig {
     /// `--ip`; none when not given.
     #[arg(long)]
     pub health_port: Option<u16>,
+    /// The socket of the node's `oxhorn instance-manager`, which then holds
+    /// the engine and replica processes (in a pod of its own, they outlive
+    /// the manager's container); without it the manager holds them itself
+    /// (`--ports`, `--run-dir` and `--dev-dir` are then its).
+    #[arg(long, env = "INSTANCE_MANAGER_SOCKET")]
+    pub instance_manager: Option<PathBuf>,
 }
 
-fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {
+pub(crate) fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {
     let (first, last) = value
         .split_once('-')
         .ok_or_else(|| format!("{value:?} is not FIRST-LAST"))?;
@@ -220,17 +227,7 @@ async fn run_controllers(
 ) -> Result<()> {
     datastore.wait_until_ready().await;
     let key = controller::cluster_key(&client, &config.namespace).await?;
-    let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
-    let instances = InstanceManager::start(InstanceManagerConfig {
-        binary,
-        state_dir: instance_state_dir(&config.data_dir),
-        ip: config.ip,
-        ports: config.ports.clone(),
-        run_dir: config.run_dir.clone(),
-        dev_dir: config.dev_dir.clone(),
-        key: key.clone(),
-    })
-    .await?;
+    let instances = start_instances(&config, &key).await?;
     let node = NodeConfig {
         node_id: config.node_id.clone(),
         data_dir: config.data_dir.clone(),
@@ -247,6 +244,28 @@ async fn run_controllers(
     info!("controllers running");
     futures::join!(lease, controller::run(ctx));
     Ok(())
+}
+
+/// The node's instance manager: the `oxhorn instance-manager` at
+/// `--instance-manager` (told the cluster key through its file), or one in
+/// this process.
+async fn start_instances(config: &ManagerConfig, key: &Key) -> Result<Arc<InstanceManager>> {
+    if let Some(socket) = &config.instance_manager {
+        crate::instance_manager::write_key(&config.data_dir, key)?;
+        info!(socket = %socket.display(), "asking the node's instance manager");
+        return Ok(InstanceManager::connect(socket).await?);
+    }
+    let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
+    Ok(InstanceManager::start(InstanceManagerConfig {
+        binary,
+        state_dir: instance_state_dir(&config.data_dir),
+        ip: config.ip,
+        ports: config.ports.clone(),
+        run_dir: config.run_dir.clone(),
+        dev_dir: config.dev_dir.clone(),
+        key: key.clone(),
+    })
+    .await?)
 }
 
 /// A client from the given kubeconfig, or from the environment (in-cluster

@@ -123,7 +123,7 @@ async fn run_here(
             salvage: engine.spec.salvage,
         },
     };
-    let info = ctx.instances.ensure_running(request)?;
+    let info = ctx.instances.ensure_running(request).await?;
     reflect(&mut status.instance, &info);
     if info.state != InstanceState::Running {
         return Ok(Action::requeue(POLL));

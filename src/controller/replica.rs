@@ -92,14 +92,17 @@ async fn run_here(
                 })?;
             }
             let size = replica.spec.instance.volume_size.unsigned_abs();
-            let info = ctx.instances.ensure_running(InstanceRequest {
-                name,
-                kind: InstanceKind::Replica {
-                    volume: replica.spec.instance.volume_name.clone(),
-                    dir,
-                    size,
-                },
-            })?;
+            let info = ctx
+                .instances
+                .ensure_running(InstanceRequest {
+                    name,
+                    kind: InstanceKind::Replica {
+                        volume: replica.spec.instance.volume_name.clone(),
+                        dir,
+                        size,
+                    },
+                })
+                .await?;
             reflect(status, &info);
         }
         DesireState::Stopped => {

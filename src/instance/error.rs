@@ -64,6 +64,13 @@ pub enum InstanceError {
 
     #[error("stopping instance {name}: {reason}")]
     StopFailed { name: String, reason: String },
+
+    /// The `oxhorn instance-manager` refused or failed the call.
+    #[error("the instance manager answered {code}: {message}")]
+    Remote { code: String, message: String },
+
+    #[error("the instance manager at {socket}: {reason}")]
+    Unreachable { socket: PathBuf, reason: String },
 }
 
 impl InstanceError {

@@ -11,10 +11,13 @@
 //! namespace (a container's pid 1), whose death kills the namespace.
 
 mod error;
+mod local;
 mod pidfd;
 mod ports;
 mod record;
+mod remote;
 mod request;
+pub mod service;
 mod shared;
 mod spawn;
 mod supervisor;
@@ -22,11 +25,10 @@ mod survivors;
 
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::broadcast;
-use tracing::info;
 
 pub use error::InstanceError;
 pub use request::{InstanceKind, InstanceRequest};
@@ -34,7 +36,8 @@ pub use survivors::kill_recorded;
 
 use crate::protocol::Key;
 use crate::types::InstanceState;
-use shared::{Done, Entry, Shared};
+use local::Local;
+use remote::Remote;
 
 /// Where a node's instances run and keep their state.
 #[derive(Clone, Debug)]
@@ -71,22 +74,33 @@ pub struct InstanceInfo {
     pub message: String,
 }
 
-/// Starts, watches, restarts and stops the instances of one node.
+/// Starts, watches, restarts and stops the instances of one node: in the
+/// manager's own process (embedded), or through the node's
+/// `oxhorn instance-manager` (remote), whose processes survive the
+/// manager's container.
 pub struct InstanceManager {
-    shared: Arc<Shared>,
+    backend: Backend,
+}
+
+enum Backend {
+    Local(Local),
+    Remote(Remote),
 }
 
 impl InstanceManager {
-    /// Adopts the instances that survived a previous manager on
-    /// `config.state_dir`. Must be called inside a tokio runtime, whose tasks
-    /// then supervise the instances.
+    /// Supervises the instances in this process, adopting those that
+    /// survived a previous manager on `config.state_dir`. Must be called
+    /// inside a tokio runtime, whose tasks then supervise the instances.
     pub async fn start(config: InstanceManagerConfig) -> Result<Arc<Self>, InstanceError> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|e| InstanceError::NoRuntime(e.to_string()))?;
-        let shared = Arc::new(Shared::new(config, runtime));
-        shared.records.create_dir()?;
-        survivors::adopt_all(&shared).await?;
-        Ok(Arc::new(Self { shared }))
+        let backend = Backend::Local(Local::start(config).await?);
+        Ok(Arc::new(Self { backend }))
+    }
+
+    /// Asks the `oxhorn instance-manager` serving on `socket`, and mirrors
+    /// what it holds.
+    pub async fn connect(socket: &Path) -> Result<Arc<Self>, InstanceError> {
+        let backend = Backend::Remote(Remote::connect(socket).await?);
+        Ok(Arc::new(Self { backend }))
     }
 
     /// Makes sure the instance runs, and returns what it is now; idempotent.
@@ -96,155 +110,58 @@ impl InstanceManager {
     /// start, so an engine restarted after a crash gets the latest replicas
     /// and size. Changing the kind (replica, engine) is an error, as is
     /// asking while the instance is being stopped.
-    pub fn ensure_running(&self, request: InstanceRequest) -> Result<InstanceInfo, InstanceError> {
-        request.validate()?;
-        let shared = &self.shared;
-        let mut table = shared.table();
-        if table.closed {
-            return Err(InstanceError::ShutDown);
-        }
-        if let Some(entry) = table.entries.get_mut(&request.name) {
-            return self.update_request(entry, request);
-        }
-        let config = &shared.config;
-        let width = request.kind.port_count();
-        let port = ports::allocate(config.ip, &config.ports, width, &table.held_ports()).ok_or(
-            InstanceError::NoFreePort {
-                ip: config.ip,
-                first: *config.ports.start(),
-                last: *config.ports.end(),
-                width,
-            },
-        )?;
-        let info = InstanceInfo {
-            state: InstanceState::Starting,
-            ip: config.ip,
-            port,
-            pid: None,
-            restarts: 0,
-            message: String::new(),
-        };
-        let kind = request.kind.noun();
-        info!(instance = %request.name, kind, port, "starting a new instance");
-        let name = request.name.clone();
-        supervisor::launch(shared, &mut table, request, port, info.clone(), None);
-        drop(table);
-        shared.notify(&name);
-        Ok(info)
-    }
-
-    /// Stores `request` for a known instance's next start.
-    fn update_request(
+    pub async fn ensure_running(
         &self,
-        entry: &mut Entry,
         request: InstanceRequest,
     ) -> Result<InstanceInfo, InstanceError> {
-        if entry.stop.is_cancelled() {
-            return Err(InstanceError::Stopping(request.name));
+        match &self.backend {
+            Backend::Local(local) => local.ensure_running(request),
+            Backend::Remote(remote) => remote.ensure_running(request).await,
         }
-        let (running, requested) = (entry.request.kind.noun(), request.kind.noun());
-        if running != requested {
-            return Err(InstanceError::KindChanged {
-                name: request.name,
-                running,
-                requested,
-            });
-        }
-        if entry.request != request {
-            info!(instance = %request.name, "instance request updated; its next start uses it");
-            entry.request = request;
-            self.shared.rewrite_record(entry);
-        }
-        Ok(entry.info.clone())
     }
 
     /// Stops the instance: SIGTERM, SIGKILL after a grace period of 15 s,
     /// then for a killed engine the clean-up of its FUSE mount and loop
     /// device. The record goes, the ports are freed and the instance is
-    /// forgotten. Ok if it is unknown. If this future is dropped, the stop
-    /// goes on; if the manager shuts down meanwhile, it may not finish.
+    /// forgotten. Ok if it is unknown.
     pub async fn stop(&self, name: &str) -> Result<(), InstanceError> {
-        let Some(done) = self.request_stop(name) else {
-            return Ok(());
-        };
-        match supervisor::finished(done).await {
-            Some(Ok(())) => Ok(()),
-            Some(Err(reason)) => Err(InstanceError::StopFailed {
-                name: name.to_owned(),
-                reason,
-            }),
-            None => Err(InstanceError::ShutDown),
+        match &self.backend {
+            Backend::Local(local) => local.stop(name).await,
+            Backend::Remote(remote) => remote.stop(name).await,
         }
-    }
-
-    /// Tells the supervisor of `name` to stop it; what closes once it has.
-    /// `None` if the instance is unknown. Not inlined in stop(): the table
-    /// guard must not be in an async fn's state, which must be Send.
-    fn request_stop(&self, name: &str) -> Option<Done> {
-        let mut table = self.shared.table();
-        let entry = table.entries.get_mut(name)?;
-        entry.stop.cancel();
-        let changed = entry.info.state != InstanceState::Stopping;
-        entry.info.state = InstanceState::Stopping;
-        let done = entry.done.clone();
-        drop(table);
-        if changed {
-            info!(instance = name, "stopping the instance");
-            self.shared.notify(name);
-        }
-        Some(done)
     }
 
     pub fn get(&self, name: &str) -> Option<InstanceInfo> {
-        self.shared
-            .table()
-            .entries
-            .get(name)
-            .map(|entry| entry.info.clone())
+        match &self.backend {
+            Backend::Local(local) => local.get(name),
+            Backend::Remote(remote) => remote.get(name),
+        }
     }
 
     /// Names of all known instances (running, starting, backing off), sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.shared.table().entries.keys().cloned().collect();
-        names.sort();
-        names
+        match &self.backend {
+            Backend::Local(local) => local.names(),
+            Backend::Remote(remote) => remote.names(),
+        }
     }
 
     /// Receives the name of an instance each time its [`InstanceInfo`]
     /// changes or it is forgotten, so controllers can requeue it.
     pub fn subscribe(&self) -> broadcast::Receiver<String> {
-        self.shared.subscribe()
-    }
-
-    /// Stops supervising, leaving every process running and recorded for the
-    /// next manager to adopt (as a crash would, but orderly). Instances being
-    /// stopped may be left half-stopped. Afterwards nothing starts any more.
-    pub async fn shutdown(&self) {
-        for done in self.close() {
-            supervisor::finished(done).await;
+        match &self.backend {
+            Backend::Local(local) => local.subscribe(),
+            Backend::Remote(remote) => remote.subscribe(),
         }
     }
 
-    /// Marks the manager closed and aborts the supervisor tasks; the
-    /// receivers that close once each task has ended.
-    fn close(&self) -> Vec<Done> {
-        let mut table = self.shared.table();
-        table.closed = true;
-        table
-            .entries
-            .values()
-            .map(|entry| {
-                entry.task.abort();
-                entry.done.clone()
-            })
-            .collect()
-    }
-}
-
-impl Drop for InstanceManager {
-    /// Like a crash: the processes keep running, for a next manager to adopt.
-    fn drop(&mut self) {
-        self.close();
+    /// Stops supervising (or asking), leaving every process running for the
+    /// next manager. Afterwards nothing starts any more.
+    pub async fn shutdown(&self) {
+        match &self.backend {
+            Backend::Local(local) => local.shutdown().await,
+            Backend::Remote(remote) => remote.shutdown(),
+        }
     }
 }
 

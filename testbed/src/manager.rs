@@ -32,6 +32,10 @@ pub struct ManagerOptions {
     /// ([`crate::KubeletNode::registration_dir`]), where the manager
     /// registers its CSI endpoint; none without a kubelet.
     pub kubelet_registration_dir: Option<PathBuf>,
+    /// Run the engines and replicas under an `oxhorn instance-manager`
+    /// process of the node's own, as the installed product does, instead
+    /// of inside the manager.
+    pub instance_manager: bool,
 }
 
 impl ManagerOptions {
@@ -44,12 +48,15 @@ impl ManagerOptions {
             lease_seconds: 15,
             netns: None,
             kubelet_registration_dir: None,
+            instance_manager: false,
         }
     }
 }
 
 pub struct ManagerProcess {
     process: Supervised,
+    /// The node's `oxhorn instance-manager`, when the options ask for one.
+    instance_manager: Option<Supervised>,
     options: ManagerOptions,
     socket: PathBuf,
     // Holds the socket, the log and the node's data; removed after the
@@ -88,9 +95,15 @@ impl ManagerProcess {
         socket: PathBuf,
         dir: TempDir,
     ) -> Result<Self> {
+        let instance_manager = if options.instance_manager {
+            Some(spawn_instance_manager(binary, &options, dir.path())?)
+        } else {
+            None
+        };
         let process = spawn_process(binary, &options, &socket, dir.path())?;
         Ok(Self {
             process,
+            instance_manager,
             options,
             socket,
             dir,
@@ -174,15 +187,38 @@ impl ManagerProcess {
         self.process.kill();
     }
 
-    /// The node loses power: the manager and every process it started die.
+    /// The node loses power: the manager, its instance manager and every
+    /// process they started die.
     pub fn power_off(&mut self) {
         self.process.kill();
+        if let Some(instance_manager) = &mut self.instance_manager {
+            instance_manager.kill();
+        }
         self.kill_instances();
     }
 
+    /// The pid of the node's `oxhorn instance-manager`, if it has one.
+    pub fn instance_manager_pid(&self) -> Option<u32> {
+        self.instance_manager.as_ref().map(Supervised::pid)
+    }
+
+    /// The instance manager's output so far; empty without one.
+    pub fn instance_manager_log(&self) -> String {
+        self.instance_manager
+            .as_ref()
+            .map(|p| p.log_tail(usize::MAX))
+            .unwrap_or_default()
+    }
+
     /// Starts the manager again in the same directory (after kill/power_off).
+    /// An instance manager that died with its node starts again too.
     pub fn restart(&mut self, binary: &Path) -> Result<()> {
         self.process.kill();
+        if let Some(instance_manager) = &mut self.instance_manager
+            && instance_manager.check_running().is_err()
+        {
+            *instance_manager = spawn_instance_manager(binary, &self.options, self.dir.path())?;
+        }
         self.process = spawn_process(binary, &self.options, &self.socket, self.dir.path())?;
         Ok(())
     }
@@ -238,7 +274,45 @@ fn spawn_process(
     if let Some(dir) = &options.kubelet_registration_dir {
         command.arg("--kubelet-registration-dir").arg(dir);
     }
+    if options.instance_manager {
+        command
+            .arg("--instance-manager")
+            .arg(instance_manager_socket(dir));
+    }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
+}
+
+fn instance_manager_socket(dir: &Path) -> PathBuf {
+    dir.join("instance-manager.sock")
+}
+
+/// `oxhorn instance-manager` for the node in `dir`: the same data, run and
+/// device directories and address as its manager's.
+fn spawn_instance_manager(
+    binary: &Path,
+    options: &ManagerOptions,
+    dir: &Path,
+) -> Result<Supervised> {
+    let mut command = Command::new(binary);
+    command
+        .arg("instance-manager")
+        .arg("--socket")
+        .arg(instance_manager_socket(dir))
+        .arg(format!("--ip={}", options.ip))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .arg("--dev-dir")
+        .arg(dir.join("dev"));
+    if let Some(netns) = &options.netns {
+        crate::netns::enter(netns, &mut command)?;
+    }
+    Supervised::spawn(
+        "oxhorn instance-manager",
+        command,
+        &dir.join("instance-manager.log"),
+    )
 }
 
 /// Registers a Kubernetes Node as a kubelet would, Ready, with `labels`.

@@ -145,6 +145,28 @@ impl Hosts {
     }
 }
 
+/// How a test cluster's nodes run.
+struct Setup<'a> {
+    lease_seconds: u64,
+    /// Each node in a network namespace of its own.
+    hosts: Option<Hosts>,
+    /// The first node is this real kubelet's.
+    kubelet: Option<&'a KubeletNode>,
+    /// Engines and replicas under an `oxhorn instance-manager` per node.
+    instance_managers: bool,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Self {
+            lease_seconds: LEASE_SECONDS,
+            hosts: None,
+            kubelet: None,
+            instance_managers: false,
+        }
+    }
+}
+
 impl Cluster {
     /// `count` nodes named after the namespace, whose leases expire after
     /// [`LEASE_SECONDS`].
@@ -162,14 +184,35 @@ impl Cluster {
     /// `count` nodes whose managers have been started, without waiting for
     /// them to be ready.
     pub async fn launch(prefix: &str, count: usize, lease_seconds: u64) -> Self {
-        Self::launch_on(prefix, count, lease_seconds, None, None).await
+        let setup = Setup {
+            lease_seconds,
+            ..Setup::default()
+        };
+        Self::launch_on(prefix, count, setup).await
+    }
+
+    /// `count` nodes whose engines and replicas run under an
+    /// `oxhorn instance-manager` of their own, as installed; every node
+    /// Ready and Schedulable.
+    pub async fn start_with_instance_managers(prefix: &str, count: usize) -> Self {
+        let setup = Setup {
+            instance_managers: true,
+            ..Setup::default()
+        };
+        let cluster = Self::launch_on(prefix, count, setup).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
     }
 
     /// `count` nodes, the first of them `kubelet`'s, whose manager registers
     /// the CSI driver with that real kubelet; every node Ready and
     /// Schedulable.
     pub async fn start_with_kubelet(prefix: &str, count: usize, kubelet: &KubeletNode) -> Self {
-        let cluster = Self::launch_on(prefix, count, LEASE_SECONDS, None, Some(kubelet)).await;
+        let setup = Setup {
+            kubelet: Some(kubelet),
+            ..Setup::default()
+        };
+        let cluster = Self::launch_on(prefix, count, setup).await;
         cluster.until_nodes_schedulable().await;
         cluster
     }
@@ -179,18 +222,22 @@ impl Cluster {
     pub async fn start_in_namespaces(prefix: &str, count: usize) -> Self {
         require_root();
         let hosts = Hosts::create(count).await;
-        let cluster = Self::launch_on(prefix, count, LEASE_SECONDS, Some(hosts), None).await;
+        let setup = Setup {
+            hosts: Some(hosts),
+            ..Setup::default()
+        };
+        let cluster = Self::launch_on(prefix, count, setup).await;
         cluster.until_nodes_schedulable().await;
         cluster
     }
 
-    async fn launch_on(
-        prefix: &str,
-        count: usize,
-        lease_seconds: u64,
-        hosts: Option<Hosts>,
-        kubelet: Option<&KubeletNode>,
-    ) -> Self {
+    async fn launch_on(prefix: &str, count: usize, setup: Setup<'_>) -> Self {
+        let Setup {
+            lease_seconds,
+            hosts,
+            kubelet,
+            instance_managers,
+        } = setup;
         static SUBNET: AtomicU8 = AtomicU8::new(1);
         let control_plane = testbed::shared();
         let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
@@ -223,6 +270,7 @@ impl Cluster {
             };
             let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, ns.name());
             options.kubelet_registration_dir = on_kubelet.map(KubeletNode::registration_dir);
+            options.instance_manager = instance_managers;
             options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
             options.lease_seconds = lease_seconds;
             if let Some(hosts) = &hosts {
@@ -259,7 +307,18 @@ impl Cluster {
     pub fn logs(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| format!("==== {} ====\n{}", n.node_id(), n.log()))
+            .map(|n| {
+                let instance_manager = n.instance_manager_log();
+                let instance_manager = if instance_manager.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "==== {} instance manager ====\n{instance_manager}",
+                        n.node_id()
+                    )
+                };
+                format!("==== {} ====\n{}{instance_manager}", n.node_id(), n.log())
+            })
             .collect()
     }
 

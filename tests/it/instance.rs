@@ -174,7 +174,10 @@ async fn replica_starts_serves_and_stops() {
     let manager = node.manager().await;
     let mut events = manager.subscribe();
 
-    let started = manager.ensure_running(node.replica("r1")).expect("ensure");
+    let started = manager
+        .ensure_running(node.replica("r1"))
+        .await
+        .expect("ensure");
     assert_eq!(started.state, InstanceState::Starting);
     assert_eq!(started.port, node.first_port());
     assert_eq!(started.ip, node.ip);
@@ -192,7 +195,10 @@ async fn replica_starts_serves_and_stops() {
     assert!(log.contains("replica"), "{log}");
 
     // Asking again changes nothing.
-    let again = manager.ensure_running(node.replica("r1")).expect("ensure");
+    let again = manager
+        .ensure_running(node.replica("r1"))
+        .await
+        .expect("ensure");
     assert_eq!(again.pid, Some(pid));
 
     manager.stop("r1").await.expect("stop");
@@ -210,7 +216,10 @@ async fn replica_starts_serves_and_stops() {
 async fn killed_replica_restarts_on_its_port_with_backoff() {
     let node = Node::new(2);
     let manager = node.manager().await;
-    manager.ensure_running(node.replica("r1")).expect("ensure");
+    manager
+        .ensure_running(node.replica("r1"))
+        .await
+        .expect("ensure");
     let first = wait_running(&manager, "r1").await;
 
     sigkill(first.pid.expect("pid"));
@@ -265,7 +274,10 @@ fn a_new_manager_adopts_the_survivors() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let first = runtime.block_on(async {
         let manager = node.manager().await;
-        manager.ensure_running(node.replica("r1")).expect("ensure");
+        manager
+            .ensure_running(node.replica("r1"))
+            .await
+            .expect("ensure");
         wait_running(&manager, "r1").await
     });
     drop(runtime);
@@ -280,11 +292,14 @@ fn a_new_manager_adopts_the_survivors() {
         let adopted = manager.get("r1").expect("adopted");
         assert_eq!(adopted.state, InstanceState::Running);
         assert_eq!((adopted.pid, adopted.port), (Some(pid), first.port));
-        let ensured = manager.ensure_running(node.replica("r1")).expect("ensure");
+        let ensured = manager
+            .ensure_running(node.replica("r1"))
+            .await
+            .expect("ensure");
         assert_eq!(ensured.pid, Some(pid));
         manager.shutdown().await;
         assert!(matches!(
-            manager.ensure_running(node.replica("r2")),
+            manager.ensure_running(node.replica("r2")).await,
             Err(InstanceError::ShutDown)
         ));
         drop(manager);
@@ -298,6 +313,7 @@ fn a_new_manager_adopts_the_survivors() {
         assert_eq!(manager.names(), ["r1"]);
         manager
             .ensure_running(node.replica("r2"))
+            .await
             .expect("ensure r2");
         wait_running(&manager, "r2").await;
         let info = manager.get("r1").expect("adopted");
@@ -350,7 +366,10 @@ async fn stale_records_are_removed_and_their_ports_reused() {
     assert!(manager.names().is_empty());
     assert_eq!(fs::read_dir(&records).expect("records").count(), 0);
 
-    let info = manager.ensure_running(node.replica("r1")).expect("ensure");
+    let info = manager
+        .ensure_running(node.replica("r1"))
+        .await
+        .expect("ensure");
     assert_eq!(info.port, node.first_port());
     wait_running(&manager, "r1").await;
     manager.stop("r1").await.expect("stop");
@@ -363,11 +382,12 @@ async fn ports_are_disjoint_and_skip_foreign_listeners() {
     let _foreign = TcpListener::bind(node.address(first)).expect("foreign listener");
     let manager = node.manager().await;
 
-    let a = manager.ensure_running(node.replica("a")).expect("a");
-    let b = manager.ensure_running(node.replica("b")).expect("b");
+    let a = manager.ensure_running(node.replica("a")).await.expect("a");
+    let b = manager.ensure_running(node.replica("b")).await.expect("b");
     assert_eq!((a.port, b.port), (first + 1, first + 3));
     let error = manager
         .ensure_running(node.replica("c"))
+        .await
         .expect_err("no ports left");
     assert!(matches!(error, InstanceError::NoFreePort { .. }), "{error}");
     assert_eq!(manager.names(), ["a", "b"]);
@@ -377,7 +397,7 @@ async fn ports_are_disjoint_and_skip_foreign_listeners() {
         TcpStream::connect(node.address(info.port + 1)).expect("control port");
     }
     manager.stop("a").await.expect("stop a");
-    let c = manager.ensure_running(node.replica("c")).expect("c");
+    let c = manager.ensure_running(node.replica("c")).await.expect("c");
     assert_eq!(c.port, first + 1, "a's ports were not freed");
     wait_running(&manager, "c").await;
     for name in ["b", "c"] {
@@ -427,18 +447,25 @@ async fn engine_restarts_with_the_latest_request() {
     let manager = node.manager().await;
     let mut replicas = Vec::new();
     for name in ["r1", "r2"] {
-        manager.ensure_running(node.replica(name)).expect("replica");
+        manager
+            .ensure_running(node.replica(name))
+            .await
+            .expect("replica");
         replicas.push(node.address(wait_running(&manager, name).await.port));
     }
 
     let request = engine("e1", &replicas[..1], FrontendKind::None);
-    manager.ensure_running(request.clone()).expect("engine");
+    manager
+        .ensure_running(request.clone())
+        .await
+        .expect("engine");
     let info = wait_running(&manager, "e1").await;
     let control = node.address(info.port);
     assert_eq!(engine_replicas(control).await, [replicas[0].to_string()]);
 
     let error = manager
         .ensure_running(node.replica("e1"))
+        .await
         .expect_err("kind change");
     assert!(
         matches!(error, InstanceError::KindChanged { .. }),
@@ -447,7 +474,7 @@ async fn engine_restarts_with_the_latest_request() {
 
     // A new replica list is kept for the next start; the process stays.
     let updated = engine("e1", &replicas, FrontendKind::None);
-    let same = manager.ensure_running(updated).expect("update");
+    let same = manager.ensure_running(updated).await.expect("update");
     assert_eq!(same.pid, info.pid);
     let record = fs::read_to_string(node.record("e1")).expect("record");
     assert!(record.contains(&replicas[1].to_string()), "{record}");
@@ -474,11 +501,17 @@ async fn fuse_engine_leaves_nothing_after_stop_or_power_loss() {
     let node = Node::new(7);
     let link = node.dev_dir().join("vol1");
     let manager = node.manager().await;
-    manager.ensure_running(node.replica("r1")).expect("replica");
+    manager
+        .ensure_running(node.replica("r1"))
+        .await
+        .expect("replica");
     let replica = node.address(wait_running(&manager, "r1").await.port);
     let request = engine("e1", &[replica], FrontendKind::Fuse);
 
-    manager.ensure_running(request.clone()).expect("engine");
+    manager
+        .ensure_running(request.clone())
+        .await
+        .expect("engine");
     wait_running(&manager, "e1").await;
     wait_until_exists(&link).await;
     assert!(!mounts_under(&node.root).is_empty());
@@ -490,7 +523,7 @@ async fn fuse_engine_leaves_nothing_after_stop_or_power_loss() {
     );
     assert!(!link.exists());
 
-    manager.ensure_running(request).expect("engine again");
+    manager.ensure_running(request).await.expect("engine again");
     wait_running(&manager, "e1").await;
     wait_until_exists(&link).await;
     drop(manager);
@@ -517,7 +550,10 @@ async fn invalid_names_start_nothing() {
     let node = Node::new(8);
     let manager = node.manager().await;
     for name in ["../x", "UPPER", ""] {
-        let error = manager.ensure_running(node.replica(name)).expect_err(name);
+        let error = manager
+            .ensure_running(node.replica(name))
+            .await
+            .expect_err(name);
         assert!(
             matches!(error, InstanceError::InvalidName(_)),
             "{name}: {error}"
@@ -528,7 +564,7 @@ async fn invalid_names_start_nothing() {
         *volume = "../vol".into();
     }
     assert!(matches!(
-        manager.ensure_running(bad_volume),
+        manager.ensure_running(bad_volume).await,
         Err(InstanceError::InvalidName(_))
     ));
     assert!(manager.names().is_empty());

@@ -126,9 +126,26 @@ pub(super) async fn until_healthy(cluster: &Cluster, replicas: usize) -> BTreeMa
 /// The replica on the node taken over is marked failed; once its node
 /// is back, the same replica rejoins (three nodes and the default
 /// replenishment wait: nothing else could heal the volume in time).
-async fn kill_a_manager(name: &'static str, prefix: &str, engine_node: bool, seed: u64) {
+/// Where a row's engines and replicas run: inside each node's manager, or
+/// under each node's own `oxhorn instance-manager`, as installed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Manager,
+    InstanceManager,
+}
+
+async fn kill_a_manager(
+    name: &'static str,
+    prefix: &str,
+    engine_node: bool,
+    holder: Holder,
+    seed: u64,
+) {
     let mut row = Row::new(name);
-    let mut cluster = Cluster::start(prefix, 3).await;
+    let mut cluster = match holder {
+        Holder::Manager => Cluster::start(prefix, 3).await,
+        Holder::InstanceManager => Cluster::start_with_instance_managers(prefix, 3).await,
+    };
     let replicas = create_healthy_volume(&cluster).await;
     let holders: Vec<String> = replicas
         .iter()
@@ -156,6 +173,7 @@ async fn kill_a_manager(name: &'static str, prefix: &str, engine_node: bool, see
     let writer = Writer::new(SIZE, writer_options(seed));
     let running = writer.start(&device).unwrap();
     until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;
+    let instance_manager = cluster.node(&victim).instance_manager_pid();
     cluster.node_mut(&victim).kill();
     until_taken_over(&cluster, &victim).await;
     until_acknowledged(&writer, &running, writer.acknowledged(), PHASE_WRITES).await;
@@ -174,6 +192,11 @@ async fn kill_a_manager(name: &'static str, prefix: &str, engine_node: bool, see
     let stats = running.stop();
     assert_eq!(stats.failed, 0, "{stats}");
     let addresses = until_healthy(&cluster, 3).await;
+    assert_eq!(
+        cluster.node(&victim).instance_manager_pid(),
+        instance_manager,
+        "the instance manager ran on through the manager's death"
+    );
     assert_eq!(
         names(cluster.replicas_of(VOLUME).await),
         original,
@@ -404,7 +427,22 @@ async fn kill_the_manager_on_the_engines_node() {
         "kill -9 the manager on the engine's node",
         "fm-mgr-engine",
         true,
+        Holder::Manager,
         6,
+    )
+    .await;
+}
+
+/// As installed: the engine lives under the node's instance manager, which
+/// the manager's death does not touch, and the next manager asks it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_the_manager_beside_an_instance_manager() {
+    kill_a_manager(
+        "kill -9 the manager on the engine's node (instance manager)",
+        "fm-mgr-im",
+        true,
+        Holder::InstanceManager,
+        9,
     )
     .await;
 }
@@ -415,6 +453,7 @@ async fn kill_the_manager_on_a_replicas_node() {
         "kill -9 the manager on a replica's node",
         "fm-mgr-replica",
         false,
+        Holder::Manager,
         7,
     )
     .await;

@@ -1,0 +1,306 @@
+//! A manager's view of the node's `oxhorn instance-manager`: calls go over
+//! its socket, and a watch keeps a mirror of every instance it holds, so
+//! that reading an instance ([`Remote::get`]) stays local and
+//! controllers are told of each change, as with the embedded supervisor.
+//! When the watch breaks it reconnects, and the new snapshot replaces the
+//! mirror.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{info, warn};
+
+use super::service::{info_of, proto};
+use super::{InstanceError, InstanceInfo, InstanceRequest};
+use proto::instance_manager_client::InstanceManagerClient;
+
+/// How long a watch that broke waits before it reconnects.
+const RECONNECT: Duration = Duration::from_secs(1);
+/// Change notices a slow subscriber may fall behind by.
+const EVENTS: usize = 1024;
+
+type Mirror = Arc<Mutex<HashMap<String, InstanceInfo>>>;
+
+pub(super) struct Remote {
+    client: InstanceManagerClient<Channel>,
+    mirror: Mirror,
+    events: broadcast::Sender<String>,
+    watch: AbortHandle,
+}
+
+fn lock(mirror: &Mirror) -> MutexGuard<'_, HashMap<String, InstanceInfo>> {
+    // A map of plain values, left whole by any panicking holder.
+    mirror.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn remote_error(status: tonic::Status) -> InstanceError {
+    InstanceError::Remote {
+        code: format!("{:?}", status.code()),
+        message: status.message().to_string(),
+    }
+}
+
+/// A channel to the unix socket at `socket`; it connects lazily, and again
+/// after the instance manager restarts.
+fn channel(socket: &Path) -> Result<Channel, InstanceError> {
+    let unreachable = |reason: String| InstanceError::Unreachable {
+        socket: socket.to_path_buf(),
+        reason,
+    };
+    let path: PathBuf = socket.to_path_buf();
+    // The URI is a placeholder: the connector dials the socket.
+    let endpoint =
+        Endpoint::try_from("http://localhost").map_err(|e| unreachable(e.to_string()))?;
+    Ok(
+        endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        })),
+    )
+}
+
+impl Remote {
+    /// Connects to the instance manager at `socket` and waits for its
+    /// first snapshot, so that the mirror is whole before controllers read
+    /// it. An instance manager that is not serving yet (its pod starts
+    /// beside the manager's, and waits for the cluster key) is waited for.
+    pub(super) async fn connect(socket: &Path) -> Result<Self, InstanceError> {
+        let client = InstanceManagerClient::new(channel(socket)?);
+        let mirror: Mirror = Arc::default();
+        let (events, _) = broadcast::channel(EVENTS);
+        let mut told = false;
+        let (first, stream) = loop {
+            match first_snapshot(&client).await {
+                Ok(watching) => break watching,
+                Err(reason) => {
+                    if !told {
+                        info!(socket = %socket.display(), %reason, "waiting for the instance manager");
+                        told = true;
+                    }
+                    tokio::time::sleep(RECONNECT).await;
+                }
+            }
+        };
+        apply(&mirror, &events, first);
+        let watch = tokio::spawn(keep_watching(
+            client.clone(),
+            stream,
+            mirror.clone(),
+            events.clone(),
+        ))
+        .abort_handle();
+        Ok(Self {
+            client,
+            mirror,
+            events,
+            watch,
+        })
+    }
+
+    pub(super) async fn ensure_running(
+        &self,
+        request: InstanceRequest,
+    ) -> Result<InstanceInfo, InstanceError> {
+        request.validate()?;
+        let name = request.name.clone();
+        let request_json = serde_json::to_vec(&request).map_err(|e| InstanceError::Remote {
+            code: "InvalidArgument".into(),
+            message: e.to_string(),
+        })?;
+        let info = self
+            .client
+            .clone()
+            .ensure_running(proto::EnsureRunningRequest { request_json })
+            .await
+            .map_err(remote_error)?
+            .into_inner();
+        let info = info_of(&info)?;
+        lock(&self.mirror).insert(name.clone(), info.clone());
+        let _ = self.events.send(name);
+        Ok(info)
+    }
+
+    pub(super) async fn stop(&self, name: &str) -> Result<(), InstanceError> {
+        self.client
+            .clone()
+            .stop(proto::StopRequest {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(remote_error)?;
+        lock(&self.mirror).remove(name);
+        let _ = self.events.send(name.to_string());
+        Ok(())
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<InstanceInfo> {
+        lock(&self.mirror).get(name).cloned()
+    }
+
+    pub(super) fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.mirror).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub(super) fn subscribe(&self) -> broadcast::Receiver<String> {
+        self.events.subscribe()
+    }
+
+    pub(super) fn shutdown(&self) {
+        self.watch.abort();
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+/// Opens a watch and reads its first event, the snapshot; why not, if it
+/// fails.
+async fn first_snapshot(
+    client: &InstanceManagerClient<Channel>,
+) -> Result<(proto::WatchEvent, tonic::Streaming<proto::WatchEvent>), String> {
+    let mut stream = client
+        .clone()
+        .watch(proto::WatchRequest {})
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    match stream.message().await {
+        Ok(Some(first)) => Ok((first, stream)),
+        Ok(None) => Err("the watch ended at once".into()),
+        Err(e) => Err(e.message().to_string()),
+    }
+}
+
+/// Applies one watch event to the mirror and tells subscribers which
+/// instances changed.
+fn apply(mirror: &Mirror, events: &broadcast::Sender<String>, event: proto::WatchEvent) {
+    let mut changed = Vec::new();
+    {
+        let mut mirror = lock(mirror);
+        let updates = match event.update {
+            Some(update) => vec![update],
+            None => {
+                // A snapshot: whatever it leaves out is gone.
+                changed.extend(mirror.drain().map(|(name, _)| name));
+                event.snapshot
+            }
+        };
+        for update in updates {
+            match update.info.as_ref().map(info_of) {
+                Some(Ok(info)) => {
+                    mirror.insert(update.name.clone(), info);
+                }
+                Some(Err(error)) => {
+                    warn!(instance = %update.name, %error, "ignoring an instance update")
+                }
+                None => {
+                    mirror.remove(&update.name);
+                }
+            }
+            changed.push(update.name);
+        }
+    }
+    changed.sort();
+    changed.dedup();
+    for name in changed {
+        let _ = events.send(name);
+    }
+}
+
+async fn keep_watching(
+    client: InstanceManagerClient<Channel>,
+    mut stream: tonic::Streaming<proto::WatchEvent>,
+    mirror: Mirror,
+    events: broadcast::Sender<String>,
+) {
+    loop {
+        loop {
+            match stream.message().await {
+                Ok(Some(event)) => apply(&mirror, &events, event),
+                Ok(None) => break,
+                Err(status) => {
+                    warn!(error = %status.message(), "the instance manager's watch broke");
+                    break;
+                }
+            }
+        }
+        stream = loop {
+            tokio::time::sleep(RECONNECT).await;
+            match client.clone().watch(proto::WatchRequest {}).await {
+                Ok(response) => break response.into_inner(),
+                Err(status) => {
+                    warn!(error = %status.message(), "reconnecting to the instance manager")
+                }
+            }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::instance::service::info_message;
+    use crate::types::InstanceState;
+
+    fn update(name: &str, port: Option<u16>) -> proto::InstanceUpdate {
+        proto::InstanceUpdate {
+            name: name.into(),
+            info: port.map(|port| {
+                info_message(&InstanceInfo {
+                    state: InstanceState::Running,
+                    ip: [127, 0, 0, 1].into(),
+                    port,
+                    pid: Some(7),
+                    restarts: 0,
+                    message: String::new(),
+                })
+            }),
+        }
+    }
+
+    #[test]
+    fn snapshots_replace_the_mirror_and_updates_change_it() {
+        let mirror: Mirror = Arc::default();
+        let (events, mut seen) = broadcast::channel(16);
+        let snapshot = |names: Vec<proto::InstanceUpdate>| proto::WatchEvent {
+            snapshot: names,
+            update: None,
+        };
+        apply(
+            &mirror,
+            &events,
+            snapshot(vec![update("a", Some(1)), update("b", Some(2))]),
+        );
+        apply(
+            &mirror,
+            &events,
+            proto::WatchEvent {
+                snapshot: Vec::new(),
+                update: Some(update("a", None)),
+            },
+        );
+        assert_eq!(lock(&mirror).keys().collect::<Vec<_>>(), ["b"]);
+        apply(&mirror, &events, snapshot(vec![update("c", Some(3))]));
+        let mut names: Vec<String> = lock(&mirror).keys().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["c"], "b left with the new snapshot");
+        assert_eq!(lock(&mirror)["c"].port, 3);
+        let mut told = Vec::new();
+        while let Ok(name) = seen.try_recv() {
+            told.push(name);
+        }
+        assert_eq!(told, ["a", "b", "a", "b", "c"]);
+    }
+}
