@@ -56,7 +56,7 @@ pub struct ManagerConfig {
     #[arg(long, env = "POD_IP")]
     pub ip: IpAddr,
     /// Ports handed to engines and replicas, as FIRST-LAST.
-    #[arg(long, default_value = "10000-19999", value_parser = parse_port_range)]
+    #[arg(long, default_value = "10000-19999", value_parser = crate::instance::parse_port_range)]
     pub ports: RangeInclusive<u16>,
     /// Seconds this manager's lease lasts without renewal; after that, other
     /// managers take over what this node owned.
@@ -96,18 +96,6 @@ pub struct ManagerConfig {
     /// (`--ports`, `--run-dir` and `--dev-dir` are then its).
     #[arg(long, env = "INSTANCE_MANAGER_SOCKET")]
     pub instance_manager: Option<PathBuf>,
-}
-
-pub(crate) fn parse_port_range(value: &str) -> std::result::Result<RangeInclusive<u16>, String> {
-    let (first, last) = value
-        .split_once('-')
-        .ok_or_else(|| format!("{value:?} is not FIRST-LAST"))?;
-    let port = |p: &str| p.trim().parse::<u16>().map_err(|e| format!("{p:?}: {e}"));
-    let (first, last) = (port(first)?, port(last)?);
-    if first == 0 || last < first.saturating_add(1) {
-        return Err(format!("{value:?} must hold at least two ports, from 1 up"));
-    }
-    Ok(first..=last)
 }
 
 /// Runs the manager until `shutdown` completes.
@@ -196,11 +184,7 @@ async fn serve_health(
     }
 }
 
-/// Where the instance manager of a node whose default disk is `data_dir`
-/// keeps its records and logs.
-pub fn instance_state_dir(data_dir: &std::path::Path) -> PathBuf {
-    data_dir.join("instance-manager")
-}
+pub use crate::instance::state_dir as instance_state_dir;
 
 /// Once the caches have synced: adopts the engine and replica processes a
 /// previous manager left running, makes sure this node has its Node object,
@@ -251,7 +235,7 @@ async fn run_controllers(
 /// this process.
 async fn start_instances(config: &ManagerConfig, key: &Key) -> Result<Arc<InstanceManager>> {
     if let Some(socket) = &config.instance_manager {
-        crate::instance_manager::write_key(&config.data_dir, key)?;
+        crate::instance::write_cluster_key(&config.data_dir, key)?;
         info!(socket = %socket.display(), "asking the node's instance manager");
         return Ok(InstanceManager::connect(socket).await?);
     }

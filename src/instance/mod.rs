@@ -10,6 +10,7 @@
 //! The processes only survive if the manager is not the init of its pid
 //! namespace (a container's pid 1), whose death kills the namespace.
 
+mod cluster_key;
 mod error;
 mod local;
 mod pidfd;
@@ -30,7 +31,9 @@ use std::sync::Arc;
 
 use tokio::sync::broadcast;
 
+pub use cluster_key::{read_cluster_key, write_cluster_key};
 pub use error::InstanceError;
+pub use ports::parse_port_range;
 pub use request::{InstanceKind, InstanceRequest};
 pub use survivors::kill_recorded;
 
@@ -38,6 +41,12 @@ use crate::protocol::Key;
 use crate::types::InstanceState;
 use local::Local;
 use remote::Remote;
+
+/// Where the instance manager of a node whose default disk is `data_dir`
+/// keeps its records, logs and the cluster key.
+pub fn state_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("instance-manager")
+}
 
 /// Where a node's instances run and keep their state.
 #[derive(Clone, Debug)]

@@ -26,6 +26,20 @@ fn is_free(ip: IpAddr, port: u16, held: &HashSet<u16>) -> bool {
     !held.contains(&port) && TcpListener::bind(SocketAddr::new(ip, port)).is_ok()
 }
 
+/// Parses `FIRST-LAST`, a range of at least two ports (a replica takes
+/// two), for the command lines that hand ports out.
+pub fn parse_port_range(value: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (first, last) = value
+        .split_once('-')
+        .ok_or_else(|| format!("{value:?} is not FIRST-LAST"))?;
+    let port = |p: &str| p.trim().parse::<u16>().map_err(|e| format!("{p:?}: {e}"));
+    let (first, last) = (port(first)?, port(last)?);
+    if first == 0 || last < first.saturating_add(1) {
+        return Err(format!("{value:?} must hold at least two ports, from 1 up"));
+    }
+    Ok(first..=last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
