@@ -7,8 +7,8 @@
 //! archive for `ctr images import`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use crate::process::run;
 use crate::{Error, Result};
 
 /// The name pods use for the busybox image: [`BUSYBOX_REPOSITORY`] and the
@@ -33,23 +33,6 @@ const APPLETS: [&str; 14] = [
     "rm",
     "wc",
 ];
-
-/// Runs `program` with `args`, an error with its output if it fails.
-pub(crate) fn run(program: &str, args: &[&str]) -> Result<()> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| Error::io(program, e))?;
-    if !output.status.success() {
-        return Err(Error::Failed(format!(
-            "{program} {args:?}: {}\n{}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )));
-    }
-    Ok(())
-}
 
 fn text(path: &Path) -> Result<&str> {
     path.to_str()
@@ -110,4 +93,5 @@ pub fn import(socket: &Path, archive: &Path, repository: &str) -> Result<()> {
             text(archive)?,
         ],
     )
+    .map(drop)
 }

@@ -252,25 +252,14 @@ fn spawn_process(
     socket: &Path,
     dir: &Path,
 ) -> Result<Supervised> {
-    let mut command = Command::new(binary);
+    let mut command = node_command(binary, "manager", options, dir)?;
     command
-        .arg("manager")
         .arg(format!("--csi-endpoint=unix://{}", socket.display()))
         .arg(format!("--node-id={}", options.node_id))
         .arg("--kubeconfig")
         .arg(&options.kubeconfig)
         .arg(format!("--namespace={}", options.namespace))
-        .arg(format!("--ip={}", options.ip))
-        .arg(format!("--lease-seconds={}", options.lease_seconds))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .arg("--dev-dir")
-        .arg(dir.join("dev"));
-    if let Some(netns) = &options.netns {
-        crate::netns::enter(netns, &mut command)?;
-    }
+        .arg(format!("--lease-seconds={}", options.lease_seconds));
     if let Some(dir) = &options.kubelet_registration_dir {
         command.arg("--kubelet-registration-dir").arg(dir);
     }
@@ -280,6 +269,31 @@ fn spawn_process(
             .arg(instance_manager_socket(dir));
     }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
+}
+
+/// `binary subcommand` with what the node's manager and instance manager
+/// share: its address and its data, run and device directories in `dir`,
+/// in its network namespace if it has one.
+fn node_command(
+    binary: &Path,
+    subcommand: &str,
+    options: &ManagerOptions,
+    dir: &Path,
+) -> Result<Command> {
+    let mut command = Command::new(binary);
+    command
+        .arg(subcommand)
+        .arg(format!("--ip={}", options.ip))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .arg("--dev-dir")
+        .arg(dir.join("dev"));
+    if let Some(netns) = &options.netns {
+        crate::netns::enter(netns, &mut command)?;
+    }
+    Ok(command)
 }
 
 fn instance_manager_socket(dir: &Path) -> PathBuf {
@@ -293,21 +307,8 @@ fn spawn_instance_manager(
     options: &ManagerOptions,
     dir: &Path,
 ) -> Result<Supervised> {
-    let mut command = Command::new(binary);
-    command
-        .arg("instance-manager")
-        .arg("--socket")
-        .arg(instance_manager_socket(dir))
-        .arg(format!("--ip={}", options.ip))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .arg("--dev-dir")
-        .arg(dir.join("dev"));
-    if let Some(netns) = &options.netns {
-        crate::netns::enter(netns, &mut command)?;
-    }
+    let mut command = node_command(binary, "instance-manager", options, dir)?;
+    command.arg("--socket").arg(instance_manager_socket(dir));
     Supervised::spawn(
         "oxhorn instance-manager",
         command,

@@ -30,6 +30,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::process::run;
 use crate::{Error, Result};
 
 /// Prefix of every name made here.
@@ -392,24 +393,6 @@ fn remove_link(name: &str) -> bool {
 /// Runs `ip` with `args`; its output, or an error with what it said.
 fn ip(args: &[&str]) -> Result<String> {
     run("ip", args)
-}
-
-/// Runs an iproute2 `program` with `args`; its output, or an error with
-/// what it said.
-fn run(program: &str, args: &[&str]) -> Result<String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| Error::io(program, e))?;
-    if !output.status.success() {
-        return Err(Error::Failed(format!(
-            "{program} {}: {}: {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The pid a name made here by another process carries, if the name is

@@ -120,3 +120,21 @@ impl Drop for Supervised {
         self.kill();
     }
 }
+
+/// Runs `program` with `args` to its end; its output, or an error with what
+/// it said.
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| Error::io(program, e))?;
+    if !output.status.success() {
+        return Err(Error::Failed(format!(
+            "{program} {}: {}: {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
