@@ -27,6 +27,7 @@ pub mod instance;
 pub mod instance_manager;
 pub mod logging;
 pub mod manager;
+pub mod manifest;
 pub mod names;
 pub mod protocol;
 pub mod replica;

@@ -47,6 +47,8 @@ enum Command {
     Engine(EngineConfig),
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
+    /// Print the manifest that installs Oxhorn (deploy/oxhorn.yaml).
+    Manifest,
     /// Print the version.
     Version,
 }
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Crds => types::crds_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(Into::into),
+        Command::Manifest => oxhorn::manifest::manifest_yaml().map(|yaml| print!("{yaml}")),
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));
             Ok(())

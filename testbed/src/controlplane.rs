@@ -257,6 +257,9 @@ fn apiserver_command(dir: &Path, port: u16, etcd_port: u16) -> Result<Command> {
         .arg("--service-cluster-ip-range=10.96.0.0/24")
         // Nothing here serves the kubernetes Service; don't maintain its endpoints.
         .arg("--endpoint-reconciler-type=none")
+        // As every real cluster is set up: storage and CNI plugins run
+        // privileged.
+        .arg("--allow-privileged=true")
         .args([
             "--enable-priority-and-fairness=false",
             "--profiling=false",

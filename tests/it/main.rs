@@ -16,6 +16,7 @@ mod faults;
 mod fencing;
 mod frontend;
 mod identity;
+mod install;
 mod instance;
 mod kubelet_node;
 mod layout;

@@ -1,0 +1,97 @@
+//! The manifest that installs Oxhorn (deploy/oxhorn.yaml): generated from
+//! its parts, and every object in it accepted by a real API server.
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use oxhorn_testbed as testbed;
+use serde::Deserialize;
+
+const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/oxhorn.yaml");
+
+#[test]
+fn the_manifest_is_what_its_parts_make() {
+    let committed = std::fs::read_to_string(MANIFEST).unwrap();
+    let generated = oxhorn::manifest::manifest_yaml().unwrap();
+    assert!(
+        committed == generated,
+        "deploy/oxhorn.yaml is stale: run `cargo run -- manifest > deploy/oxhorn.yaml`"
+    );
+}
+
+/// The kinds and names of the objects in the manifest, in order.
+fn objects(manifest: &str) -> Vec<(String, String)> {
+    serde_yaml_ng::Deserializer::from_str(manifest)
+        .filter_map(|document| {
+            let value = serde_yaml_ng::Value::deserialize(document).ok()?;
+            let kind = value.get("kind")?.as_str()?.to_string();
+            let name = value.get("metadata")?.get("name")?.as_str()?.to_string();
+            Some((kind, name))
+        })
+        .collect()
+}
+
+/// A server-side dry run of the whole manifest: the API server validates
+/// every object (schemas, RBAC rules, references to priority classes and
+/// kinds) without keeping any. Its namespace exists for real meanwhile.
+#[tokio::test]
+async fn every_object_is_accepted_by_the_api_server() {
+    let control_plane = testbed::shared();
+    testbed::sidecars::apply_snapshot_crds(control_plane)
+        .await
+        .unwrap();
+    let namespaces: Api<Namespace> = Api::all(control_plane.client().unwrap());
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "oxhorn-system"}})).unwrap();
+    let created = namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .is_ok();
+
+    let output = control_plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--field-manager=oxhorn-install-test",
+            "-f",
+            MANIFEST,
+        ])
+        .unwrap();
+    if created {
+        namespaces
+            .delete("oxhorn-system", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "kubectl apply refused the manifest:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let manifest = std::fs::read_to_string(MANIFEST).unwrap();
+    let objects = objects(&manifest);
+    for (kind, name) in &objects {
+        let applied = stdout.lines().any(|line| {
+            line.to_lowercase().starts_with(&kind.to_lowercase())
+                && line.contains(&format!("/{name} "))
+        });
+        assert!(applied, "{kind} {name} not applied:\n{stdout}");
+    }
+    let kinds: Vec<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+    for kind in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "Role",
+        "DaemonSet",
+        "Deployment",
+        "CSIDriver",
+        "StorageClass",
+        "VolumeSnapshotClass",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind} in the manifest");
+    }
+}
