@@ -335,22 +335,44 @@ impl Cluster {
             .unwrap();
     }
 
+    /// Fails, saying why each node is not, if they are not all Ready and
+    /// Schedulable within PATIENCE (a full test disk shows here).
     pub async fn until_nodes_schedulable(&self) {
         let names: Vec<String> = self.nodes.iter().map(|n| n.node_id().to_owned()).collect();
-        self.until("every node Ready and Schedulable", || async {
+        let usable = |n: &Node| {
+            n.status.as_ref().is_some_and(|s| {
+                Condition::is_true(&s.conditions, "Ready")
+                    && Condition::is_true(&s.conditions, "Schedulable")
+            })
+        };
+        let ready = eventually(PATIENCE, || async {
             let nodes = self.api::<Node>().list(&Default::default()).await.ok()?;
-            let ready = names.iter().all(|name| {
-                nodes.items.iter().any(|n| {
-                    n.name_any() == *name
-                        && n.status.as_ref().is_some_and(|s| {
-                            Condition::is_true(&s.conditions, "Ready")
-                                && Condition::is_true(&s.conditions, "Schedulable")
-                        })
-                })
+            let all = names.iter().all(|name| {
+                nodes
+                    .items
+                    .iter()
+                    .any(|n| n.name_any() == *name && usable(n))
             });
-            ready.then_some(())
+            all.then_some(())
         })
         .await;
+        if let Err(timed_out) = ready {
+            let nodes = self.api::<Node>().list(&Default::default()).await;
+            let conditions: Vec<String> = nodes
+                .map(|list| list.items)
+                .unwrap_or_default()
+                .iter()
+                .map(|n| {
+                    let conditions = n.status.as_ref().map(|s| &s.conditions);
+                    format!("{}: {conditions:?}", n.name_any())
+                })
+                .collect();
+            panic!(
+                "{timed_out} waiting for every node Ready and Schedulable\n{}\n{}",
+                conditions.join("\n"),
+                self.logs()
+            );
+        }
     }
 
     /// Waits until `check` returns Some, failing the test with the managers'
