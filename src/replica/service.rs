@@ -164,6 +164,27 @@ struct Holder {
     session: u64,
 }
 
+impl Holder {
+    /// Fenced if `generation` is older than the current one.
+    fn admits(&self, generation: u64) -> Result<(), StorageError> {
+        if generation < self.generation {
+            return Err(StorageError::Fenced {
+                asked: generation,
+                current: self.generation,
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes `generation` current if it is newer (durably first); fenced if
+    /// it is older. The caller holds the fence exclusively.
+    fn raise(&mut self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
+        store.admit_generation(generation)?;
+        self.generation = self.generation.max(generation);
+        Ok(())
+    }
+}
+
 impl Fence {
     fn new(generation: u64) -> Self {
         Self {
@@ -190,10 +211,7 @@ impl Fence {
     /// Admits `generation` for control calls (durably, if it is new).
     /// Blocks on the disk.
     fn admit(&self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
-        let mut current = self.write();
-        store.admit_generation(generation)?;
-        current.generation = current.generation.max(generation);
-        Ok(())
+        self.write().raise(store, generation)
     }
 
     /// Admits a data connection and numbers it: an engine's supersedes every
@@ -202,8 +220,7 @@ impl Fence {
         match claim.role {
             Role::Engine => {
                 let mut current = self.write();
-                store.admit_generation(claim.generation)?;
-                current.generation = current.generation.max(claim.generation);
+                current.raise(store, claim.generation)?;
                 current.session += 1;
                 Ok(current.session)
             }
@@ -217,13 +234,7 @@ impl Fence {
         generation: u64,
         work: impl FnOnce() -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        let current = self.read();
-        if generation < current.generation {
-            return Err(StorageError::Fenced {
-                asked: generation,
-                current: current.generation,
-            });
-        }
+        self.read().admits(generation)?;
         work()
     }
 
@@ -235,12 +246,7 @@ impl Fence {
         work: impl FnOnce() -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
         let current = self.read();
-        if peer.generation < current.generation {
-            return Err(StorageError::Fenced {
-                asked: peer.generation,
-                current: current.generation,
-            });
-        }
+        current.admits(peer.generation)?;
         if peer.role == Role::Engine && peer.session < current.session {
             return Err(StorageError::Superseded {
                 generation: peer.generation,
@@ -292,25 +298,22 @@ impl Handler for DataHandler {
         // handing them to the blocking pool would cost more than it saves.
         // Only flush waits on the disk.
         let fence = &self.fence;
-        let within = |work: &mut dyn FnMut() -> Result<Bytes, StorageError>| {
-            fence.within_connection(peer, work)
-        };
         let result = match request.op {
-            Op::Read => within(&mut || {
+            Op::Read => fence.within_connection(peer, || {
                 let mut buf = vec![0; length as usize];
                 store.read_at(offset, &mut buf).map(|()| Bytes::from(buf))
             }),
             _ if peer.role == Role::Reader => Err(StorageError::ReadOnly(request.op.verb())),
-            Op::Write => {
-                within(&mut || store.write_at(offset, &request.data).map(|()| Bytes::new()))
-            }
-            Op::Unmap => within(&mut || {
+            Op::Write => fence.within_connection(peer, || {
+                store.write_at(offset, &request.data).map(|()| Bytes::new())
+            }),
+            Op::Unmap => fence.within_connection(peer, || {
                 store
                     .unmap(offset, u64::from(length))
                     .map(|()| Bytes::new())
             }),
-            Op::Flush => match within(&mut || Ok(Bytes::new())) {
-                Ok(_) => {
+            Op::Flush => match fence.within_connection(peer, || Ok(())) {
+                Ok(()) => {
                     let store = store.clone();
                     blocking(move || store.flush().map(|()| Bytes::new())).await
                 }
