@@ -6,16 +6,12 @@
 //! writes next to the instance records; the instance manager needs no
 //! access to the Kubernetes API.
 
-use std::net::IpAddr;
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use tracing::{Instrument, info, info_span};
 
-use crate::instance::{
-    InstanceManagerConfig, parse_port_range, read_cluster_key, service, state_dir,
-};
-use crate::{Error, Result, csi};
+use crate::instance::{InstanceArgs, read_cluster_key, service};
+use crate::{Result, csi};
 
 /// The command line of `oxhorn instance-manager`.
 #[derive(Clone, Debug, clap::Args)]
@@ -23,22 +19,10 @@ pub struct InstanceManagerArgs {
     /// The socket the manager asks on.
     #[arg(long, env = "INSTANCE_MANAGER_SOCKET")]
     pub socket: PathBuf,
-    /// The node's default disk, shared with the manager: instance records
-    /// and logs live in its `instance-manager` directory.
-    #[arg(long, env = "OXHORN_DATA_DIR", default_value = "/var/lib/oxhorn")]
-    pub data_dir: PathBuf,
-    /// The address instances bind and advertise (the node's).
-    #[arg(long, env = "POD_IP")]
-    pub ip: IpAddr,
-    /// Ports handed out to instances.
-    #[arg(long, default_value = "10000-19999", value_parser = parse_port_range)]
-    pub ports: RangeInclusive<u16>,
-    /// Where engines mount their FUSE files.
-    #[arg(long, default_value = "/var/run/oxhorn")]
-    pub run_dir: PathBuf,
-    /// Where engines publish /dev/oxhorn/<volume> links.
-    #[arg(long, default_value = "/dev/oxhorn")]
-    pub dev_dir: PathBuf,
+    /// The node's disk, address, ports and directories: the same as its
+    /// manager's.
+    #[command(flatten)]
+    pub node: InstanceArgs,
 }
 
 /// Runs the instance manager until `shutdown` completes; the processes keep
@@ -46,17 +30,8 @@ pub struct InstanceManagerArgs {
 pub async fn run(args: InstanceManagerArgs, shutdown: impl Future<Output = ()>) -> Result<()> {
     let span = info_span!("instance-manager", socket = %args.socket.display());
     async move {
-        let key = read_cluster_key(&args.data_dir).await?;
-        let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
-        let config = InstanceManagerConfig {
-            binary,
-            state_dir: state_dir(&args.data_dir),
-            ip: args.ip,
-            ports: args.ports.clone(),
-            run_dir: args.run_dir.clone(),
-            dev_dir: args.dev_dir.clone(),
-            key,
-        };
+        let key = read_cluster_key(&args.node.data_dir).await?;
+        let config = args.node.config(key)?;
         let (listener, _socket) = csi::endpoint::bind(&args.socket)?;
         info!("serving the manager");
         service::serve(config, listener, shutdown).await?;

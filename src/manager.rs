@@ -4,8 +4,6 @@
 //! started outlive it: the next manager on the node adopts them.
 
 use std::future::Future;
-use std::net::IpAddr;
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +24,7 @@ use crate::csi::{
     self, ControllerService, IdentityService, NodeService, NodeServiceConfig, VolumeLocks,
 };
 use crate::datastore::Datastore;
-use crate::instance::{InstanceManager, InstanceManagerConfig};
+use crate::instance::{InstanceArgs, InstanceManager};
 use crate::protocol::Key;
 use crate::{Error, Result, names};
 
@@ -49,25 +47,14 @@ pub struct ManagerConfig {
     /// Namespace of oxhorn's objects.
     #[arg(long, env = "POD_NAMESPACE", default_value = crate::types::DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// The node's default disk: replica data, and the instance manager's records.
-    #[arg(long, env = "OXHORN_DATA_DIR", default_value = "/var/lib/oxhorn")]
-    pub data_dir: PathBuf,
-    /// Address this node's engines and replicas listen on and are reached at.
-    #[arg(long, env = "POD_IP")]
-    pub ip: IpAddr,
-    /// Ports handed to engines and replicas, as FIRST-LAST.
-    #[arg(long, default_value = "10000-19999", value_parser = crate::instance::parse_port_range)]
-    pub ports: RangeInclusive<u16>,
+    /// The node's disk, address, ports and directories, shared with the
+    /// node's instance manager.
+    #[command(flatten)]
+    pub node: InstanceArgs,
     /// Seconds this manager's lease lasts without renewal; after that, other
     /// managers take over what this node owned.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub lease_seconds: u64,
-    /// Where engines mount their FUSE files.
-    #[arg(long, default_value = "/var/run/oxhorn")]
-    pub run_dir: PathBuf,
-    /// Where engines publish /dev/oxhorn/<volume> links.
-    #[arg(long, default_value = "/dev/oxhorn")]
-    pub dev_dir: PathBuf,
     /// The host's /proc (mounted into the container): host operations (mkfs,
     /// mount, resize) then run in the host's mount and network namespaces.
     /// Without it they run in the manager's own.
@@ -117,7 +104,7 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
         let node = NodeService::new(
             NodeServiceConfig {
                 node_id: config.node_id.clone(),
-                dev_dir: config.dev_dir.clone(),
+                dev_dir: config.node.dev_dir.clone(),
                 host_proc: config.host_proc.clone(),
                 max_volumes: config.max_volumes,
             },
@@ -170,7 +157,7 @@ async fn register_with_kubelet(
         .kubelet_csi_path
         .clone()
         .unwrap_or_else(|| socket_path.to_path_buf());
-    csi::registration::serve(dir, csi_path, std::future::pending()).await
+    csi::registration::serve(dir, csi_path).await
 }
 
 /// Answers the kubelet's probes while the manager runs, if asked to.
@@ -179,12 +166,12 @@ async fn serve_health(
     ready: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     match config.health_port {
-        Some(port) => crate::health::serve(std::net::SocketAddr::new(config.ip, port), ready).await,
+        Some(port) => {
+            crate::health::serve(std::net::SocketAddr::new(config.node.ip, port), ready).await
+        }
         None => std::future::pending().await,
     }
 }
-
-pub use crate::instance::state_dir as instance_state_dir;
 
 /// Once the caches have synced: adopts the engine and replica processes a
 /// previous manager left running, makes sure this node has its Node object,
@@ -214,7 +201,7 @@ async fn run_controllers(
     let instances = start_instances(&config, &key).await?;
     let node = NodeConfig {
         node_id: config.node_id.clone(),
-        data_dir: config.data_dir.clone(),
+        data_dir: config.node.data_dir.clone(),
     };
     let ctx = controller::Context::new(client.clone(), datastore, node, instances, key);
     controller::ensure_own_node(&ctx).await?;
@@ -235,21 +222,11 @@ async fn run_controllers(
 /// this process.
 async fn start_instances(config: &ManagerConfig, key: &Key) -> Result<Arc<InstanceManager>> {
     if let Some(socket) = &config.instance_manager {
-        crate::instance::write_cluster_key(&config.data_dir, key)?;
+        crate::instance::write_cluster_key(&config.node.data_dir, key)?;
         info!(socket = %socket.display(), "asking the node's instance manager");
         return Ok(InstanceManager::connect(socket).await?);
     }
-    let binary = std::env::current_exe().map_err(|e| Error::io("/proc/self/exe", e))?;
-    Ok(InstanceManager::start(InstanceManagerConfig {
-        binary,
-        state_dir: instance_state_dir(&config.data_dir),
-        ip: config.ip,
-        ports: config.ports.clone(),
-        run_dir: config.run_dir.clone(),
-        dev_dir: config.dev_dir.clone(),
-        key: key.clone(),
-    })
-    .await?)
+    Ok(InstanceManager::start(config.node.config(key.clone())?).await?)
 }
 
 /// A client from the given kubeconfig, or from the environment (in-cluster

@@ -48,6 +48,46 @@ pub fn state_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("instance-manager")
 }
 
+/// Where a node's instances run: the options the manager (holding them
+/// itself) and `oxhorn instance-manager` share on their command lines.
+#[derive(Clone, Debug, clap::Args)]
+pub struct InstanceArgs {
+    /// The node's default disk: replica data, and the instance manager's
+    /// records, logs and the cluster key.
+    #[arg(long, env = "OXHORN_DATA_DIR", default_value = "/var/lib/oxhorn")]
+    pub data_dir: PathBuf,
+    /// Address this node's engines and replicas listen on and are reached at.
+    #[arg(long, env = "POD_IP")]
+    pub ip: IpAddr,
+    /// Ports handed to engines and replicas, as FIRST-LAST.
+    #[arg(long, default_value = "10000-19999", value_parser = parse_port_range)]
+    pub ports: RangeInclusive<u16>,
+    /// Where engines mount their FUSE files.
+    #[arg(long, default_value = "/var/run/oxhorn")]
+    pub run_dir: PathBuf,
+    /// Where engines publish /dev/oxhorn/<volume> links.
+    #[arg(long, default_value = "/dev/oxhorn")]
+    pub dev_dir: PathBuf,
+}
+
+impl InstanceArgs {
+    /// The supervisor these options describe, running this executable and
+    /// handing each instance its volume's key derived from `key`.
+    pub fn config(&self, key: Key) -> Result<InstanceManagerConfig, InstanceError> {
+        let exe = Path::new("/proc/self/exe");
+        let binary = std::env::current_exe().map_err(|e| InstanceError::io("finding", exe, e))?;
+        Ok(InstanceManagerConfig {
+            binary,
+            state_dir: state_dir(&self.data_dir),
+            ip: self.ip,
+            ports: self.ports.clone(),
+            run_dir: self.run_dir.clone(),
+            dev_dir: self.dev_dir.clone(),
+            key,
+        })
+    }
+}
+
 /// Where a node's instances run and keep their state.
 #[derive(Clone, Debug)]
 pub struct InstanceManagerConfig {

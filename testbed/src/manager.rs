@@ -142,7 +142,7 @@ impl ManagerProcess {
     }
 
     fn state_dir(&self) -> PathBuf {
-        oxhorn::manager::instance_state_dir(&self.data_dir())
+        oxhorn::instance::state_dir(&self.data_dir())
     }
 
     /// The manager's output so far.

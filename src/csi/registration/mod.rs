@@ -73,20 +73,16 @@ pub fn socket_path(dir: &Path) -> PathBuf {
     dir.join(format!("{DRIVER_NAME}-reg.sock"))
 }
 
-/// Serves the registration of the CSI endpoint at `csi_path` in `dir` until
-/// `shutdown` completes; the socket is removed then.
-pub async fn serve(
-    dir: &Path,
-    csi_path: PathBuf,
-    shutdown: impl Future<Output = ()>,
-) -> Result<()> {
+/// Serves the registration of the CSI endpoint at `csi_path` in `dir` for as
+/// long as the future runs; the socket is removed when it is dropped.
+pub async fn serve(dir: &Path, csi_path: PathBuf) -> Result<()> {
     let path = socket_path(dir);
     let (listener, _socket) = endpoint::bind(&path)?;
     info!(socket = %path.display(), csi = %csi_path.display(), "offering the CSI driver to the kubelet");
     let (connections, incoming) = mpsc::channel(4);
     let server = Server::builder()
         .add_service(RegistrationServer::new(RegistrationService { csi_path }))
-        .serve_with_incoming_shutdown(ReceiverStream::new(incoming), shutdown);
+        .serve_with_incoming(ReceiverStream::new(incoming));
     tokio::select! {
         served = server => served?,
         accepted = accept(listener, connections) => accepted?,

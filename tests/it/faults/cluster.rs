@@ -50,7 +50,7 @@ pub(super) fn instance_log(cluster: &Cluster, node: &str, instance: &str) -> Str
 
 /// Where `node`'s instance manager writes its processes' logs.
 fn instance_logs(node: &ManagerProcess) -> PathBuf {
-    oxhorn::manager::instance_state_dir(&node.data_dir()).join("logs")
+    oxhorn::instance::state_dir(&node.data_dir()).join("logs")
 }
 
 /// Creates the rows' volume (3 replicas) and waits until it is detached and
