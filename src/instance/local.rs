@@ -33,13 +33,7 @@ impl Local {
         Ok(Self { shared })
     }
 
-    /// Makes sure the instance runs, and returns what it is now; idempotent.
-    /// A new instance gets its ports and starts (in the background: it is
-    /// Starting, without a pid yet). A known one keeps its process (running,
-    /// starting or waiting to restart): `request` is stored for its next
-    /// start, so an engine restarted after a crash gets the latest replicas
-    /// and size. Changing the kind (replica, engine) is an error, as is
-    /// asking while the instance is being stopped.
+    /// See [`super::InstanceManager::ensure_running`].
     pub(super) fn ensure_running(
         &self,
         request: InstanceRequest,
@@ -105,11 +99,9 @@ impl Local {
         Ok(entry.info.clone())
     }
 
-    /// Stops the instance: SIGTERM, SIGKILL after a grace period of 15 s,
-    /// then for a killed engine the clean-up of its FUSE mount and loop
-    /// device. The record goes, the ports are freed and the instance is
-    /// forgotten. Ok if it is unknown. If this future is dropped, the stop
-    /// goes on; if the manager shuts down meanwhile, it may not finish.
+    /// See [`super::InstanceManager::stop`]. If this future is dropped, the
+    /// stop goes on; if the supervisor shuts down meanwhile, it may not
+    /// finish.
     pub(super) async fn stop(&self, name: &str) -> Result<(), InstanceError> {
         let Some(done) = self.request_stop(name) else {
             return Ok(());
@@ -150,15 +142,12 @@ impl Local {
             .map(|entry| entry.info.clone())
     }
 
-    /// Names of all known instances (running, starting, backing off), sorted.
     pub(super) fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.table().entries.keys().cloned().collect();
         names.sort();
         names
     }
 
-    /// Receives the name of an instance each time its [`InstanceInfo`]
-    /// changes or it is forgotten, so controllers can requeue it.
     pub(super) fn subscribe(&self) -> broadcast::Receiver<String> {
         self.shared.subscribe()
     }
