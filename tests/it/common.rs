@@ -575,3 +575,54 @@ pub fn replica_dir(node: &ManagerProcess, replica: &Replica) -> PathBuf {
         .join("replicas")
         .join(&replica.spec.data_directory_name)
 }
+
+/// A pod of the test bed's busybox image that runs `script` once, on the
+/// host's network; callers add where it runs and what it mounts.
+pub fn one_shot_pod(name: &str, script: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "hostNetwork": true,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": testbed::images::BUSYBOX,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+            }]
+        }
+    })
+}
+
+/// Creates `pod`, waits until it has run to its end, deletes it and waits
+/// until it is gone; its final phase (Succeeded or Failed), or which wait
+/// ran out of `patience`.
+pub async fn run_to_completion(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    pod: serde_json::Value,
+    patience: Duration,
+) -> Result<String, String> {
+    let pod: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(pod).map_err(|e| e.to_string())?;
+    let name = pod.name_any();
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| format!("creating pod {name}: {e}"))?;
+    let phase = eventually(patience, || async {
+        let phase = pods.get(&name).await.ok()?.status?.phase?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+    })
+    .await
+    .map_err(|e| format!("{e} waiting for pod {name} to finish"))?;
+    pods.delete(&name, &DeleteParams::default())
+        .await
+        .map_err(|e| format!("deleting pod {name}: {e}"))?;
+    eventually(patience, || async {
+        pods.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .map_err(|e| format!("{e} waiting for pod {name} to be removed"))?;
+    Ok(phase)
+}

@@ -8,13 +8,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::wait::await_condition;
 use oxhorn_testbed::{
-    KubeletNode, ManagerOptions, ManagerProcess, TestNamespace, delete_kube_node, images,
+    KubeletNode, ManagerOptions, ManagerProcess, TestNamespace, delete_kube_node,
 };
 
-use crate::common::OXHORN;
+use crate::common::{OXHORN, one_shot_pod, run_to_completion};
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -35,34 +35,6 @@ fn sysctls() -> Vec<String> {
     .collect()
 }
 
-/// A pod that writes a file and reads it back, on the host's network.
-fn pod(name: &str, node: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "hostNetwork": true,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": images::BUSYBOX,
-                "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", "echo written > /tmp/file && test \"$(cat /tmp/file)\" = written"]
-            }]
-        }
-    }))
-    .unwrap()
-}
-
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
 #[tokio::test]
 async fn a_real_node_runs_a_pod_and_leaves_the_host_as_it_was() {
     let control = oxhorn_testbed::shared();
@@ -78,36 +50,15 @@ async fn a_real_node_runs_a_pod_and_leaves_the_host_as_it_was() {
 
     let node = KubeletNode::start(control, "kn-1").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace.name());
-    pods.create(&PostParams::default(), &pod("writer", node.name()))
-        .await
-        .unwrap();
-    let done = tokio::time::timeout(
-        PATIENCE,
-        await_condition(pods.clone(), "writer", |pod: Option<&Pod>| {
-            pod.is_some_and(|p| matches!(phase(p), "Succeeded" | "Failed"))
-        }),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("the pod did not finish\n{}", node.logs(40)))
-    .unwrap()
-    .unwrap();
-    assert_eq!(
-        phase(&done),
-        "Succeeded",
-        "{:#?}\n{}",
-        done.status,
-        node.logs(40)
+    let mut pod = one_shot_pod(
+        "writer",
+        "echo written > /tmp/file && test \"$(cat /tmp/file)\" = written",
     );
-    pods.delete("writer", &DeleteParams::default())
+    pod["spec"]["nodeName"] = node.name().into();
+    let phase = run_to_completion(&pods, pod, PATIENCE)
         .await
-        .unwrap();
-    tokio::time::timeout(
-        PATIENCE,
-        await_condition(pods.clone(), "writer", |pod: Option<&Pod>| pod.is_none()),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("the pod was not removed\n{}", node.logs(40)))
-    .unwrap();
+        .unwrap_or_else(|e| panic!("{e}\n{}", node.logs(40)));
+    assert_eq!(phase, "Succeeded", "{}", node.logs(40));
 
     let dir = node.kubelet_dir();
     let name = node.name().to_string();

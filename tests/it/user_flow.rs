@@ -7,17 +7,17 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
 use oxhorn::types::{Engine, Replica, Volume};
 use oxhorn_testbed::sidecars::Sidecars;
-use oxhorn_testbed::{self as testbed, KubeletNode, TestNamespace, delete_kube_node, images};
+use oxhorn_testbed::{self as testbed, KubeletNode, TestNamespace, delete_kube_node};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, require_root};
+use crate::common::{Cluster, eventually, one_shot_pod, require_root, run_to_completion};
 
 const PATIENCE: Duration = Duration::from_secs(180);
 const STORAGE_CLASS: &str = "oxhorn-kubelet-flow";
@@ -60,6 +60,13 @@ impl Flow {
             node,
             started,
         };
+        // Pods are refused until the service-account controller has given
+        // the new namespace its `default` ServiceAccount.
+        let accounts: Api<ServiceAccount> = Api::namespaced(flow.client(), flow.users.name());
+        flow.until("the users' default ServiceAccount", || async {
+            accounts.get_opt("default").await.ok()?.map(drop)
+        })
+        .await;
         flow.report("kubelet node, managers and sidecars started");
         flow
     }
@@ -120,43 +127,26 @@ impl Flow {
             .unwrap();
     }
 
-    /// Runs a pod with `script` on the claim, on the kubelet's node, and
-    /// waits until it has finished; returns its phase.
+    /// Runs a pod with `script` on the claim, on the kubelet's node, until
+    /// it has finished and is gone; its phase.
     async fn run_pod(&self, name: &str, script: &str) -> String {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": self.node.name()},
-                "hostNetwork": true,
-                "restartPolicy": "Never",
-                "automountServiceAccountToken": false,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{
-                    "name": "main",
-                    "image": images::BUSYBOX,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", script],
-                    "volumeMounts": [{"name": "data", "mountPath": MOUNT}]
-                }],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]
-            }
-        }))
-        .unwrap();
+        let mut pod = one_shot_pod(name, script);
+        let spec = &mut pod["spec"];
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": self.node.name()});
+        spec["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": MOUNT}]);
+        spec["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]);
         let pods: Api<Pod> = Api::namespaced(self.client(), self.users.name());
-        pods.create(&PostParams::default(), &pod).await.unwrap();
-        let phase = self
-            .until(&format!("pod {name} finished"), || async {
-                let pod = pods.get(name).await.ok()?;
-                let phase = pod.status?.phase?;
-                matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
-            })
-            .await;
-        pods.delete(name, &DeleteParams::default()).await.unwrap();
-        self.until(&format!("pod {name} removed"), || async {
-            pods.get_opt(name).await.ok()?.is_none().then_some(())
-        })
-        .await;
-        phase
+        let step = Instant::now();
+        match run_to_completion(&pods, pod, PATIENCE).await {
+            Ok(phase) => {
+                self.report(&format!(
+                    "pod {name} ran and went after {:.1?}",
+                    step.elapsed()
+                ));
+                phase
+            }
+            Err(e) => panic!("{e}\n{}", self.logs()),
+        }
     }
 
     /// Every PV, VolumeAttachment and oxhorn object left.
