@@ -48,7 +48,7 @@ enum Command {
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
     /// Print the manifest that installs Oxhorn (deploy/oxhorn.yaml).
-    Manifest,
+    Manifest(oxhorn::manifest::HostDirs),
     /// Print the version.
     Version,
 }
@@ -68,7 +68,9 @@ fn main() -> ExitCode {
         Command::Crds => types::crds_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(Into::into),
-        Command::Manifest => oxhorn::manifest::manifest_yaml().map(|yaml| print!("{yaml}")),
+        Command::Manifest(dirs) => {
+            oxhorn::manifest::manifest_yaml_for(&dirs).map(|yaml| print!("{yaml}"))
+        }
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));
             Ok(())
