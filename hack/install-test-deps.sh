@@ -44,6 +44,7 @@ apt_packages=(
 	containerd runc    # the test bed's real kubelet nodes run pods with these
 	containernetworking-plugins  # a CNI configuration containerd accepts
 	busybox-static umoci         # the test images, built locally
+	buildah mmdebstrap           # hack/build-image.sh: the product and sidecar images, and their Debian base
 )
 
 install_apt() {

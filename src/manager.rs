@@ -60,6 +60,10 @@ pub struct ManagerConfig {
     /// Without it they run in the manager's own.
     #[arg(long, env = "OXHORN_HOST_PROC")]
     pub host_proc: Option<PathBuf>,
+    /// The host process (in `--host-proc`) whose namespaces are the host's:
+    /// the node's init, unless a sandbox keeps the init out of reach.
+    #[arg(long, default_value_t = 1, requires = "host_proc")]
+    pub host_pid: u32,
     /// Most volumes this node takes, told to Kubernetes' scheduler through
     /// NodeGetInfo; 0 means no limit.
     #[arg(long, default_value_t = 0)]
@@ -105,7 +109,10 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             NodeServiceConfig {
                 node_id: config.node_id.clone(),
                 dev_dir: config.node.dev_dir.clone(),
-                host_proc: config.host_proc.clone(),
+                host_process: config
+                    .host_proc
+                    .as_ref()
+                    .map(|proc| proc.join(config.host_pid.to_string())),
                 max_volumes: config.max_volumes,
             },
             Arc::clone(&datastore),

@@ -1,7 +1,8 @@
 //! Operations on the node's host: running its programs (blkid, mkfs,
 //! resize2fs), mounting, and reading its mount table. When the manager runs in
-//! a container, `host_proc` points at the host's /proc and programs run in the
-//! host's mount and network namespaces.
+//! a container, `host_process` is a host process's directory in the host's
+//! /proc (its init's), and programs run in that process's mount and network
+//! namespaces.
 
 pub mod command;
 pub mod device;
@@ -57,19 +58,20 @@ pub type Result<T, E = HostError> = std::result::Result<T, E>;
 /// The host this node plugin acts on.
 #[derive(Debug, Clone, Default)]
 pub struct Host {
-    /// The host's /proc; None when we already are in the host's namespaces.
-    host_proc: Option<PathBuf>,
+    /// A host process's /proc directory, e.g. `/host/proc/1`; None when we
+    /// already are in the host's namespaces.
+    host_process: Option<PathBuf>,
 }
 
 impl Host {
-    pub fn new(host_proc: Option<PathBuf>) -> Self {
-        Self { host_proc }
+    pub fn new(host_process: Option<PathBuf>) -> Self {
+        Self { host_process }
     }
 
     /// The mount table of the namespace host programs and kubelet see.
     fn mountinfo_path(&self) -> PathBuf {
-        match &self.host_proc {
-            Some(proc) => proc.join("1/mountinfo"),
+        match &self.host_process {
+            Some(process) => process.join("mountinfo"),
             None => PathBuf::from("/proc/self/mountinfo"),
         }
     }

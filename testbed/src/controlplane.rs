@@ -98,6 +98,11 @@ impl ControlPlane {
         self.api
     }
 
+    /// The cluster's CA certificate (it signed the API server's).
+    pub fn ca_file(&self) -> &Path {
+        &self.ca
+    }
+
     /// Writes to `path` a kubeconfig like [`ControlPlane::kubeconfig`] that
     /// reaches the API server at `server` (a relay), still verifying the
     /// serving certificate as the loopback address's.

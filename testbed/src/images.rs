@@ -95,3 +95,46 @@ pub fn import(socket: &Path, archive: &Path, repository: &str) -> Result<()> {
     )
     .map(drop)
 }
+
+/// Where hack/build-image.sh leaves the archives of the product's image and
+/// of the CSI sidecars' images: `$OXHORN_IMAGE_DIR`, default
+/// `$OXHORN_CACHE/images`.
+pub fn product_dir() -> PathBuf {
+    std::env::var_os("OXHORN_IMAGE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::tools_dir().with_file_name("images"))
+}
+
+/// Imports every archive of [`product_dir`] into the containerd at
+/// `socket`, each under the names it carries; an error saying to run
+/// hack/build-image.sh when there are none.
+pub fn import_product(socket: &Path) -> Result<()> {
+    let dir = product_dir();
+    let mut archives: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::Failed(format!("{}: {e}: run hack/build-image.sh", dir.display())))?
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "tar"))
+        .collect();
+    if archives.is_empty() {
+        return Err(Error::Failed(format!(
+            "no image archives in {}: run hack/build-image.sh",
+            dir.display()
+        )));
+    }
+    archives.sort();
+    for archive in archives {
+        run(
+            "ctr",
+            &[
+                "--address",
+                text(socket)?,
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                text(&archive)?,
+            ],
+        )?;
+    }
+    Ok(())
+}

@@ -37,6 +37,10 @@ const SBIN_TOOLS: [&str; 3] = ["losetup", "blockdev", "blkid"];
 /// fixed path, so nodes of one process run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The host to oneself: no kubelet node of this process starts while it is
+/// held.
+pub type HostTurn = tokio::sync::MutexGuard<'static, ()>;
+
 pub struct KubeletNode {
     name: String,
     socket: PathBuf,
@@ -47,7 +51,7 @@ pub struct KubeletNode {
     /// Dropped last: the host is restored once everything else is gone,
     /// then the next node may start.
     _host: HostChanges,
-    _turn: tokio::sync::MutexGuard<'static, ()>,
+    turn: Option<HostTurn>,
 }
 
 impl KubeletNode {
@@ -75,7 +79,7 @@ impl KubeletNode {
             containerd: None,
             dir: Some(dir),
             _host: host,
-            _turn: turn,
+            turn: Some(turn),
         };
         node.start_processes(control)?;
         node.until_ready(control).await?;
@@ -89,6 +93,7 @@ impl KubeletNode {
 
     fn start_processes(&mut self, control: &ControlPlane) -> Result<()> {
         let dir = self.dir().to_path_buf();
+        share_mounts(&dir)?;
         write_containerd_config(&dir, &self.socket)?;
         let mut containerd = Command::new("containerd");
         containerd.arg("--config").arg(dir.join("containerd.toml"));
@@ -176,6 +181,31 @@ impl KubeletNode {
         self.kubelet_dir().join("plugins_registry")
     }
 
+    /// Stops the node like dropping it does, and keeps the host from the
+    /// next node until the returned turn is dropped: for checking that the
+    /// host is as it was.
+    pub fn stop(mut self) -> HostTurn {
+        let turn = self.turn.take();
+        drop(self);
+        // Invariant: set by start, taken only here.
+        turn.expect("the node's turn")
+    }
+
+    /// A directory of this node's for a pod's hostPath, `name` under the
+    /// node's own; what is mounted there is released with the node, and
+    /// mounts propagate both ways as on a real node's shared root.
+    pub fn host_dir(&self, name: &str) -> Result<PathBuf> {
+        let dir = self.dir().join("host").join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        Ok(dir)
+    }
+
+    /// Imports the images hack/build-image.sh built (Oxhorn's and the CSI
+    /// sidecars'), so the manifest's pods can run here.
+    pub fn import_product_images(&self) -> Result<()> {
+        images::import_product(&self.socket)
+    }
+
     /// The last `lines` lines of the kubelet's and containerd's logs.
     pub fn logs(&self, lines: usize) -> String {
         [&self.kubelet, &self.containerd]
@@ -206,6 +236,26 @@ impl Drop for KubeletNode {
             drop(dir);
         }
     }
+}
+
+/// Makes `dir` a mount point of its own with shared propagation, as a
+/// systemd host's root is: pods' `Bidirectional` mounts (the node plugin's)
+/// need it, and this machine's root is private. The drop's release of what
+/// is mounted under the node's directory removes it.
+fn share_mounts(dir: &Path) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    let failed =
+        |what: &str, e: nix::Error| Error::Failed(format!("{what} {}: {e}", dir.display()));
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(|e| failed("bind-mounting", e))?;
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| failed("sharing the mounts of", e))
 }
 
 /// The taint a kubelet registers its node with, which the node-lifecycle

@@ -41,6 +41,15 @@ impl TestNamespace {
         })
     }
 
+    /// Takes charge of the existing namespace `name` (e.g. the one an
+    /// installed manifest made): removed like a created one when dropped.
+    pub fn adopt(control_plane: &ControlPlane, name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            config: control_plane.config().clone(),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

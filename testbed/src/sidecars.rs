@@ -38,6 +38,15 @@ persistentvolume-protection-controller,persistentvolumeclaim-protection-controll
 const KUBELET_CONTROLLERS: &str = "persistentvolume-attach-detach-controller,\
 serviceaccount-controller";
 
+/// What a cluster runs before Oxhorn is installed in it: the controllers of
+/// the workloads and objects the manifest creates (DaemonSets, Deployments,
+/// StatefulSets, namespaces, the CA ConfigMap that service-account tokens
+/// mount, garbage collection).
+const CLUSTER_CONTROLLERS: &str = "daemonset-controller,deployment-controller,\
+replicaset-controller,statefulset-controller,namespace-controller,\
+garbage-collector-controller,pod-garbage-collector-controller,\
+root-ca-certificate-publisher-controller";
+
 /// The running sidecars; dropping this kills them and removes their logs.
 pub struct Sidecars {
     processes: Vec<Supervised>,
@@ -59,11 +68,28 @@ impl Sidecars {
         Self::start_with(kubeconfig, socket, true)
     }
 
+    /// Only what the cluster itself runs, for Oxhorn installed from its
+    /// manifest (whose Deployments bring the CSI sidecars): kube-scheduler
+    /// and kube-controller-manager with the PersistentVolume, attach-detach
+    /// and service-account controllers and [`CLUSTER_CONTROLLERS`].
+    pub fn start_cluster(control_plane: &ControlPlane) -> Result<Self> {
+        let dir = logs_dir()?;
+        let kubeconfig = control_plane.kubeconfig();
+        let controllers = format!("{KUBE_CONTROLLERS},{KUBELET_CONTROLLERS},{CLUSTER_CONTROLLERS}");
+        let mut kube_controllers = kube_controller_manager(kubeconfig, &controllers)?;
+        kube_controllers.arg(format!(
+            "--root-ca-file={}",
+            control_plane.ca_file().display()
+        ));
+        let commands = vec![
+            ("kube-controller-manager", kube_controllers),
+            ("kube-scheduler", kube_scheduler(kubeconfig)?),
+        ];
+        Self::spawn_all(commands, dir)
+    }
+
     fn start_with(kubeconfig: &Path, socket: &Path, kubelets: bool) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("oxhorn-sidecars-")
-            .tempdir()
-            .map_err(|e| Error::io(std::env::temp_dir(), e))?;
+        let dir = logs_dir()?;
         let csi = |name: &str| -> Result<Command> {
             let mut command = Command::new(tool(name)?);
             command
@@ -92,19 +118,7 @@ impl Sidecars {
         } else {
             KUBE_CONTROLLERS.to_string()
         };
-        let mut kube_controllers = Command::new(tool("kube-controller-manager")?);
-        kube_controllers
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--controllers={controllers}"))
-            .args([
-                "--leader-elect=false",
-                // Serves no health or metrics endpoint: nothing probes it.
-                "--secure-port=0",
-                "--use-service-account-credentials=false",
-                // The binder also retries on this period, not only on events.
-                "--pvclaimbinder-sync-period=2s",
-                "--v=2",
-            ]);
+        let kube_controllers = kube_controller_manager(kubeconfig, &controllers)?;
 
         let mut commands = vec![
             ("kube-controller-manager", kube_controllers),
@@ -115,12 +129,12 @@ impl Sidecars {
             ("snapshot-controller", snapshot_controller),
         ];
         if kubelets {
-            let mut scheduler = Command::new(tool("kube-scheduler")?);
-            scheduler
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .args(["--leader-elect=false", "--secure-port=0", "--v=2"]);
-            commands.push(("kube-scheduler", scheduler));
+            commands.push(("kube-scheduler", kube_scheduler(kubeconfig)?));
         }
+        Self::spawn_all(commands, dir)
+    }
+
+    fn spawn_all(commands: Vec<(&'static str, Command)>, dir: TempDir) -> Result<Self> {
         let mut processes = Vec::new();
         for (name, command) in commands {
             let log = dir.path().join(format!("{name}.log"));
@@ -146,6 +160,38 @@ impl Sidecars {
             .map(|p| format!("==== {} ====\n{}\n", p.name, p.log_tail(lines)))
             .collect()
     }
+}
+
+fn logs_dir() -> Result<TempDir> {
+    tempfile::Builder::new()
+        .prefix("oxhorn-sidecars-")
+        .tempdir()
+        .map_err(|e| Error::io(std::env::temp_dir(), e))
+}
+
+fn kube_controller_manager(kubeconfig: &Path, controllers: &str) -> Result<Command> {
+    let mut command = Command::new(tool("kube-controller-manager")?);
+    command
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--controllers={controllers}"))
+        .args([
+            "--leader-elect=false",
+            // Serves no health or metrics endpoint: nothing probes it.
+            "--secure-port=0",
+            "--use-service-account-credentials=false",
+            // The binder also retries on this period, not only on events.
+            "--pvclaimbinder-sync-period=2s",
+            "--v=2",
+        ]);
+    Ok(command)
+}
+
+fn kube_scheduler(kubeconfig: &Path) -> Result<Command> {
+    let mut command = Command::new(tool("kube-scheduler")?);
+    command
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["--leader-elect=false", "--secure-port=0", "--v=2"]);
+    Ok(command)
 }
 
 /// Where hack/install-test-deps.sh puts the VolumeSnapshot CRDs.

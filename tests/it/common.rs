@@ -154,6 +154,20 @@ struct Setup<'a> {
     kubelet: Option<&'a KubeletNode>,
     /// Engines and replicas under an `oxhorn instance-manager` per node.
     instance_managers: bool,
+    /// The namespace to run in, instead of a new one.
+    namespace: Option<TestNamespace>,
+    /// The first node's manager is the installed manifest's, on the
+    /// kubelet's node: none is started for it here.
+    installed: bool,
+    /// The nodes' addresses are 127.0.subnet.i; a new subnet when unset.
+    subnet: Option<u8>,
+}
+
+/// A subnet no other cluster of this test binary uses: nodes take
+/// 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x.
+pub fn next_subnet() -> u8 {
+    static SUBNET: AtomicU8 = AtomicU8::new(1);
+    SUBNET.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Default for Setup<'_> {
@@ -163,6 +177,9 @@ impl Default for Setup<'_> {
             hosts: None,
             kubelet: None,
             instance_managers: false,
+            namespace: None,
+            installed: false,
+            subnet: None,
         }
     }
 }
@@ -217,6 +234,30 @@ impl Cluster {
         cluster
     }
 
+    /// `count` nodes with addresses in `subnet` (see [`next_subnet`]) in
+    /// the namespace of an installed Oxhorn, the first of them `kubelet`'s,
+    /// whose manager the manifest's DaemonSet runs (not started here; its
+    /// data address is 127.0.subnet.1); the others manager-only
+    /// host processes, Ready and Schedulable.
+    pub async fn join_installed(
+        ns: TestNamespace,
+        count: usize,
+        kubelet: &KubeletNode,
+        subnet: u8,
+    ) -> Self {
+        let setup = Setup {
+            kubelet: Some(kubelet),
+            instance_managers: true,
+            namespace: Some(ns),
+            installed: true,
+            subnet: Some(subnet),
+            ..Setup::default()
+        };
+        let cluster = Self::launch_on("", count, setup).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
+    }
+
     /// `count` nodes, each in a network namespace of its own (see
     /// [`Hosts`]), every node Ready and Schedulable.
     pub async fn start_in_namespaces(prefix: &str, count: usize) -> Self {
@@ -237,13 +278,17 @@ impl Cluster {
             hosts,
             kubelet,
             instance_managers,
+            namespace,
+            installed,
+            subnet,
         } = setup;
-        static SUBNET: AtomicU8 = AtomicU8::new(1);
         let control_plane = testbed::shared();
-        let ns = TestNamespace::create(control_plane, prefix).await.unwrap();
+        let ns = match namespace {
+            Some(ns) => ns,
+            None => TestNamespace::create(control_plane, prefix).await.unwrap(),
+        };
         let client = control_plane.client().unwrap();
-        // Nodes take 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x.
-        let subnet = SUBNET.fetch_add(1, Ordering::Relaxed);
+        let subnet = subnet.unwrap_or_else(next_subnet);
         // The test machine's disk is shared and may be fuller than the
         // default 25% free that replicas need.
         let settings: Api<Setting> = Api::namespaced(client.clone(), ns.name());
@@ -257,6 +302,9 @@ impl Cluster {
             .unwrap();
         let mut nodes = Vec::new();
         for i in 1..=count {
+            if installed && i == 1 {
+                continue;
+            }
             let on_kubelet = kubelet.filter(|_| i == 1);
             let name = match on_kubelet {
                 Some(kubelet) => kubelet.name().to_string(),

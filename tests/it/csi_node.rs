@@ -34,7 +34,7 @@ fn config_for(dev_dir: &Path) -> NodeServiceConfig {
     NodeServiceConfig {
         node_id: NODE.into(),
         dev_dir: dev_dir.to_path_buf(),
-        host_proc: None,
+        host_process: None,
         max_volumes: 7,
     }
 }

@@ -9,6 +9,9 @@ use serde::Deserialize;
 
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/oxhorn.yaml");
 
+/// Held by a test that creates the manifest's namespace, oxhorn-system.
+pub static OXHORN_SYSTEM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[test]
 fn the_manifest_is_what_its_parts_make() {
     let committed = std::fs::read_to_string(MANIFEST).unwrap();
@@ -36,6 +39,7 @@ fn objects(manifest: &str) -> Vec<(String, String)> {
 /// kinds) without keeping any. Its namespace exists for real meanwhile.
 #[tokio::test]
 async fn every_object_is_accepted_by_the_api_server() {
+    let _turn = OXHORN_SYSTEM.lock().await;
     let control_plane = testbed::shared();
     testbed::sidecars::apply_snapshot_crds(control_plane)
         .await

@@ -17,6 +17,7 @@ mod fencing;
 mod frontend;
 mod identity;
 mod install;
+mod installed;
 mod instance;
 mod kubelet_node;
 mod layout;

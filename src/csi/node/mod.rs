@@ -55,8 +55,8 @@ pub struct NodeServiceConfig {
     pub node_id: String,
     /// where engines publish `<dev_dir>/<volume>` symlinks to the volume's block device (a loop device)
     pub dev_dir: PathBuf,
-    /// host's /proc: when Some, host commands run in the host's mount and network namespaces
-    pub host_proc: Option<PathBuf>,
+    /// a host process's /proc directory: when Some, host commands run in its mount and network namespaces
+    pub host_process: Option<PathBuf>,
     /// NodeGetInfo max_volumes_per_node; 0 = not set
     pub max_volumes: i64,
 }
@@ -169,7 +169,7 @@ fn wanted_fs(fs_type: &str, context: &HashMap<String, String>) -> NodeResult<Opt
 
 impl NodeService {
     pub fn new(config: NodeServiceConfig, datastore: Arc<Datastore>) -> Self {
-        let host = Host::new(config.host_proc.clone());
+        let host = Host::new(config.host_process.clone());
         Self {
             config,
             datastore,
