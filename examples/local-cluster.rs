@@ -1,12 +1,13 @@
-//! The README's main job: a local Kubernetes control plane (etcd +
-//! kube-apiserver on loopback) with three `oxhorn manager` processes playing
-//! three nodes, and the real CSI sidecars (csi-provisioner, csi-attacher, ...)
-//! with kube-controller-manager's PersistentVolume controllers on node-1's
-//! CSI socket. A StorageClass and a PVC get a 3-replica volume through the
-//! provisioner; it is attached to node-1 through a VolumeAttachment, staged
-//! and published there (FUSE file + loop device, ext4) as the kubelet would,
-//! and a file is written and read back; kubectl shows the objects. Then it
-//! is all deleted and stopped (or, with --hold, after Ctrl-C).
+//! The README's main job: Oxhorn installed as a user installs it, on a local
+//! cluster. A control plane (etcd + kube-apiserver on loopback), a real
+//! kubelet node (containerd, runc) running the images hack/build-image.sh
+//! built, kube-scheduler and kube-controller-manager; `kubectl apply` of the
+//! manifest (see `oxhorn_testbed::install` for what the test bed changes in
+//! it); two manager-only nodes (`oxhorn manager` host processes) join, so
+//! the default StorageClass's three replicas have three nodes. A claim on
+//! that class and a pod that writes a file and its checksum, then another
+//! pod that checks it; kubectl shows the objects. Then it is all deleted and
+//! stopped (or, with --hold, after Ctrl-C).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -14,30 +15,31 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
-use kube::api::{Api, DeleteParams, PostParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::types::{DEFAULT_NAMESPACE, Setting, SettingSpec, Volume};
-use oxhorn_testbed::kubelet::{self, Kubelet};
+use oxhorn::types::{Setting, SettingSpec, Volume};
+use oxhorn_testbed::install::{Installation, NAMESPACE};
 use oxhorn_testbed::sidecars::{self, Sidecars};
-use oxhorn_testbed::{self as testbed, ControlPlane, ManagerOptions, ManagerProcess};
+use oxhorn_testbed::{self as testbed, ControlPlane, KubeletNode, ManagerOptions, ManagerProcess};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 
-const NODES: u8 = 3;
-/// Where the volume attaches: the node whose socket the sidecars use.
+/// The kubelet's node; node-2 and node-3 are manager-only.
 const NODE: &str = "node-1";
-const STORAGE_CLASS: &str = "oxhorn";
+const NODES: u8 = 3;
 const CLAIM: &str = "demo";
-/// Claims live in the users' namespace, oxhorn's objects in its own.
 const USER_NAMESPACE: &str = "default";
 const SIZE: &str = "256Mi";
+const MOUNT: &str = "/data";
+/// Long enough for a cold start of every pod on a busy machine.
+const PATIENCE: Duration = Duration::from_secs(180);
 
 #[derive(Parser)]
 struct Args {
-    /// The oxhorn binary to run as the managers.
+    /// The oxhorn binary the manager-only nodes run.
     #[arg(long)]
     oxhorn: PathBuf,
     /// Keep the cluster running until Ctrl-C.
@@ -59,78 +61,85 @@ async fn main() -> ExitCode {
     }
 }
 
+/// 127.1.0.x: the integration tests' nodes take 127.0.x.y, and the tests
+/// run this example beside them.
+fn address(node: u8) -> IpAddr {
+    IpAddr::from([127, 1, 0, node])
+}
+
 async fn run(args: Args) -> Result<(), Failure> {
     let started = Instant::now();
+    let say = |what: &str| println!("[{:>6.1?}] {what}", started.elapsed());
     let control_plane = ControlPlane::start().await?;
     sidecars::apply_snapshot_crds(&control_plane).await?;
-    println!("control plane ready in {:.1?}", started.elapsed());
-    kubectl(&control_plane, &["create", "namespace", DEFAULT_NAMESPACE])?;
     let client = control_plane.client()?;
+    say("control plane ready");
+    let node = KubeletNode::start(&control_plane, NODE).await?;
+    node.import_product_images()?;
+    let _controllers = Sidecars::start_cluster(&control_plane)?;
+    say("kubelet node-1 ready, oxhorn's images imported");
+
+    let installation = Installation::apply(&control_plane, &node, address(1)).await?;
+    say(&format!(
+        "$ kubectl apply -f {} (deploy/oxhorn.yaml for this node)",
+        installation.file().display()
+    ));
     // The machine's disk may be all but full; the demo volume is a few
     // sparse files.
     let setting = Setting::new(
         "storage-minimal-available-percentage",
         SettingSpec { value: "0".into() },
     );
-    Api::<Setting>::namespaced(client.clone(), DEFAULT_NAMESPACE)
+    Api::<Setting>::namespaced(client.clone(), NAMESPACE)
         .create(&PostParams::default(), &setting)
         .await?;
-
     let mut managers = Vec::new();
-    for i in 1..=NODES {
+    for i in 2..=NODES {
         let name = format!("node-{i}");
         testbed::register_kube_node(&client, &name, &[]).await?;
-        sidecars::register_csi_node(&client, &name, &[]).await?;
-        let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, DEFAULT_NAMESPACE);
-        // 127.1.0.x: the integration tests' nodes take 127.0.x.y, and the
-        // tests run this example beside them.
-        options.ip = IpAddr::from([127, 1, 0, i]);
+        let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, NAMESPACE);
+        options.ip = address(i);
+        options.instance_manager = true;
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);
     }
-    let mut channels = Vec::new();
-    for manager in &mut managers {
-        channels.push(manager.connect(Duration::from_secs(30)).await?);
+    until_installed(&client).await?;
+    say("oxhorn running: its pods Ready on node-1, node-2 and node-3 joined");
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    claims.create(&PostParams::default(), &claim()?).await?;
+    let write = format!(
+        "set -e; echo hello from oxhorn > {MOUNT}/hello.txt; \
+         sha256sum {MOUNT}/hello.txt > {MOUNT}/hello.sha256; sync"
+    );
+    run_pod(&client, "demo-writer", &write).await?;
+    say(&format!(
+        "pod demo-writer wrote {MOUNT}/hello.txt on claim {CLAIM}, {:.1?} after kubectl apply",
+        installation.applied.elapsed()
+    ));
+    run_pod(
+        &client,
+        "demo-reader",
+        &format!("sha256sum -c {MOUNT}/hello.sha256"),
+    )
+    .await?;
+    say("pod demo-reader found the file and its checksum");
+
+    for (show, args) in [
+        (
+            "pods,pvc -n default",
+            ["get", "pods,pvc", "-n", USER_NAMESPACE],
+        ),
+        ("pods -n oxhorn-system", ["get", "pods", "-n", NAMESPACE]),
+        (
+            "volumes,engines,replicas -n oxhorn-system",
+            ["get", "volumes,engines,replicas", "-n", NAMESPACE],
+        ),
+    ] {
+        println!("\n$ kubectl get {show}");
+        kubectl(&control_plane, &args)?;
     }
-    // Dropped before the managers: the sidecars, then the mounts.
-    let _sidecars = Sidecars::start(control_plane.kubeconfig(), managers[0].socket())?;
-    let mut kubelet = Kubelet::new(channels.swap_remove(0))?;
-    println!(
-        "{NODES} managers and the CSI sidecars up in {:.1?}",
-        started.elapsed()
-    );
-
-    let pv = provision(&client).await?;
-    println!(
-        "PVC {CLAIM} bound to {} in {:.1?}",
-        pv.name_any(),
-        started.elapsed()
-    );
-    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    let attachment = attach(&attachments, &pv.name_any()).await?;
-    let published = kubelet.publish(&pv, &attachment).await?;
-    println!(
-        "attached, staged and published on node-1 in {:.1?}",
-        started.elapsed()
-    );
-
-    let file = published.target.join("hello.txt");
-    std::fs::write(&file, b"hello from oxhorn\n")?;
-    std::fs::File::open(&file)?.sync_all()?;
-    println!(
-        "\nwrote and read back {}: {:?}",
-        file.display(),
-        std::fs::read_to_string(&file)?
-    );
-    println!("\n$ kubectl get pvc,pv,volumeattachments -n {USER_NAMESPACE}");
-    kubectl(
-        &control_plane,
-        &["get", "pvc,pv,volumeattachments", "-n", USER_NAMESPACE],
-    )?;
-    println!("\n$ kubectl get volumes,engines,replicas -n {DEFAULT_NAMESPACE}");
-    kubectl(
-        &control_plane,
-        &["get", "volumes,engines,replicas", "-n", DEFAULT_NAMESPACE],
-    )?;
+    println!("\n$ kubectl get pv");
+    kubectl(&control_plane, &["get", "pv"])?;
 
     if args.hold {
         // Listening before saying so: a Ctrl-C right after the line must
@@ -142,109 +151,117 @@ async fn run(args: Args) -> Result<(), Failure> {
         );
         interrupt.recv().await;
     }
-    kubelet.unpublish(published).await?;
-    let name = kubelet::attachment_name(&pv.name_any(), NODE);
-    attachments.delete(&name, &DeleteParams::default()).await?;
-    let detached = until(|| async {
-        attachments
-            .get_opt(&name)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    });
-    detached
-        .await
-        .ok_or("the volume did not detach within 60 s")?;
-    delete(&client, &pv.name_any()).await?;
-    println!("\nvolume unpublished, detached and deleted; stopping the cluster");
+    delete_claim(&client).await?;
+    println!("\nclaim deleted: its PV, volume and replicas are gone; stopping the cluster");
     for mut manager in managers {
         manager.terminate(Duration::from_secs(10))?;
     }
     Ok(())
 }
 
-/// Creates the StorageClass and the claim; the PV the claim is bound to.
-async fn provision(client: &Client) -> Result<PersistentVolume, Failure> {
-    let class: StorageClass = serde_json::from_value(json!({
-        "metadata": {"name": STORAGE_CLASS},
-        "provisioner": DRIVER_NAME,
-        "parameters": {"numberOfReplicas": "3"},
-        "allowVolumeExpansion": true,
-    }))?;
-    Api::<StorageClass>::all(client.clone())
-        .create(&PostParams::default(), &class)
-        .await?;
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+/// Waits until node-1's manager pod is Ready, the kubelet lists the driver,
+/// and the users' namespace has its default ServiceAccount.
+async fn until_installed(client: &Client) -> Result<(), Failure> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    let installed = until(|| async {
+        let selector = ListParams::default().labels("app.kubernetes.io/name=oxhorn-manager");
+        let ready = pods.list(&selector).await.ok()?.items.iter().any(is_ready);
+        let csinode = csinodes.get_opt(NODE).await.ok()??;
+        let listed = csinode.spec.drivers.iter().any(|d| d.name == DRIVER_NAME);
+        let account = accounts.get_opt("default").await.ok()?.is_some();
+        (ready && listed && account).then_some(())
+    });
+    installed
+        .await
+        .ok_or_else(|| format!("oxhorn was not running on {NODE} within {PATIENCE:?}").into())
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The claim, on the default StorageClass (3 replicas).
+fn claim() -> Result<PersistentVolumeClaim, Failure> {
+    Ok(serde_json::from_value(json!({
         "metadata": {"name": CLAIM},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "storageClassName": STORAGE_CLASS,
             "resources": {"requests": {"storage": SIZE}},
         },
-    }))?;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), USER_NAMESPACE);
-    claims.create(&PostParams::default(), &claim).await?;
-    let bound = until(|| async {
-        let claim = claims.get(CLAIM).await.ok()?;
-        let bound = claim.status.as_ref()?.phase.as_deref() == Some("Bound");
-        bound.then_some(claim.spec?.volume_name?)
-    });
-    let volume_name = bound.await.ok_or("the PVC was not bound within 60 s")?;
-    Ok(Api::<PersistentVolume>::all(client.clone())
-        .get(&volume_name)
-        .await?)
+    }))?)
 }
 
-/// Creates the VolumeAttachment the attach-detach controller would, and
-/// waits for csi-attacher to attach the volume.
-async fn attach(
-    attachments: &Api<VolumeAttachment>,
-    pv: &str,
-) -> Result<VolumeAttachment, Failure> {
-    let attachment = kubelet::volume_attachment(pv, NODE);
-    attachments
-        .create(&PostParams::default(), &attachment)
-        .await?;
-    let name = kubelet::attachment_name(pv, NODE);
-    let attached = until(|| async {
-        let attachment = attachments.get(&name).await.ok()?;
-        attachment.status.as_ref()?.attached.then_some(attachment)
+/// Runs `script` in a busybox pod on node-1 with the claim at MOUNT until
+/// it succeeds (an error if it fails), then deletes the pod.
+async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failure> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "containers": [{
+                "name": "main",
+                "image": testbed::images::BUSYBOX,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "volumeMounts": [{"name": "data", "mountPath": MOUNT}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}],
+        }
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    pods.create(&PostParams::default(), &pod).await?;
+    let finished = until(|| async {
+        let phase = pods.get(name).await.ok()?.status?.phase?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
     });
-    Ok(attached
+    let phase = finished
         .await
-        .ok_or("the volume did not attach within 60 s")?)
+        .ok_or_else(|| format!("pod {name} did not finish within {PATIENCE:?}"))?;
+    pods.delete(name, &DeleteParams::default()).await?;
+    let gone = until(|| async { pods.get_opt(name).await.ok()?.is_none().then_some(()) });
+    gone.await
+        .ok_or_else(|| format!("pod {name} was not gone within {PATIENCE:?}"))?;
+    if phase == "Succeeded" {
+        Ok(())
+    } else {
+        Err(format!("pod {name} failed").into())
+    }
 }
 
 /// Deletes the claim and waits until the provisioner deleted its PV and
 /// oxhorn its Volume.
-async fn delete(client: &Client, pv: &str) -> Result<(), Failure> {
+async fn delete_claim(client: &Client) -> Result<(), Failure> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), USER_NAMESPACE);
     claims.delete(CLAIM, &DeleteParams::default()).await?;
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let volumes: Api<Volume> = Api::namespaced(client.clone(), DEFAULT_NAMESPACE);
+    let volumes: Api<Volume> = Api::namespaced(client.clone(), NAMESPACE);
     let gone = until(|| async {
-        let pv_gone = pvs.get_opt(pv).await.ok()?.is_none();
+        let pvs_gone = pvs.list(&Default::default()).await.ok()?.items.is_empty();
         let volumes_gone = volumes
             .list(&Default::default())
             .await
             .ok()?
             .items
             .is_empty();
-        (pv_gone && volumes_gone).then_some(())
+        (pvs_gone && volumes_gone).then_some(())
     });
     gone.await
-        .ok_or("the PV and its volume were not deleted within 60 s")?;
+        .ok_or_else(|| format!("the PV and its volume were not deleted within {PATIENCE:?}"))?;
     Ok(())
 }
 
-/// Polls `check` for up to a minute.
+/// Polls `check` for up to PATIENCE.
 async fn until<T, F, Fut>(mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     while Instant::now() < deadline {
         if let Some(value) = check().await {
             return Some(value);

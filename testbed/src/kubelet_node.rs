@@ -8,7 +8,8 @@
 //! ([`crate::host_state`]). The kubelet runs without iptables on its PATH,
 //! so it leaves the host's firewall alone. Its device-plugin socket has a
 //! fixed path, so one host runs one kubelet node at a time: a second
-//! [`KubeletNode::start`] waits for the first node to stop.
+//! [`KubeletNode::start`], of this process or another, waits for the first
+//! node to stop.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,12 +35,43 @@ const DIR_PREFIX: &str = "oxhorn-node-";
 const SBIN_TOOLS: [&str; 3] = ["losetup", "blockdev", "blkid"];
 
 /// Held by the running node: the kubelet's device-plugin socket has a
-/// fixed path, so nodes of one process run one at a time.
+/// fixed path, so nodes of one process run one at a time...
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// ...and those of different processes (a test binary, the local cluster)
+/// too, by an exclusive lock on this file.
+const HOST_LOCK: &str = "/run/oxhorn-testbed/kubelet-node.lock";
 
-/// The host to oneself: no kubelet node of this process starts while it is
-/// held.
-pub type HostTurn = tokio::sync::MutexGuard<'static, ()>;
+/// The host to oneself: no other kubelet node starts while it is held.
+pub struct HostTurn {
+    _across_processes: nix::fcntl::Flock<std::fs::File>,
+    _in_process: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl HostTurn {
+    async fn take() -> Result<Self> {
+        let in_process = ONE_AT_A_TIME.lock().await;
+        let path = Path::new(HOST_LOCK);
+        let file = tokio::task::spawn_blocking(move || {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            }
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+                .map_err(|e| Error::io(path, e))?;
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| Error::Failed(format!("locking {HOST_LOCK}: {e}")))
+        })
+        .await
+        .map_err(|e| Error::Failed(format!("locking {HOST_LOCK}: {e}")))??;
+        Ok(Self {
+            _across_processes: file,
+            _in_process: in_process,
+        })
+    }
+}
 
 pub struct KubeletNode {
     name: String,
@@ -60,7 +92,7 @@ impl KubeletNode {
     /// Node is Ready. On an error, whatever was started is stopped again.
     /// Waits while another node of this process runs.
     pub async fn start(control: &ControlPlane, name: &str) -> Result<Self> {
-        let turn = ONE_AT_A_TIME.lock().await;
+        let turn = HostTurn::take().await?;
         let host = HostChanges::begin()?;
         if host.first() {
             cgroup::sweep();
@@ -204,6 +236,41 @@ impl KubeletNode {
     /// sidecars'), so the manifest's pods can run here.
     pub fn import_product_images(&self) -> Result<()> {
         images::import_product(&self.socket)
+    }
+
+    /// The last `lines` lines of each container log of the pods of
+    /// `namespace`, from the kubelet's pod log directory.
+    pub fn pod_logs(&self, namespace: &str, lines: usize) -> String {
+        let mut logs = String::new();
+        let pods = std::fs::read_dir(self.dir().join("pod-logs"))
+            .into_iter()
+            .flatten();
+        let ours = format!("{namespace}_");
+        for pod in pods
+            .flatten()
+            .filter(|p| p.file_name().to_string_lossy().starts_with(&ours))
+        {
+            for container in std::fs::read_dir(pod.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for file in std::fs::read_dir(container.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+                    logs.push_str(&format!("==== {} ====\n", file.path().display()));
+                    for line in tail.into_iter().rev() {
+                        logs.push_str(line);
+                        logs.push('\n');
+                    }
+                }
+            }
+        }
+        logs
     }
 
     /// The last `lines` lines of the kubelet's and containerd's logs.

@@ -18,6 +18,7 @@ mod dataplane;
 mod error;
 mod host_state;
 pub mod images;
+pub mod install;
 pub mod kubelet;
 mod kubelet_node;
 mod manager;

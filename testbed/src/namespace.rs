@@ -1,13 +1,21 @@
 //! A namespace per test, emptied and removed when the guard drops, also while
 //! a failed test unwinds. No namespace controller runs in the test control
-//! plane, so the guard does its work: deletes oxhorn's objects (dropping their
-//! finalizers), deletes the namespace and finalizes it.
+//! plane (or not for long), so the guard does its work: deletes oxhorn's
+//! objects and those Kubernetes workloads and their pods leave (dropping
+//! their finalizers; pods at once), deletes the namespace and finalizes it.
+//! Nothing of it stays in the store to come back with a namespace of the
+//! same name.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -83,6 +91,18 @@ async fn remove(config: Config, name: &str) -> Result<()> {
     purge::<Replica>(&client, name).await?;
     purge::<Node>(&client, name).await?;
     purge::<Setting>(&client, name).await?;
+    purge::<DaemonSet>(&client, name).await?;
+    purge::<Deployment>(&client, name).await?;
+    purge::<StatefulSet>(&client, name).await?;
+    purge::<ReplicaSet>(&client, name).await?;
+    purge::<Pod>(&client, name).await?;
+    purge::<PersistentVolumeClaim>(&client, name).await?;
+    purge::<Secret>(&client, name).await?;
+    purge::<ConfigMap>(&client, name).await?;
+    purge::<ServiceAccount>(&client, name).await?;
+    purge::<Role>(&client, name).await?;
+    purge::<RoleBinding>(&client, name).await?;
+    purge::<Lease>(&client, name).await?;
     let namespaces: Api<Namespace> = Api::all(client);
     namespaces.delete(name, &DeleteParams::default()).await?;
     let mut namespace = namespaces.get(name).await?;
@@ -107,15 +127,26 @@ where
     for object in api.list(&ListParams::default()).await? {
         if !object.finalizers().is_empty() {
             let release = serde_json::json!({"metadata": {"finalizers": null}});
-            api.patch(
-                &object.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&release),
-            )
-            .await?;
+            let released = api
+                .patch(
+                    &object.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&release),
+                )
+                .await;
+            match released {
+                // Gone meanwhile: a controller may still be at work.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                other => drop(other?),
+            }
         }
     }
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
+    // Grace 0: a pod goes from the store at once, whether or not a kubelet
+    // is left to confirm it stopped.
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    api.delete_collection(&now, &ListParams::default()).await?;
     Ok(())
 }

@@ -4,32 +4,21 @@
 //! manager-only nodes (host processes) join it, so that the default
 //! StorageClass's three replicas have three nodes.
 //!
-//! What the test bed changes in the manifest ([`for_the_test_bed`]): its
-//! cluster has no service network and its kubelet refuses a loopback node
-//! address, so each container is given the API server's address (as on a
-//! cluster without kube-proxy), the data plane and the probes use loopback,
-//! and a node selector keeps the pods on the kubelet's node (the others
-//! have no kubelet), with one replica per Deployment. This machine's init
-//! (pid 1) is a sandbox's, whose namespaces no other process may open: the
-//! manager joins those of the test process instead (`--host-pid`), which
-//! are the ones the kubelet runs in.
+//! What the test bed changes in the manifest: [`testbed::install`].
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{
-    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
-};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::manifest::HostDirs;
 use oxhorn::types::{Engine, Replica, Volume};
+use oxhorn_testbed::install::{Installation, NAMESPACE};
 use oxhorn_testbed::sidecars::Sidecars;
 use oxhorn_testbed::{self as testbed, KubeletNode, TestNamespace, delete_kube_node};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::common::{
@@ -38,7 +27,6 @@ use crate::common::{
 use crate::install::OXHORN_SYSTEM;
 
 const PATIENCE: Duration = Duration::from_secs(240);
-const NAMESPACE: &str = "oxhorn-system";
 const CLAIM: &str = "data";
 const MOUNT: &str = "/data";
 /// The kubelet's node and the two manager-only ones.
@@ -50,11 +38,9 @@ const NODES: usize = 3;
 struct Installed {
     users: TestNamespace,
     cluster: Cluster,
-    _cluster_objects: ClusterObjects,
+    installation: Installation,
     controllers: Sidecars,
     node: KubeletNode,
-    /// When `kubectl apply` began.
-    applied: Instant,
     started: Instant,
 }
 
@@ -71,41 +57,17 @@ impl Installed {
             .unwrap();
         node.import_product_images().unwrap();
         let controllers = Sidecars::start_cluster(control_plane).unwrap();
-        let client = control_plane.client().unwrap();
-        // A namespace an earlier test deleted goes once the namespace
-        // controller (now running) has emptied it.
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        eventually(PATIENCE, || async {
-            namespaces
-                .get_opt(NAMESPACE)
-                .await
-                .ok()?
-                .is_none()
-                .then_some(())
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e} waiting for an old {NAMESPACE} to go"));
         eprintln!(
             "[{:>6.1?}] node and cluster controllers up",
             started.elapsed()
         );
-
-        let dirs = HostDirs {
-            kubelet_dir: node.kubelet_dir(),
-            data_dir: node.host_dir("oxhorn-data").unwrap(),
-            run_dir: node.host_dir("oxhorn-run").unwrap(),
-        };
-        let manifest = oxhorn::manifest::manifest_yaml_for(&dirs).unwrap();
         // Node 1 of the cluster below is the kubelet's, its address this.
         let subnet = next_subnet();
         let address = IpAddr::from([127, 0, subnet, 1]);
-        let manifest = for_the_test_bed(&manifest, control_plane.api_address(), &node, address);
-        let file = node.host_dir("manifest").unwrap().join("oxhorn.yaml");
-        std::fs::write(&file, &manifest).unwrap();
-        let cluster_objects = ClusterObjects::from_manifest(&manifest, &file);
-        let applied = Instant::now();
         // (install::every_object_is_accepted_by_the_api_server dry-runs it.)
-        kubectl_apply(&file);
+        let installation = Installation::apply(control_plane, &node, address)
+            .await
+            .unwrap();
         eprintln!("[{:>6.1?}] manifest applied", started.elapsed());
 
         let cluster = Cluster::join_installed(
@@ -121,11 +83,54 @@ impl Installed {
         Self {
             users,
             cluster,
-            _cluster_objects: cluster_objects,
+            installation,
             controllers,
             node,
-            applied,
             started,
+        }
+    }
+
+    /// Waits until every workload of the manifest is Ready on the node, the
+    /// kubelet lists the driver and the users' namespace has its default
+    /// ServiceAccount (pods are refused before).
+    async fn until_running(&self) {
+        for app in [
+            "oxhorn-instance-manager",
+            "oxhorn-manager",
+            "oxhorn-csi-controller",
+            "oxhorn-snapshot-controller",
+        ] {
+            self.until(&format!("{app} Ready"), || self.ready_pod(app))
+                .await;
+        }
+        let csinodes: Api<CSINode> = Api::all(self.client());
+        let node = self.node.name();
+        self.until("the kubelet lists the driver", || async {
+            let csinode = csinodes.get_opt(node).await.ok()??;
+            let drivers = &csinode.spec.drivers;
+            drivers.iter().any(|d| d.name == DRIVER_NAME).then_some(())
+        })
+        .await;
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client(), self.users.name());
+        self.until("the users' default ServiceAccount", || async {
+            accounts.get_opt("default").await.ok()?.map(drop)
+        })
+        .await;
+    }
+
+    /// Stops it all and removes the Kubernetes Nodes.
+    async fn stop(self) {
+        let client = self.client();
+        let mut nodes: Vec<String> = self
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| n.node_id().to_string())
+            .collect();
+        nodes.push(self.node.name().to_string());
+        drop(self);
+        for name in nodes {
+            delete_kube_node(&client, &name).await.unwrap();
         }
     }
 
@@ -151,39 +156,11 @@ impl Installed {
             .unwrap_or_default();
         format!(
             "{described}\n{}\n{}\n{}\n{}",
-            self.container_logs(),
+            self.node.pod_logs(NAMESPACE, 40),
             self.node.logs(40),
             self.controllers.logs(20),
             self.cluster.logs()
         )
-    }
-
-    /// The end of each oxhorn-system container's log, read from the
-    /// kubelet's pod log directory.
-    fn container_logs(&self) -> String {
-        let mut logs = String::new();
-        let pod_logs = Path::new(&self.node_dir()).join("pod-logs");
-        let ours = format!("{NAMESPACE}_");
-        for file in paths(&pod_logs, &[&ours, "", ""]) {
-            let text = std::fs::read_to_string(&file).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            logs.push_str(&format!("==== {} ====\n", file.display()));
-            for line in tail.into_iter().rev() {
-                logs.push_str(line);
-                logs.push('\n');
-            }
-        }
-        logs
-    }
-
-    fn node_dir(&self) -> String {
-        // The kubelet's root is `<node dir>/kubelet`.
-        self.node
-            .kubelet_dir()
-            .parent()
-            .unwrap()
-            .display()
-            .to_string()
     }
 
     /// Waits until `check` returns Some, failing with every log after
@@ -256,7 +233,10 @@ impl Installed {
             .join("pods")
             .join(uid)
             .join("volumes/kubernetes.io~csi");
-        let mount = paths(&volumes, &[""]).pop().map(|pv| pv.join("mount"));
+        let volume = std::fs::read_dir(&volumes).ok().and_then(|mut v| v.next());
+        let mount = volume
+            .and_then(Result::ok)
+            .map(|pv| pv.path().join("mount"));
         mount.unwrap_or_else(|| {
             panic!(
                 "no CSI volume of pod {name} in {}\n{}",
@@ -315,131 +295,91 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// The paths `levels.len()` levels under `dir` whose name at each level
-/// starts with that level's prefix, sorted.
-fn paths(dir: &Path, levels: &[&str]) -> Vec<PathBuf> {
-    let Some((prefix, rest)) = levels.split_first() else {
-        return vec![dir.to_path_buf()];
-    };
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_name().to_string_lossy().starts_with(prefix) {
-            found.extend(paths(&entry.path(), rest));
-        }
-    }
-    found.sort();
-    found
-}
+/// What each part's ServiceAccount may do: its name and the arguments of
+/// `kubectl auth can-i` (namespace oxhorn-system unless one is given), and
+/// whether it is allowed. Each may do what its part does, and nothing it
+/// never does, such as reading Secrets it does not own. The instance
+/// manager runs without API access (its pod mounts no token; `default` is
+/// its namespace's account).
+const RBAC: &[(&str, bool)] = &[
+    ("oxhorn-manager create volumes.oxhorn.io", true),
+    (
+        "oxhorn-manager patch engines.oxhorn.io --subresource=status",
+        true,
+    ),
+    ("oxhorn-manager update leases.coordination.k8s.io", true),
+    ("oxhorn-manager get secrets/oxhorn-data-plane-key", true),
+    ("oxhorn-manager watch nodes", true),
+    ("oxhorn-manager create events.events.k8s.io", true),
+    ("oxhorn-manager get secrets/another", false),
+    ("oxhorn-manager list secrets", false),
+    ("oxhorn-manager get secrets -n kube-system", false),
+    ("oxhorn-manager create volumes.oxhorn.io -n default", false),
+    ("oxhorn-manager update nodes", false),
+    ("oxhorn-manager create pods", false),
+    ("oxhorn-manager delete persistentvolumes", false),
+    ("oxhorn-csi-controller create persistentvolumes", true),
+    (
+        "oxhorn-csi-controller patch volumeattachments.storage.k8s.io --subresource=status",
+        true,
+    ),
+    (
+        "oxhorn-csi-controller patch persistentvolumeclaims --subresource=status -n default",
+        true,
+    ),
+    (
+        "oxhorn-csi-controller update volumesnapshotcontents.snapshot.storage.k8s.io",
+        true,
+    ),
+    (
+        "oxhorn-csi-controller update leases.coordination.k8s.io",
+        true,
+    ),
+    ("oxhorn-csi-controller get secrets -n default", false),
+    ("oxhorn-csi-controller get secrets", false),
+    ("oxhorn-csi-controller create volumes.oxhorn.io", false),
+    ("oxhorn-csi-controller delete pods -n default", false),
+    (
+        "oxhorn-csi-controller update leases.coordination.k8s.io -n kube-system",
+        false,
+    ),
+    (
+        "oxhorn-snapshot-controller update volumesnapshots.snapshot.storage.k8s.io -n default",
+        true,
+    ),
+    (
+        "oxhorn-snapshot-controller create volumesnapshotcontents.snapshot.storage.k8s.io",
+        true,
+    ),
+    (
+        "oxhorn-snapshot-controller list volumegroupsnapshots.groupsnapshot.storage.k8s.io",
+        true,
+    ),
+    ("oxhorn-snapshot-controller get secrets", false),
+    ("oxhorn-snapshot-controller create persistentvolumes", false),
+    ("oxhorn-snapshot-controller update volumes.oxhorn.io", false),
+    ("default get pods", false),
+    ("default get volumes.oxhorn.io", false),
+];
 
-fn kubectl_apply(file: &Path) {
-    let args = [
-        "apply",
-        "--server-side",
-        "--field-manager=oxhorn-installed-test",
-        "-f",
-        file.to_str().unwrap(),
-    ];
-    let output = testbed::shared().kubectl(&args).unwrap();
-    assert!(
-        output.status.success(),
-        "kubectl {}: {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// The manifest as the test bed runs it (see the module's comment).
-fn for_the_test_bed(
-    manifest: &str,
-    api: SocketAddr,
-    node: &KubeletNode,
-    address: IpAddr,
-) -> String {
-    let mut out = String::new();
-    for document in serde_yaml_ng::Deserializer::from_str(manifest) {
-        let mut object = Value::deserialize(document).unwrap();
-        if object.is_null() {
-            continue;
-        }
-        let kind = object["kind"].as_str().unwrap_or_default().to_string();
-        if kind == "Deployment" {
-            object["spec"]["replicas"] = json!(1);
-        }
-        if kind == "DaemonSet" || kind == "Deployment" {
-            let pod = &mut object["spec"]["template"]["spec"];
-            pod["nodeSelector"] = json!({"kubernetes.io/hostname": node.name()});
-            for container in pod["containers"].as_array_mut().unwrap() {
-                on_loopback(container, api, address);
-            }
-        }
-        out.push_str("---\n");
-        out.push_str(&serde_yaml_ng::to_string(&object).unwrap());
-    }
-    out
-}
-
-/// The API server's address in `container`'s environment, and its data
-/// plane address `address`, where the manager also answers its probes.
-fn on_loopback(container: &mut Value, api: SocketAddr, address: IpAddr) {
-    let mut env: Vec<Value> = container["env"].as_array().cloned().unwrap_or_default();
-    env.retain(|var| var["name"] != "POD_IP");
-    if container["args"].to_string().contains("manager") {
-        env.push(json!({"name": "POD_IP", "value": address.to_string()}));
-    }
-    env.push(json!({"name": "KUBERNETES_SERVICE_HOST", "value": api.ip().to_string()}));
-    env.push(json!({"name": "KUBERNETES_SERVICE_PORT", "value": api.port().to_string()}));
-    container["env"] = Value::Array(env);
-    if let Some(args) = container["args"].as_array_mut()
-        && args
-            .iter()
-            .any(|arg| arg.as_str() == Some("--host-proc=/host/proc"))
-    {
-        args.push(json!(format!("--host-pid={}", std::process::id())));
-    }
-    for probe in ["readinessProbe", "livenessProbe"] {
-        if container[probe].is_object() {
-            container[probe]["httpGet"]["host"] = json!(address.to_string());
+/// The rows of [`RBAC`] the API server answers otherwise, impersonating
+/// each account.
+fn rbac_mismatches() -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (row, allowed) in RBAC {
+        let mut words = row.split_whitespace();
+        let account = words.next().unwrap();
+        let user = format!("--as=system:serviceaccount:{NAMESPACE}:{account}");
+        let mut args = vec!["auth", "can-i", user.as_str(), "-n", NAMESPACE];
+        // A later -n wins.
+        args.extend(words);
+        let output = testbed::shared().kubectl(&args).unwrap();
+        let answer = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        if (answer == "yes") != *allowed {
+            wrong.push(format!("{row}: {answer}"));
         }
     }
-}
-
-/// The manifest's cluster-wide objects but its CRDs (which every test of
-/// the binary shares): deleted when dropped.
-struct ClusterObjects {
-    file: PathBuf,
-}
-
-impl ClusterObjects {
-    fn from_manifest(manifest: &str, beside: &Path) -> Self {
-        let mut out = String::new();
-        for document in serde_yaml_ng::Deserializer::from_str(manifest) {
-            let object = Value::deserialize(document).unwrap();
-            let kind = object["kind"].as_str().unwrap_or_default();
-            let namespaced = object["metadata"]["namespace"].is_string();
-            if !namespaced && !["Namespace", "CustomResourceDefinition", ""].contains(&kind) {
-                out.push_str("---\n");
-                out.push_str(&serde_yaml_ng::to_string(&object).unwrap());
-            }
-        }
-        let file = beside.with_file_name("cluster-objects.yaml");
-        std::fs::write(&file, out).unwrap();
-        Self { file }
-    }
-}
-
-impl Drop for ClusterObjects {
-    fn drop(&mut self) {
-        if let Some(file) = self.file.to_str() {
-            let _ = testbed::shared().kubectl(&[
-                "delete",
-                "--ignore-not-found",
-                "--wait=false",
-                "-f",
-                file,
-            ]);
-        }
-    }
+    wrong
 }
 
 /// The write loop of the pod that keeps writing while the manager's pod is
@@ -464,36 +404,14 @@ fn progress(mount: &Path) -> u64 {
 async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_replaced() {
     let _turn = OXHORN_SYSTEM.lock().await;
     let installed = Installed::install().await;
-    let node = installed.node.name().to_string();
-
-    for app in [
-        "oxhorn-instance-manager",
-        "oxhorn-manager",
-        "oxhorn-csi-controller",
-        "oxhorn-snapshot-controller",
-    ] {
-        installed
-            .until(&format!("{app} Ready"), || installed.ready_pod(app))
-            .await;
-    }
-    let csinodes: Api<CSINode> = Api::all(installed.client());
-    installed
-        .until("the kubelet lists the driver", || async {
-            let csinode = csinodes.get_opt(&node).await.ok()??;
-            csinode
-                .spec
-                .drivers
-                .iter()
-                .any(|d| d.name == DRIVER_NAME)
-                .then_some(())
-        })
-        .await;
-    let accounts: Api<ServiceAccount> = Api::namespaced(installed.client(), installed.users.name());
-    installed
-        .until("the users' default ServiceAccount", || async {
-            accounts.get_opt("default").await.ok()?.map(drop)
-        })
-        .await;
+    installed.until_running().await;
+    let wrong = rbac_mismatches();
+    assert!(
+        wrong.is_empty(),
+        "RBAC not as the parts need:\n{}",
+        wrong.join("\n")
+    );
+    installed.report(&format!("{} RBAC checks", RBAC.len()));
 
     // A claim on the default StorageClass: three replicas.
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
@@ -520,7 +438,7 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
     );
     installed.report(&format!(
         "from kubectl apply to a pod's write on its volume: {:.1?}",
-        installed.applied.elapsed()
+        installed.installation.applied.elapsed()
     ));
     let replicas = installed
         .cluster
@@ -625,15 +543,189 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
             || async { installed.leftovers().await.is_empty().then_some(()) },
         )
         .await;
-    let client = installed.client();
-    let host_nodes: Vec<String> = installed
-        .cluster
-        .nodes
-        .iter()
-        .map(|n| n.node_id().to_string())
-        .collect();
-    drop(installed);
-    for name in host_nodes.iter().chain([&node]) {
-        delete_kube_node(&client, name).await.unwrap();
+    installed.stop().await;
+}
+
+const SET: &str = "web";
+/// The StatefulSet's StorageClass: xfs, since this machine withholds the
+/// capability ext4's online growth needs (CAP_SYS_RESOURCE) from all but
+/// its init.
+const XFS_CLASS: &str = "oxhorn-xfs";
+
+fn xfs_class() -> Value {
+    json!({
+        "metadata": {"name": XFS_CLASS},
+        "provisioner": DRIVER_NAME,
+        "parameters": {"numberOfReplicas": "3", "fsType": "xfs"},
+        "allowVolumeExpansion": true,
+        "volumeBindingMode": "WaitForFirstConsumer",
+    })
+}
+
+/// A StatefulSet of `replicas` busybox pods on the kubelet's node, each with
+/// a claim of its own (xfs's smallest, 300 MiB), on which it notes its name
+/// at each start; its claims go with its pods (scaled down or deleted).
+fn stateful_set(node: &str, replicas: i32) -> Value {
+    json!({
+        "metadata": {"name": SET},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": SET,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": SET}},
+            "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete", "whenDeleted": "Delete"},
+            "template": {
+                "metadata": {"labels": {"app": SET}},
+                "spec": {
+                    "hostNetwork": true,
+                    "automountServiceAccountToken": false,
+                    "terminationGracePeriodSeconds": 1,
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{
+                        "name": "main",
+                        "image": testbed::images::BUSYBOX,
+                        "imagePullPolicy": "Never",
+                        "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "command": ["/bin/sh", "-c",
+                            "echo $POD >> /data/starts && sync && exec sleep 1000000"],
+                        "volumeMounts": [{"name": "data", "mountPath": MOUNT}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": XFS_CLASS,
+                    "resources": {"requests": {"storage": "300Mi"}},
+                },
+            }],
+        },
+    })
+}
+
+impl Installed {
+    /// Waits until the StatefulSet's pods are exactly `names`, each Ready,
+    /// and oxhorn holds one volume for each.
+    async fn until_set_is(&self, names: &[&str]) {
+        let pods = self.pods();
+        let volumes = self.cluster.api::<Volume>();
+        let what = format!("pods {names:?} Ready with a volume each");
+        self.until(&what, || async {
+            let list = pods
+                .list(&ListParams::default().labels("app=web"))
+                .await
+                .ok()?;
+            let mut ready: Vec<String> = list
+                .iter()
+                .filter(|p| is_ready(p))
+                .map(|p| p.name_any())
+                .collect();
+            ready.sort();
+            let count = volumes.list(&Default::default()).await.ok()?.items.len();
+            (ready == names && list.items.len() == names.len() && count == names.len())
+                .then_some(())
+        })
+        .await;
     }
+
+    /// The names the pod noted on its volume at each start.
+    async fn starts(&self, pod: &str) -> Vec<String> {
+        let mount = self.mount_of(pod).await;
+        let text = std::fs::read_to_string(mount.join("starts")).unwrap_or_default();
+        text.lines().map(str::to_string).collect()
+    }
+}
+
+/// The size of the filesystem mounted at `path`, in bytes.
+fn filesystem_size(path: &Path) -> u64 {
+    let stat = nix::sys::statvfs::statvfs(path).unwrap();
+    stat.blocks() * stat.fragment_size()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_a_stateful_set_scales_and_a_claim_grows_under_its_pod() {
+    let _turn = OXHORN_SYSTEM.lock().await;
+    let installed = Installed::install().await;
+    installed.until_running().await;
+    let node = installed.node.name().to_string();
+    let classes: Api<StorageClass> = Api::all(installed.client());
+    let class = serde_json::from_value(xfs_class()).unwrap();
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(installed.client(), installed.users.name());
+    let set = serde_json::from_value(stateful_set(&node, 3)).unwrap();
+    sets.create(&PostParams::default(), &set).await.unwrap();
+    installed.until_set_is(&["web-0", "web-1", "web-2"]).await;
+    for pod in ["web-0", "web-1", "web-2"] {
+        assert_eq!(
+            installed.starts(pod).await,
+            [pod],
+            "what {pod}'s volume holds"
+        );
+    }
+
+    let scale = |replicas: i32| json!({"spec": {"replicas": replicas}});
+    let params = kube::api::PatchParams::default();
+    sets.patch(SET, &params, &kube::api::Patch::Merge(scale(1)))
+        .await
+        .unwrap();
+    installed.until_set_is(&["web-0"]).await;
+    sets.patch(SET, &params, &kube::api::Patch::Merge(scale(2)))
+        .await
+        .unwrap();
+    installed.until_set_is(&["web-0", "web-1"]).await;
+    assert_eq!(
+        installed.starts("web-0").await,
+        ["web-0"],
+        "web-0 ran on undisturbed"
+    );
+    assert_eq!(
+        installed.starts("web-1").await,
+        ["web-1"],
+        "web-1's claim went with it when scaled down: it starts on a new volume"
+    );
+
+    // The claim grows while its pod runs; the pod's filesystem with it.
+    let mount = installed.mount_of("web-0").await;
+    let before = filesystem_size(&mount);
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(installed.client(), installed.users.name());
+    let grow = json!({"spec": {"resources": {"requests": {"storage": "400Mi"}}}});
+    claims
+        .patch("data-web-0", &params, &kube::api::Patch::Merge(grow))
+        .await
+        .unwrap();
+    installed
+        .until(
+            "the claim grown to 400Mi and its filesystem with it",
+            || async {
+                let claim = claims.get("data-web-0").await.ok()?;
+                let capacity = claim.status?.capacity?.get("storage")?.0.clone();
+                let size = filesystem_size(&mount);
+                (capacity == "400Mi" && size > before + 90 * (1 << 20)).then_some(())
+            },
+        )
+        .await;
+    let pod = installed.pods().get("web-0").await.unwrap();
+    let restarts = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default();
+    assert!(
+        restarts.iter().all(|c| c.restart_count == 0),
+        "web-0 restarted while its claim grew: {restarts:?}"
+    );
+
+    sets.delete(SET, &DeleteParams::default()).await.unwrap();
+    installed
+        .until(
+            "every PV, attachment and oxhorn volume object gone",
+            || async { installed.leftovers().await.is_empty().then_some(()) },
+        )
+        .await;
+    installed.stop().await;
 }

@@ -1,7 +1,7 @@
 //! The README's main job, `hack/local-cluster.sh --hold`, as a user runs it
 //! from a terminal: Ctrl-C goes to the whole foreground process group, and
-//! the cluster must still come down in order (the volume unpublished,
-//! detached and deleted before the managers stop) and exit 0.
+//! the cluster must still come down in order (the claim deleted, and its
+//! PV, volume and replicas gone, before the managers stop) and exit 0.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
@@ -125,7 +125,7 @@ fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
     assert!(
         output
             .iter()
-            .any(|l| l.contains("volume unpublished, detached and deleted")),
+            .any(|l| l.contains("claim deleted: its PV, volume and replicas are gone")),
         "{}",
         output.join("\n")
     );
