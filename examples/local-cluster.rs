@@ -34,6 +34,7 @@ const CLAIM: &str = "demo";
 const USER_NAMESPACE: &str = "default";
 const SIZE: &str = "256Mi";
 const MOUNT: &str = "/data";
+const READER: &str = "demo-reader";
 /// Long enough for a cold start of every pod on a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
 
@@ -116,13 +117,11 @@ async fn run(args: Args) -> Result<(), Failure> {
         "pod demo-writer wrote {MOUNT}/hello.txt on claim {CLAIM}, {:.1?} after kubectl apply",
         installation.applied.elapsed()
     ));
-    run_pod(
-        &client,
-        "demo-reader",
-        &format!("sha256sum -c {MOUNT}/hello.sha256"),
-    )
-    .await?;
-    say("pod demo-reader found the file and its checksum");
+    // The reader stays, for kubectl to show; Ready once its check passed.
+    let read =
+        format!("sha256sum -c {MOUNT}/hello.sha256 && touch /tmp/checked && exec sleep 1000000");
+    start_pod(&client, READER, &read).await?;
+    say("pod demo-reader found the file and its checksum, and stays");
 
     for (show, args) in [
         (
@@ -151,6 +150,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         );
         interrupt.recv().await;
     }
+    delete_pod(&client, READER).await?;
     delete_claim(&client).await?;
     println!("\nclaim deleted: its PV, volume and replicas are gone; stopping the cluster");
     for mut manager in managers {
@@ -194,10 +194,10 @@ fn claim() -> Result<PersistentVolumeClaim, Failure> {
     }))?)
 }
 
-/// Runs `script` in a busybox pod on node-1 with the claim at MOUNT until
-/// it succeeds (an error if it fails), then deletes the pod.
-async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failure> {
-    let pod: Pod = serde_json::from_value(json!({
+/// A busybox pod on node-1 with the claim at MOUNT, running `script`; Ready
+/// once `script` made /tmp/checked.
+fn demo_pod(name: &str, script: &str) -> Result<Pod, Failure> {
+    Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
@@ -209,12 +209,22 @@ async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failur
                 "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c", script],
                 "volumeMounts": [{"name": "data", "mountPath": MOUNT}],
+                "readinessProbe": {
+                    "exec": {"command": ["test", "-e", "/tmp/checked"]},
+                    "periodSeconds": 1,
+                },
             }],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}],
         }
-    }))?;
+    }))?)
+}
+
+/// Runs `script` in a [`demo_pod`] until it succeeds (an error if it
+/// fails), then deletes the pod.
+async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), USER_NAMESPACE);
-    pods.create(&PostParams::default(), &pod).await?;
+    pods.create(&PostParams::default(), &demo_pod(name, script)?)
+        .await?;
     let finished = until(|| async {
         let phase = pods.get(name).await.ok()?.status?.phase?;
         matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
@@ -222,15 +232,42 @@ async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failur
     let phase = finished
         .await
         .ok_or_else(|| format!("pod {name} did not finish within {PATIENCE:?}"))?;
-    pods.delete(name, &DeleteParams::default()).await?;
-    let gone = until(|| async { pods.get_opt(name).await.ok()?.is_none().then_some(()) });
-    gone.await
-        .ok_or_else(|| format!("pod {name} was not gone within {PATIENCE:?}"))?;
+    delete_pod(client, name).await?;
     if phase == "Succeeded" {
         Ok(())
     } else {
         Err(format!("pod {name} failed").into())
     }
+}
+
+/// Starts a [`demo_pod`] and waits until it is Ready; an error if it ends.
+async fn start_pod(client: &Client, name: &str, script: &str) -> Result<(), Failure> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    pods.create(&PostParams::default(), &demo_pod(name, script)?)
+        .await?;
+    let settled = until(|| async {
+        let pod = pods.get(name).await.ok()?;
+        let phase = pod.status.as_ref()?.phase.clone()?;
+        (is_ready(&pod) || matches!(phase.as_str(), "Succeeded" | "Failed")).then_some(phase)
+    });
+    let phase = settled
+        .await
+        .ok_or_else(|| format!("pod {name} was not Ready within {PATIENCE:?}"))?;
+    if phase == "Running" {
+        Ok(())
+    } else {
+        Err(format!("pod {name} ended: {phase}").into())
+    }
+}
+
+/// Deletes the pod and waits until it is gone.
+async fn delete_pod(client: &Client, name: &str) -> Result<(), Failure> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), USER_NAMESPACE);
+    pods.delete(name, &DeleteParams::default()).await?;
+    let gone = until(|| async { pods.get_opt(name).await.ok()?.is_none().then_some(()) });
+    gone.await
+        .ok_or_else(|| format!("pod {name} was not gone within {PATIENCE:?}"))?;
+    Ok(())
 }
 
 /// Deletes the claim and waits until the provisioner deleted its PV and

@@ -79,21 +79,21 @@ pub fn build_busybox(dir: &Path) -> Result<PathBuf> {
 /// Imports the OCI archive `archive` into the containerd at `socket`, in
 /// the namespace the CRI uses, as `repository` with the archive's tags.
 pub fn import(socket: &Path, archive: &Path, repository: &str) -> Result<()> {
-    run(
-        "ctr",
-        &[
-            "--address",
-            text(socket)?,
-            "-n",
-            "k8s.io",
-            "images",
-            "import",
-            "--base-name",
-            repository,
-            text(archive)?,
-        ],
-    )
-    .map(drop)
+    ctr_import(socket, archive, &["--base-name", repository])
+}
+
+fn ctr_import(socket: &Path, archive: &Path, options: &[&str]) -> Result<()> {
+    let mut args = vec![
+        "--address",
+        text(socket)?,
+        "-n",
+        "k8s.io",
+        "images",
+        "import",
+    ];
+    args.extend_from_slice(options);
+    args.push(text(archive)?);
+    run("ctr", &args).map(drop)
 }
 
 /// Where hack/build-image.sh leaves the archives of the product's image and
@@ -123,18 +123,7 @@ pub fn import_product(socket: &Path) -> Result<()> {
     }
     archives.sort();
     for archive in archives {
-        run(
-            "ctr",
-            &[
-                "--address",
-                text(socket)?,
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                text(&archive)?,
-            ],
-        )?;
+        ctr_import(socket, &archive, &[])?;
     }
     Ok(())
 }

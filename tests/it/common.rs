@@ -163,6 +163,56 @@ struct Setup<'a> {
     subnet: Option<u8>,
 }
 
+/// The steps of a long test, each reported on stderr with the time since
+/// the test began.
+pub struct Steps {
+    started: Instant,
+}
+
+impl Steps {
+    pub fn start() -> Self {
+        Self {
+            started: Instant::now(),
+        }
+    }
+
+    pub fn report(&self, what: &str) {
+        eprintln!("[{:>6.1?}] {what}", self.started.elapsed());
+    }
+
+    /// Waits until `check` returns Some, reporting how long that took;
+    /// after `patience`, fails the test with `logs()`.
+    pub async fn until<T, F, Fut>(
+        &self,
+        what: &str,
+        patience: Duration,
+        check: F,
+        logs: impl FnOnce() -> String,
+    ) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let step = Instant::now();
+        match eventually(patience, check).await {
+            Ok(value) => {
+                self.report(&format!("{what} after {:.1?}", step.elapsed()));
+                value
+            }
+            Err(e) => panic!("{e} waiting for {what}\n{}", logs()),
+        }
+    }
+}
+
+/// The names of every `K` `api` lists.
+async fn names<K>(api: Api<K>) -> Vec<String>
+where
+    K: kube::Resource + Clone + fmt::Debug + serde::de::DeserializeOwned,
+{
+    let list = api.list(&Default::default()).await.unwrap();
+    list.iter().map(|o| o.name_any()).collect()
+}
+
 /// A subnet no other cluster of this test binary uses: nodes take
 /// 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x.
 pub fn next_subnet() -> u8 {
@@ -381,6 +431,24 @@ impl Cluster {
             .create(&PostParams::default(), &setting)
             .await
             .unwrap();
+    }
+
+    /// Every PersistentVolume and VolumeAttachment, and every oxhorn
+    /// Volume, Engine and Replica of the cluster's namespace, left.
+    pub async fn volume_leftovers(&self) -> Vec<String> {
+        let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(self.client.clone());
+        let attachments: Api<k8s_openapi::api::storage::v1::VolumeAttachment> =
+            Api::all(self.client.clone());
+        [
+            ("PV", names(pvs).await),
+            ("VolumeAttachment", names(attachments).await),
+            ("Volume", names(self.api::<Volume>()).await),
+            ("Engine", names(self.api::<Engine>()).await),
+            ("Replica", names(self.api::<Replica>()).await),
+        ]
+        .into_iter()
+        .flat_map(|(kind, names)| names.into_iter().map(move |n| format!("{kind}/{n}")))
+        .collect()
     }
 
     /// Fails, saying why each node is not, if they are not all Ready and

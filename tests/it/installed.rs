@@ -10,20 +10,18 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::types::{Engine, Replica, Volume};
+use oxhorn::types::{Replica, Volume};
 use oxhorn_testbed::install::{Installation, NAMESPACE};
 use oxhorn_testbed::sidecars::Sidecars;
 use oxhorn_testbed::{self as testbed, KubeletNode, TestNamespace, delete_kube_node};
 use serde_json::{Value, json};
 
-use crate::common::{
-    Cluster, eventually, next_subnet, one_shot_pod, require_root, run_to_completion,
-};
+use crate::common::{Cluster, Steps, next_subnet, one_shot_pod, require_root, run_to_completion};
 use crate::install::OXHORN_SYSTEM;
 
 const PATIENCE: Duration = Duration::from_secs(240);
@@ -41,13 +39,13 @@ struct Installed {
     installation: Installation,
     controllers: Sidecars,
     node: KubeletNode,
-    started: Instant,
+    steps: Steps,
 }
 
 impl Installed {
     async fn install() -> Self {
         require_root();
-        let started = Instant::now();
+        let steps = Steps::start();
         let control_plane = testbed::shared();
         testbed::sidecars::apply_snapshot_crds(control_plane)
             .await
@@ -57,10 +55,7 @@ impl Installed {
             .unwrap();
         node.import_product_images().unwrap();
         let controllers = Sidecars::start_cluster(control_plane).unwrap();
-        eprintln!(
-            "[{:>6.1?}] node and cluster controllers up",
-            started.elapsed()
-        );
+        steps.report("node and cluster controllers up");
         // Node 1 of the cluster below is the kubelet's, its address this.
         let subnet = next_subnet();
         let address = IpAddr::from([127, 0, subnet, 1]);
@@ -68,7 +63,7 @@ impl Installed {
         let installation = Installation::apply(control_plane, &node, address)
             .await
             .unwrap();
-        eprintln!("[{:>6.1?}] manifest applied", started.elapsed());
+        steps.report("manifest applied");
 
         let cluster = Cluster::join_installed(
             TestNamespace::adopt(control_plane, NAMESPACE),
@@ -86,7 +81,7 @@ impl Installed {
             installation,
             controllers,
             node,
-            started,
+            steps,
         }
     }
 
@@ -118,8 +113,21 @@ impl Installed {
         .await;
     }
 
-    /// Stops it all and removes the Kubernetes Nodes.
+    /// Waits until the users' volumes are all gone (no PV, attachment or
+    /// oxhorn volume object left), then stops it all and removes the
+    /// Kubernetes Nodes.
     async fn stop(self) {
+        self.until(
+            "every PV, attachment and oxhorn volume object gone",
+            || async {
+                self.cluster
+                    .volume_leftovers()
+                    .await
+                    .is_empty()
+                    .then_some(())
+            },
+        )
+        .await;
         let client = self.client();
         let mut nodes: Vec<String> = self
             .cluster
@@ -135,7 +143,7 @@ impl Installed {
     }
 
     fn report(&self, what: &str) {
-        eprintln!("[{:>6.1?}] {what}", self.started.elapsed());
+        self.steps.report(what);
     }
 
     fn client(&self) -> Client {
@@ -170,14 +178,9 @@ impl Installed {
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let step = Instant::now();
-        match eventually(PATIENCE, check).await {
-            Ok(value) => {
-                self.report(&format!("{what} after {:.1?}", step.elapsed()));
-                value
-            }
-            Err(e) => panic!("{e} waiting for {what}\n{}", self.logs()),
-        }
+        self.steps
+            .until(what, PATIENCE, check, || self.logs())
+            .await
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -244,47 +247,6 @@ impl Installed {
                 self.logs()
             )
         })
-    }
-
-    /// Every PV, VolumeAttachment and oxhorn volume object left.
-    async fn leftovers(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        let pvs: Api<PersistentVolume> = Api::all(self.client());
-        for pv in pvs.list(&Default::default()).await.unwrap() {
-            left.push(format!("PV/{}", pv.name_any()));
-        }
-        let attachments: Api<VolumeAttachment> = Api::all(self.client());
-        for attachment in attachments.list(&Default::default()).await.unwrap() {
-            left.push(format!("VolumeAttachment/{}", attachment.name_any()));
-        }
-        for volume in self
-            .cluster
-            .api::<Volume>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-        {
-            left.push(format!("Volume/{}", volume.name_any()));
-        }
-        for engine in self
-            .cluster
-            .api::<Engine>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-        {
-            left.push(format!("Engine/{}", engine.name_any()));
-        }
-        for replica in self
-            .cluster
-            .api::<Replica>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-        {
-            left.push(format!("Replica/{}", replica.name_any()));
-        }
-        left
     }
 }
 
@@ -537,12 +499,6 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         .delete(CLAIM, &DeleteParams::default())
         .await
         .unwrap();
-    installed
-        .until(
-            "every PV, attachment and oxhorn volume object gone",
-            || async { installed.leftovers().await.is_empty().then_some(()) },
-        )
-        .await;
     installed.stop().await;
 }
 
@@ -700,15 +656,16 @@ async fn installed_a_stateful_set_scales_and_a_claim_grows_under_its_pod() {
         .await
         .unwrap();
     installed
-        .until(
-            "the claim grown to 400Mi and its filesystem with it",
-            || async {
-                let claim = claims.get("data-web-0").await.ok()?;
-                let capacity = claim.status?.capacity?.get("storage")?.0.clone();
-                let size = filesystem_size(&mount);
-                (capacity == "400Mi" && size > before + 90 * (1 << 20)).then_some(())
-            },
-        )
+        .until("the pod's filesystem grown by 100 MiB", || async {
+            (filesystem_size(&mount) > before + 90 * (1 << 20)).then_some(())
+        })
+        .await;
+    installed
+        .until("the claim's capacity 400Mi", || async {
+            let claim = claims.get("data-web-0").await.ok()?;
+            let capacity = claim.status?.capacity?.get("storage")?.0.clone();
+            (capacity == "400Mi").then_some(())
+        })
         .await;
     let pod = installed.pods().get("web-0").await.unwrap();
     let restarts = pod
@@ -721,11 +678,5 @@ async fn installed_a_stateful_set_scales_and_a_claim_grows_under_its_pod() {
     );
 
     sets.delete(SET, &DeleteParams::default()).await.unwrap();
-    installed
-        .until(
-            "every PV, attachment and oxhorn volume object gone",
-            || async { installed.leftovers().await.is_empty().then_some(()) },
-        )
-        .await;
     installed.stop().await;
 }

@@ -7,17 +7,16 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{DeleteParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::types::{Engine, Replica, Volume};
 use oxhorn_testbed::sidecars::Sidecars;
 use oxhorn_testbed::{self as testbed, KubeletNode, TestNamespace, delete_kube_node};
 use serde_json::json;
 
-use crate::common::{Cluster, eventually, one_shot_pod, require_root, run_to_completion};
+use crate::common::{Cluster, Steps, one_shot_pod, require_root, run_to_completion};
 
 const PATIENCE: Duration = Duration::from_secs(180);
 const STORAGE_CLASS: &str = "oxhorn-kubelet-flow";
@@ -32,13 +31,13 @@ struct Flow {
     sidecars: Sidecars,
     cluster: Cluster,
     node: KubeletNode,
-    started: Instant,
+    steps: Steps,
 }
 
 impl Flow {
     async fn start() -> Self {
         require_root();
-        let started = Instant::now();
+        let steps = Steps::start();
         let control_plane = testbed::shared();
         testbed::sidecars::apply_snapshot_crds(control_plane)
             .await
@@ -58,7 +57,7 @@ impl Flow {
             sidecars,
             cluster,
             node,
-            started,
+            steps,
         };
         // Pods are refused until the service-account controller has given
         // the new namespace its `default` ServiceAccount.
@@ -72,7 +71,7 @@ impl Flow {
     }
 
     fn report(&self, what: &str) {
-        eprintln!("[{:>6.1?}] {what}", self.started.elapsed());
+        self.steps.report(what);
     }
 
     fn client(&self) -> Client {
@@ -99,14 +98,9 @@ impl Flow {
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let step = Instant::now();
-        match eventually(PATIENCE, check).await {
-            Ok(value) => {
-                self.report(&format!("{what} after {:.1?}", step.elapsed()));
-                value
-            }
-            Err(e) => panic!("{e} waiting for {what}\n{}", self.logs()),
-        }
+        self.steps
+            .until(what, PATIENCE, check, || self.logs())
+            .await
     }
 
     async fn create_storage_class(&self) {
@@ -148,48 +142,6 @@ impl Flow {
             Err(e) => panic!("{e}\n{}", self.logs()),
         }
     }
-
-    /// Every PV, VolumeAttachment and oxhorn object left.
-    async fn leftovers(&self) -> Vec<String> {
-        let mut left: Vec<String> = Vec::new();
-        let pvs: Api<PersistentVolume> = Api::all(self.client());
-        left.extend(
-            pvs.list(&Default::default())
-                .await
-                .unwrap()
-                .iter()
-                .map(|o| format!("PV/{}", o.name_any())),
-        );
-        let attachments: Api<VolumeAttachment> = Api::all(self.client());
-        left.extend(
-            attachments
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .iter()
-                .map(|o| format!("VolumeAttachment/{}", o.name_any())),
-        );
-        for (kind, names) in [
-            ("Volume", names(self.cluster.api::<Volume>()).await),
-            ("Engine", names(self.cluster.api::<Engine>()).await),
-            ("Replica", names(self.cluster.api::<Replica>()).await),
-        ] {
-            left.extend(names.into_iter().map(|n| format!("{kind}/{n}")));
-        }
-        left
-    }
-}
-
-async fn names<K>(api: Api<K>) -> Vec<String>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    api.list(&Default::default())
-        .await
-        .unwrap()
-        .iter()
-        .map(|o| o.name_any())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +188,11 @@ async fn a_pod_writes_through_a_claim_and_the_next_pod_reads_it() {
         .await
         .unwrap();
     flow.until("every PV, attachment and oxhorn object gone", || async {
-        flow.leftovers().await.is_empty().then_some(())
+        flow.cluster
+            .volume_leftovers()
+            .await
+            .is_empty()
+            .then_some(())
     })
     .await;
     let classes: Api<StorageClass> = Api::all(flow.client());
