@@ -48,7 +48,8 @@ pub struct HostTurn {
 }
 
 impl HostTurn {
-    async fn take() -> Result<Self> {
+    /// Waits for the host's turn: until no other kubelet node runs.
+    pub async fn take() -> Result<Self> {
         let in_process = ONE_AT_A_TIME.lock().await;
         let path = Path::new(HOST_LOCK);
         let file = tokio::task::spawn_blocking(move || {
@@ -92,7 +93,12 @@ impl KubeletNode {
     /// Node is Ready. On an error, whatever was started is stopped again.
     /// Waits while another node of this process runs.
     pub async fn start(control: &ControlPlane, name: &str) -> Result<Self> {
-        let turn = HostTurn::take().await?;
+        Self::start_in_turn(control, name, HostTurn::take().await?).await
+    }
+
+    /// Like [`KubeletNode::start`], in a turn the caller took already (to
+    /// look at the host before the node changes it).
+    pub async fn start_in_turn(control: &ControlPlane, name: &str, turn: HostTurn) -> Result<Self> {
         let host = HostChanges::begin()?;
         if host.first() {
             cgroup::sweep();

@@ -32,7 +32,7 @@ pub mod writer;
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess, engine_client};
 pub use error::{Error, Result};
-pub use kubelet_node::KubeletNode;
+pub use kubelet_node::{HostTurn, KubeletNode};
 pub use manager::{
     ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,
 };

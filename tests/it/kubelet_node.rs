@@ -11,7 +11,7 @@ use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::wait::await_condition;
 use oxhorn_testbed::{
-    KubeletNode, ManagerOptions, ManagerProcess, TestNamespace, delete_kube_node,
+    HostTurn, KubeletNode, ManagerOptions, ManagerProcess, TestNamespace, delete_kube_node,
 };
 
 use crate::common::{OXHORN, one_shot_pod, run_to_completion};
@@ -39,6 +39,8 @@ fn sysctls() -> Vec<String> {
 async fn a_real_node_runs_a_pod_and_leaves_the_host_as_it_was() {
     let control = oxhorn_testbed::shared();
     let client = control.client().unwrap();
+    // The host as it is with no kubelet node: looked at in the host's turn.
+    let turn = HostTurn::take().await.unwrap();
     let before = (sysctls(), fixed_paths());
     let namespace = TestNamespace::create(control, "kn").await.unwrap();
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace.name());
@@ -48,7 +50,9 @@ async fn a_real_node_runs_a_pod_and_leaves_the_host_as_it_was() {
         .create(&PostParams::default(), &account.unwrap())
         .await;
 
-    let node = KubeletNode::start(control, "kn-1").await.unwrap();
+    let node = KubeletNode::start_in_turn(control, "kn-1", turn)
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace.name());
     let mut pod = one_shot_pod(
         "writer",
