@@ -201,12 +201,37 @@ fn data_root() -> PathBuf {
     }
 }
 
+/// Where test processes listen: below the kernel's ephemeral range (32768
+/// and up by default), from which outgoing connections take their ports.
+/// A port found free in that range can be taken by a connection before the
+/// process meant to listen on it has started (seen: "Address already in
+/// use" with kubelets and pods connecting beside the tests). The instances'
+/// own range, 10000-19999, is below this one.
+const TEST_PORTS: std::ops::Range<u32> = 20_000..32_000;
+
 pub(crate) fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("127.0.0.1:0", e))?;
-    Ok(listener
-        .local_addr()
-        .map_err(|e| Error::io("127.0.0.1:0", e))?
-        .port())
+    free_ports(1)
+}
+
+/// The first of `count` consecutive ports free on loopback, from
+/// [`TEST_PORTS`]; each call starts looking past the last one found, from
+/// a place that differs between processes.
+pub(crate) fn free_ports(count: u16) -> Result<u16> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let span = TEST_PORTS.end - TEST_PORTS.start - u32::from(count);
+    let seed = std::process::id().wrapping_mul(7_919);
+    for _ in 0..span {
+        let step = NEXT.fetch_add(u32::from(count), std::sync::atomic::Ordering::Relaxed);
+        let offset = seed.wrapping_add(step) % span;
+        // Invariant: TEST_PORTS ends below u16::MAX.
+        let first = u16::try_from(TEST_PORTS.start + offset).expect("a port");
+        if (0..count).all(|i| TcpListener::bind(("127.0.0.1", first + i)).is_ok()) {
+            return Ok(first);
+        }
+    }
+    Err(Error::Failed(format!(
+        "no {count} consecutive free ports in {TEST_PORTS:?}"
+    )))
 }
 
 /// The path of an installed tool, or an error saying how to install it.

@@ -350,16 +350,5 @@ async fn endpoint(control: &str, access: &Access) -> Option<String> {
 
 /// A free port whose successor is free too.
 fn free_port_pair() -> Result<u16> {
-    for _ in 0..100 {
-        let first =
-            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("127.0.0.1:0", e))?;
-        let port = first
-            .local_addr()
-            .map_err(|e| Error::io("127.0.0.1:0", e))?
-            .port();
-        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(Error::Failed("no two adjacent free ports".into()))
+    crate::controlplane::free_ports(2)
 }
