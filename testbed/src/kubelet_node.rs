@@ -238,6 +238,20 @@ impl KubeletNode {
         Ok(dir)
     }
 
+    /// Lets go of the loop devices backed by files under the node's
+    /// directory (its pods' volumes): each goes now, or when its last user
+    /// closes it. Done before any pod is killed: a dying container's mounts
+    /// take the host's copies of its shared FUSE mounts with them, after
+    /// which a loop device's backing file no longer shows a path under the
+    /// node's directory and nothing here could tell it is the node's.
+    pub fn release_loop_devices(&self) {
+        if let Some(dir) = &self.dir {
+            for number in crate::loop_devices_under(dir.path()) {
+                let _ = oxhorn::frontend::loopdev::detach_number(number);
+            }
+        }
+    }
+
     /// Imports the images hack/build-image.sh built (Oxhorn's and the CSI
     /// sidecars'), so the manifest's pods can run here.
     pub fn import_product_images(&self) -> Result<()> {
@@ -295,6 +309,7 @@ impl Drop for KubeletNode {
     /// its shims, unmounts what they mounted and removes the directory and
     /// the cgroup. Never panics: also runs while unwinding.
     fn drop(&mut self) {
+        self.release_loop_devices();
         if let Some(mut kubelet) = self.kubelet.take() {
             let _ = kubelet.terminate(STOP_TIMEOUT);
         }

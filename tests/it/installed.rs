@@ -42,6 +42,15 @@ struct Installed {
     steps: Steps,
 }
 
+impl Drop for Installed {
+    /// Before the fields go (the users' and oxhorn-system's pods are
+    /// deleted first, their containers killed), the node lets go of its
+    /// volumes' loop devices while it can still tell them.
+    fn drop(&mut self) {
+        self.node.release_loop_devices();
+    }
+}
+
 impl Installed {
     async fn install() -> Self {
         require_root();
