@@ -32,6 +32,10 @@ pub fn images() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
+const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+const DEFAULT_DATA_DIR: &str = "/var/lib/oxhorn";
+const DEFAULT_RUN_DIR: &str = "/var/run/oxhorn";
+
 /// The node directories the DaemonSets use, each at the same path in the
 /// containers as on the host: the kubelet hands the node plugin host paths,
 /// and the manager runs mount and mkfs in the host's mount namespace on the
@@ -40,22 +44,22 @@ pub fn images() -> Vec<(&'static str, &'static str)> {
 #[derive(clap::Args, Clone, Debug)]
 pub struct HostDirs {
     /// The kubelet's root directory (its --root-dir).
-    #[arg(long, default_value = "/var/lib/kubelet")]
+    #[arg(long, default_value = DEFAULT_KUBELET_DIR)]
     pub kubelet_dir: PathBuf,
     /// Where each node keeps its replicas and instance records.
-    #[arg(long, default_value = "/var/lib/oxhorn")]
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// Where each node's engines mount their FUSE files.
-    #[arg(long, default_value = "/var/run/oxhorn")]
+    #[arg(long, default_value = DEFAULT_RUN_DIR)]
     pub run_dir: PathBuf,
 }
 
 impl Default for HostDirs {
     fn default() -> Self {
         Self {
-            kubelet_dir: "/var/lib/kubelet".into(),
-            data_dir: "/var/lib/oxhorn".into(),
-            run_dir: "/var/run/oxhorn".into(),
+            kubelet_dir: DEFAULT_KUBELET_DIR.into(),
+            data_dir: DEFAULT_DATA_DIR.into(),
+            run_dir: DEFAULT_RUN_DIR.into(),
         }
     }
 }
