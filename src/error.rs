@@ -56,6 +56,10 @@ pub enum Error {
 
     #[error("controller: {0}")]
     Controller(#[from] crate::controller::ControllerError),
+
+    /// `oxhorn uninstall` refused or could not finish.
+    #[error(transparent)]
+    Uninstall(#[from] crate::uninstall::UninstallError),
 }
 
 impl Error {

@@ -13,7 +13,8 @@
 //! - [`protocol`]: the engine <-> replica data protocol;
 //! - [`frontend`]: the volume as a block device on its node;
 //! - [`host`]: the node's host: its programs, mounts and filesystems;
-//! - [`replica`]: one copy of a volume's data on a node's disk.
+//! - [`replica`]: one copy of a volume's data on a node's disk;
+//! - [`manifest`] and [`uninstall`]: installing Oxhorn and removing it.
 
 pub mod controller;
 pub mod csi;
@@ -33,5 +34,6 @@ pub mod protocol;
 pub mod replica;
 pub mod scheduler;
 pub mod types;
+pub mod uninstall;
 
 pub use error::{Error, Result};

@@ -47,8 +47,14 @@ enum Command {
     Engine(EngineConfig),
     /// Print the CustomResourceDefinitions as YAML.
     Crds,
-    /// Print the manifest that installs Oxhorn (deploy/oxhorn.yaml).
-    Manifest(oxhorn::manifest::HostDirs),
+    /// Print the manifest that installs Oxhorn (deploy/oxhorn.yaml), or
+    /// the one that uninstalls it (deploy/uninstall.yaml).
+    Manifest(oxhorn::manifest::ManifestArgs),
+    /// Delete every volume, and its data, so that deleting the manifest
+    /// leaves nothing behind (the Job of deploy/uninstall.yaml). Refused
+    /// while volumes exist unless the Setting deleting-confirmation-flag
+    /// is "true".
+    Uninstall(oxhorn::uninstall::UninstallArgs),
     /// Print the version.
     Version,
 }
@@ -68,8 +74,9 @@ fn main() -> ExitCode {
         Command::Crds => types::crds_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(Into::into),
-        Command::Manifest(dirs) => {
-            oxhorn::manifest::manifest_yaml_for(&dirs).map(|yaml| print!("{yaml}"))
+        Command::Manifest(args) => args.yaml().map(|yaml| print!("{yaml}")),
+        Command::Uninstall(args) => {
+            run_until_signal(|shutdown| oxhorn::uninstall::run(args, shutdown))
         }
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));

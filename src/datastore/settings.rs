@@ -31,6 +31,8 @@ const ZONE_SOFT_ANTI_AFFINITY: &str = "replica-zone-soft-anti-affinity";
 const REPLENISHMENT_WAIT: &str = "replica-replenishment-wait-interval";
 const STALE_REPLICA_TIMEOUT: &str = "stale-replica-timeout";
 const AUTO_SALVAGE: &str = "auto-salvage";
+/// Whether `oxhorn uninstall` may delete volumes, and their data.
+pub const DELETING_CONFIRMATION: &str = "deleting-confirmation-flag";
 
 const DEFINITIONS: &[Definition] = &[
     Definition {
@@ -81,6 +83,11 @@ const DEFINITIONS: &[Definition] = &[
         key: AUTO_SALVAGE,
         kind: Kind::Boolean,
         default: "true",
+    },
+    Definition {
+        key: DELETING_CONFIRMATION,
+        kind: Kind::Boolean,
+        default: "false",
     },
 ];
 

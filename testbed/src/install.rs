@@ -35,6 +35,9 @@ pub struct Installation {
     file: PathBuf,
     cluster_objects: PathBuf,
     kubeconfig: PathBuf,
+    node: String,
+    api: SocketAddr,
+    address: IpAddr,
     /// When `kubectl apply` began.
     pub applied: Instant,
 }
@@ -60,13 +63,18 @@ impl Installation {
         let dir = node.host_dir("manifest")?;
         let file = dir.join("oxhorn.yaml");
         std::fs::write(&file, &manifest).map_err(|e| Error::io(&file, e))?;
+        // Those of deploy/uninstall.yaml too, whether a test applies it or
+        // not (kubectl is told to ignore any not found).
         let cluster_objects = dir.join("cluster-objects.yaml");
-        let objects = cluster_objects_of(&manifest)?;
+        let objects = cluster_objects_of(&manifest)? + &cluster_objects_of(&uninstall_yaml()?)?;
         std::fs::write(&cluster_objects, objects).map_err(|e| Error::io(&cluster_objects, e))?;
         let installation = Self {
             file,
             cluster_objects,
             kubeconfig: control.kubeconfig().to_path_buf(),
+            node: node.name().to_string(),
+            api: control.api_address(),
+            address,
             applied: Instant::now(),
         };
         kubectl(
@@ -86,6 +94,20 @@ impl Installation {
     pub fn file(&self) -> &Path {
         &self.file
     }
+
+    /// deploy/uninstall.yaml as this test bed runs it, written beside the
+    /// manifest.
+    pub fn uninstall_file(&self) -> Result<PathBuf> {
+        let yaml = for_the_test_bed(&uninstall_yaml()?, self.api, &self.node, self.address)?;
+        let file = self.file.with_file_name("uninstall.yaml");
+        std::fs::write(&file, yaml).map_err(|e| Error::io(&file, e))?;
+        Ok(file)
+    }
+}
+
+fn uninstall_yaml() -> Result<String> {
+    oxhorn::manifest::uninstall_yaml()
+        .map_err(|e| Error::Failed(format!("the uninstall manifest: {e}")))
 }
 
 impl Drop for Installation {
@@ -173,7 +195,7 @@ pub fn for_the_test_bed(
         if kind == "Deployment" {
             object["spec"]["replicas"] = json!(1);
         }
-        if kind == "DaemonSet" || kind == "Deployment" {
+        if ["DaemonSet", "Deployment", "Job"].contains(&kind.as_str()) {
             let pod = &mut object["spec"]["template"]["spec"];
             pod["nodeSelector"] = json!({"kubernetes.io/hostname": node});
             if let Some(containers) = pod["containers"].as_array_mut() {

@@ -39,11 +39,11 @@ const KUBELET_CONTROLLERS: &str = "persistentvolume-attach-detach-controller,\
 serviceaccount-controller";
 
 /// What a cluster runs before Oxhorn is installed in it: the controllers of
-/// the workloads and objects the manifest creates (DaemonSets, Deployments,
-/// StatefulSets, namespaces, the CA ConfigMap that service-account tokens
-/// mount, garbage collection).
+/// the workloads and objects the manifests create (DaemonSets, Deployments,
+/// StatefulSets, Jobs, namespaces, the CA ConfigMap that service-account
+/// tokens mount, garbage collection).
 const CLUSTER_CONTROLLERS: &str = "daemonset-controller,deployment-controller,\
-replicaset-controller,statefulset-controller,namespace-controller,\
+replicaset-controller,statefulset-controller,job-controller,namespace-controller,\
 garbage-collector-controller,pod-garbage-collector-controller,\
 root-ca-certificate-publisher-controller";
 

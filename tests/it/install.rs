@@ -1,5 +1,6 @@
-//! The manifest that installs Oxhorn (deploy/oxhorn.yaml): generated from
-//! its parts, and every object in it accepted by a real API server.
+//! The manifests that install and uninstall Oxhorn (deploy/oxhorn.yaml,
+//! deploy/uninstall.yaml): generated from their parts, and every object in
+//! them accepted by a real API server.
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
@@ -8,6 +9,7 @@ use oxhorn_testbed as testbed;
 use serde::Deserialize;
 
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/oxhorn.yaml");
+const UNINSTALL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/uninstall.yaml");
 
 /// Held by a test that creates the manifest's namespace, oxhorn-system.
 pub static OXHORN_SYSTEM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -19,6 +21,12 @@ fn the_manifest_is_what_its_parts_make() {
     assert!(
         committed == generated,
         "deploy/oxhorn.yaml is stale: run `cargo run -- manifest > deploy/oxhorn.yaml`"
+    );
+    let committed = std::fs::read_to_string(UNINSTALL).unwrap();
+    let generated = oxhorn::manifest::uninstall_yaml().unwrap();
+    assert!(
+        committed == generated,
+        "deploy/uninstall.yaml is stale: run `cargo run -- manifest --uninstall > deploy/uninstall.yaml`"
     );
 }
 
@@ -34,7 +42,7 @@ fn objects(manifest: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A server-side dry run of the whole manifest: the API server validates
+/// A server-side dry run of both manifests: the API server validates
 /// every object (schemas, RBAC rules, references to priority classes and
 /// kinds) without keeping any. Its namespace exists for real meanwhile.
 #[tokio::test]
@@ -60,6 +68,8 @@ async fn every_object_is_accepted_by_the_api_server() {
             "--field-manager=oxhorn-install-test",
             "-f",
             MANIFEST,
+            "-f",
+            UNINSTALL,
         ])
         .unwrap();
     if created {
@@ -75,7 +85,8 @@ async fn every_object_is_accepted_by_the_api_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     let manifest = std::fs::read_to_string(MANIFEST).unwrap();
-    let objects = objects(&manifest);
+    let uninstall = std::fs::read_to_string(UNINSTALL).unwrap();
+    let objects = [objects(&manifest), objects(&uninstall)].concat();
     for (kind, name) in &objects {
         let applied = stdout.lines().any(|line| {
             line.to_lowercase().starts_with(&kind.to_lowercase())
@@ -95,7 +106,8 @@ async fn every_object_is_accepted_by_the_api_server() {
         "CSIDriver",
         "StorageClass",
         "VolumeSnapshotClass",
+        "Job",
     ] {
-        assert!(kinds.contains(&kind), "no {kind} in the manifest");
+        assert!(kinds.contains(&kind), "no {kind} in the manifests");
     }
 }

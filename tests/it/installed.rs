@@ -24,21 +24,21 @@ use serde_json::{Value, json};
 use crate::common::{Cluster, Steps, next_subnet, one_shot_pod, require_root, run_to_completion};
 use crate::install::OXHORN_SYSTEM;
 
-const PATIENCE: Duration = Duration::from_secs(240);
-const CLAIM: &str = "data";
-const MOUNT: &str = "/data";
+pub(crate) const PATIENCE: Duration = Duration::from_secs(240);
+pub(crate) const CLAIM: &str = "data";
+pub(crate) const MOUNT: &str = "/data";
 /// The kubelet's node and the two manager-only ones.
 const NODES: usize = 3;
 
 /// The installed product and everything it runs on. Dropped in field
 /// order: the users' namespace, the manager-only nodes and oxhorn-system,
 /// the cluster-wide objects, the cluster's controllers, the node.
-struct Installed {
-    users: TestNamespace,
-    cluster: Cluster,
-    installation: Installation,
+pub(crate) struct Installed {
+    pub(crate) users: TestNamespace,
+    pub(crate) cluster: Cluster,
+    pub(crate) installation: Installation,
     controllers: Sidecars,
-    node: KubeletNode,
+    pub(crate) node: KubeletNode,
     steps: Steps,
 }
 
@@ -52,7 +52,7 @@ impl Drop for Installed {
 }
 
 impl Installed {
-    async fn install() -> Self {
+    pub(crate) async fn install() -> Self {
         require_root();
         let steps = Steps::start();
         let control_plane = testbed::shared();
@@ -97,7 +97,7 @@ impl Installed {
     /// Waits until every workload of the manifest is Ready on the node, the
     /// kubelet lists the driver and the users' namespace has its default
     /// ServiceAccount (pods are refused before).
-    async fn until_running(&self) {
+    pub(crate) async fn until_running(&self) {
         for app in [
             "oxhorn-instance-manager",
             "oxhorn-manager",
@@ -125,7 +125,7 @@ impl Installed {
     /// Waits until the users' volumes are all gone (no PV, attachment or
     /// oxhorn volume object left), then stops it all and removes the
     /// Kubernetes Nodes.
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.until(
             "every PV, attachment and oxhorn volume object gone",
             || async {
@@ -151,15 +151,15 @@ impl Installed {
         }
     }
 
-    fn report(&self, what: &str) {
+    pub(crate) fn report(&self, what: &str) {
         self.steps.report(what);
     }
 
-    fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         self.cluster.client.clone()
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let described = testbed::shared()
             .kubectl(&[
                 "describe",
@@ -182,7 +182,7 @@ impl Installed {
 
     /// Waits until `check` returns Some, failing with every log after
     /// PATIENCE.
-    async fn until<T, F, Fut>(&self, what: &str, check: F) -> T
+    pub(crate) async fn until<T, F, Fut>(&self, what: &str, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -192,12 +192,12 @@ impl Installed {
             .await
     }
 
-    fn pods(&self) -> Api<Pod> {
+    pub(crate) fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client(), self.users.name())
     }
 
     /// The ready pod of `app` (an oxhorn-system workload) on the node.
-    async fn ready_pod(&self, app: &str) -> Option<Pod> {
+    pub(crate) async fn ready_pod(&self, app: &str) -> Option<Pod> {
         let pods: Api<Pod> = Api::namespaced(self.client(), NAMESPACE);
         let selector = format!("app.kubernetes.io/name={app}");
         let list = pods
@@ -210,7 +210,7 @@ impl Installed {
     }
 
     /// A pod on the claim, on the kubelet's node, running `script`.
-    fn pod_on_claim(&self, name: &str, script: &str) -> Value {
+    pub(crate) fn pod_on_claim(&self, name: &str, script: &str) -> Value {
         let mut pod = one_shot_pod(name, script);
         let spec = &mut pod["spec"];
         spec["nodeSelector"] = json!({"kubernetes.io/hostname": self.node.name()});
@@ -221,7 +221,7 @@ impl Installed {
 
     /// Runs a pod with `script` on the claim until it has finished and is
     /// gone; its phase.
-    async fn run_pod(&self, name: &str, script: &str) -> String {
+    pub(crate) async fn run_pod(&self, name: &str, script: &str) -> String {
         let step = Instant::now();
         match run_to_completion(&self.pods(), self.pod_on_claim(name, script), PATIENCE).await {
             Ok(phase) => {
@@ -236,7 +236,7 @@ impl Installed {
     }
 
     /// Where the kubelet mounted the claim for the pod `name`, on the host.
-    async fn mount_of(&self, name: &str) -> PathBuf {
+    pub(crate) async fn mount_of(&self, name: &str) -> PathBuf {
         let pod = self.pods().get(name).await.unwrap();
         let uid = pod.uid().unwrap();
         let volumes = self
@@ -259,7 +259,7 @@ impl Installed {
     }
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub(crate) fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -333,11 +333,11 @@ const RBAC: &[(&str, bool)] = &[
     ("default get volumes.oxhorn.io", false),
 ];
 
-/// The rows of [`RBAC`] the API server answers otherwise, impersonating
-/// each account.
-fn rbac_mismatches() -> Vec<String> {
+/// The rows of `rows` (as [`RBAC`]'s) the API server answers otherwise,
+/// impersonating each account.
+pub(crate) fn rbac_mismatches(rows: &[(&str, bool)]) -> Vec<String> {
     let mut wrong = Vec::new();
-    for (row, allowed) in RBAC {
+    for (row, allowed) in rows {
         let mut words = row.split_whitespace();
         let account = words.next().unwrap();
         let user = format!("--as=system:serviceaccount:{NAMESPACE}:{account}");
@@ -376,7 +376,7 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
     let _turn = OXHORN_SYSTEM.lock().await;
     let installed = Installed::install().await;
     installed.until_running().await;
-    let wrong = rbac_mismatches();
+    let wrong = rbac_mismatches(RBAC);
     assert!(
         wrong.is_empty(),
         "RBAC not as the parts need:\n{}",

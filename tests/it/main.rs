@@ -27,5 +27,6 @@ mod placement;
 mod provisioning;
 mod sanity;
 mod snapshots;
+mod uninstall;
 mod user_flow;
 mod volume;

@@ -1,0 +1,564 @@
+//! `oxhorn uninstall` (the Job of deploy/uninstall.yaml): removes every
+//! Oxhorn volume, and with it its data, while the controllers still run to
+//! let go of each, so that `kubectl delete -f deploy/oxhorn.yaml` then
+//! leaves nothing stuck on a finalizer and nothing on the nodes.
+//!
+//! Refused while a volume exists unless the Setting
+//! `deleting-confirmation-flag` is "true" (the refusal creates it, "false",
+//! for the user to change). With it, in this order:
+//! 1. the claims of Oxhorn volumes are deleted (a claim being deleted admits
+//!    no new pod, so a StatefulSet's replacement pods cannot take it), then
+//!    the pods that use them, so the kubelets unmount them and the
+//!    attachments go;
+//! 2. the VolumeSnapshots of Oxhorn snapshots (through the snapshot
+//!    controller and csi-snapshotter, which hold their finalizers);
+//! 3. the Volume objects and their PVs (the volume controller stops the
+//!    engines and removes the replicas' data);
+//! 4. any engine, replica or snapshot object left over.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tracing::info;
+
+use crate::csi::DRIVER_NAME;
+use crate::datastore::settings::{self, DELETING_CONFIRMATION};
+use crate::types::{DEFAULT_NAMESPACE, Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
+
+const POLL: Duration = Duration::from_secs(2);
+/// Where the kubelet reads a container's termination message from; there
+/// only when running in a container.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+const PROVISIONER_ANNOTATIONS: [&str; 2] = [
+    "volume.kubernetes.io/storage-provisioner",
+    "volume.beta.kubernetes.io/storage-provisioner",
+];
+
+#[derive(clap::Args, Debug)]
+pub struct UninstallArgs {
+    /// The namespace Oxhorn is installed in.
+    #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// How long the volumes may take to go, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// A kubeconfig; the in-cluster account when not given.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UninstallError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("refusing to uninstall: {0}")]
+    Refused(String),
+    #[error("still there after {after:?}: {left}")]
+    Timeout { after: Duration, left: String },
+    #[error("stopped by a signal before done; run it again to finish")]
+    Interrupted,
+}
+
+/// Uninstalls (see the module's comment), or stops when `shutdown`
+/// completes first.
+pub async fn run(args: UninstallArgs, shutdown: impl Future<Output = ()>) -> crate::Result<()> {
+    let client = crate::manager::kube_client(args.kubeconfig.as_deref()).await?;
+    let result = tokio::select! {
+        result = uninstall(&args, client) => result,
+        () = shutdown => Err(UninstallError::Interrupted),
+    };
+    if let Err(error) = &result
+        && Path::new(TERMINATION_LOG).exists()
+    {
+        // The reason, alone, as the pod's termination message.
+        let _ = std::fs::write(TERMINATION_LOG, format!("{error}\n"));
+    }
+    Ok(result?)
+}
+
+async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), UninstallError> {
+    let namespace = args.namespace.as_str();
+    let confirmed = confirmation(&client, namespace).await?;
+    let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let volumes_pvs = ours(list(&Api::all(client.clone())).await?);
+    if !volumes.is_empty() && !confirmed {
+        return Err(UninstallError::Refused(refusal(
+            &volumes,
+            &volumes_pvs,
+            namespace,
+        )));
+    }
+    info!(
+        volumes = volumes.len(),
+        "deleting every Oxhorn volume and its data"
+    );
+    let mut wait = Wait::new(Duration::from_secs(args.timeout));
+    release_claims(&client, &volumes_pvs).await?;
+    wait.until("the volumes' pods gone and the volumes detached", || {
+        attachments(&client)
+    })
+    .await?;
+    delete_volume_snapshots(&client).await?;
+    wait.until("the volumes' snapshots deleted", || {
+        snapshot_contents(&client)
+    })
+    .await?;
+    for volume in &volumes {
+        delete(
+            &Api::<Volume>::namespaced(client.clone(), namespace),
+            volume,
+        )
+        .await?;
+    }
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for pv in &volumes_pvs {
+        delete(&pvs, pv).await?;
+    }
+    wait.until("the volumes and their PVs deleted", || {
+        volumes_left(&client, namespace)
+    })
+    .await?;
+    delete_leftovers(&client, namespace).await?;
+    wait.until("every engine, replica and snapshot object gone", || {
+        leftovers(&client, namespace)
+    })
+    .await?;
+    info!("no Oxhorn volume is left: `kubectl delete -f deploy/oxhorn.yaml` removes the rest");
+    Ok(())
+}
+
+/// Whether deleting volumes is confirmed. Creates the Setting, "false",
+/// when there is none, for the user to patch; a value that is not a
+/// boolean is refused rather than read as either.
+async fn confirmation(client: &Client, namespace: &str) -> Result<bool, UninstallError> {
+    let settings: Api<Setting> = Api::namespaced(client.clone(), namespace);
+    let setting = match settings.get_opt(DELETING_CONFIRMATION).await? {
+        Some(setting) => setting,
+        None => {
+            let unset = Setting::new(
+                DELETING_CONFIRMATION,
+                SettingSpec {
+                    value: "false".into(),
+                },
+            );
+            match settings.create(&PostParams::default(), &unset).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(false);
+        }
+    };
+    let value = setting.spec.value.trim();
+    settings::validate(DELETING_CONFIRMATION, value).map_err(UninstallError::Refused)?;
+    Ok(value == "true")
+}
+
+/// What a refused uninstall tells the user: the volumes it would delete,
+/// where each is attached, and how to confirm.
+fn refusal(volumes: &[Volume], pvs: &[PersistentVolume], namespace: &str) -> String {
+    let described: Vec<String> = volumes
+        .iter()
+        .map(|volume| {
+            let name = volume.name_any();
+            let claim = pvs
+                .iter()
+                .filter(|pv| pv_volume(pv) == Some(name.as_str()))
+                .find_map(|pv| pv.spec.as_ref()?.claim_ref.clone())
+                .map(|c| {
+                    format!(
+                        "claim {}/{}",
+                        c.namespace.unwrap_or_default(),
+                        c.name.unwrap_or_default()
+                    )
+                });
+            let node = &volume.spec.node_id;
+            let attached = (!node.is_empty()).then(|| format!("attached to node {node}"));
+            let details: Vec<String> = claim.into_iter().chain(attached).collect();
+            if details.is_empty() {
+                name
+            } else {
+                format!("{name} ({})", details.join(", "))
+            }
+        })
+        .collect();
+    format!(
+        "{} Oxhorn volume{} would be deleted with {} data: {}. \
+         To confirm, run `kubectl -n {namespace} patch settings.oxhorn.io {DELETING_CONFIRMATION} \
+         --type merge -p '{{\"spec\":{{\"value\":\"true\"}}}}'`, then run the uninstall Job again",
+        volumes.len(),
+        if volumes.len() == 1 { "" } else { "s" },
+        if volumes.len() == 1 { "its" } else { "their" },
+        described.join("; ")
+    )
+}
+
+/// Oxhorn's PVs.
+fn ours(pvs: Vec<PersistentVolume>) -> Vec<PersistentVolume> {
+    pvs.into_iter()
+        .filter(|pv| pv_volume(pv).is_some())
+        .collect()
+}
+
+/// The Oxhorn volume behind `pv`, if it is one of ours.
+fn pv_volume(pv: &PersistentVolume) -> Option<&str> {
+    let csi = pv.spec.as_ref()?.csi.as_ref()?;
+    (csi.driver == DRIVER_NAME).then_some(csi.volume_handle.as_str())
+}
+
+/// A claim, by namespace and name.
+type ClaimKey = (String, String);
+
+/// The claims of Oxhorn volumes: those bound to its PVs and those waiting
+/// for Oxhorn to provision them.
+fn claims_of(pvs: &[PersistentVolume], claims: &[PersistentVolumeClaim]) -> BTreeSet<ClaimKey> {
+    let bound = pvs.iter().filter_map(|pv| {
+        let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
+        Some((claim.namespace.clone()?, claim.name.clone()?))
+    });
+    let waiting = claims
+        .iter()
+        .filter(|claim| {
+            PROVISIONER_ANNOTATIONS
+                .iter()
+                .any(|key| claim.annotations().get(*key).map(String::as_str) == Some(DRIVER_NAME))
+        })
+        .map(|claim| (claim.namespace().unwrap_or_default(), claim.name_any()));
+    bound.chain(waiting).collect()
+}
+
+/// Whether `pod` uses one of `claims`, directly or as a generic ephemeral
+/// volume (whose claim is named `<pod>-<volume>`).
+fn uses(pod: &Pod, claims: &BTreeSet<ClaimKey>) -> bool {
+    let namespace = pod.namespace().unwrap_or_default();
+    let volumes = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten());
+    volumes
+        .filter_map(|volume| {
+            if let Some(claim) = &volume.persistent_volume_claim {
+                Some(claim.claim_name.clone())
+            } else {
+                volume
+                    .ephemeral
+                    .as_ref()
+                    .map(|_| format!("{}-{}", pod.name_any(), volume.name))
+            }
+        })
+        .any(|claim| claims.contains(&(namespace.clone(), claim)))
+}
+
+/// Deletes the claims of Oxhorn volumes, then the pods using them.
+async fn release_claims(client: &Client, pvs: &[PersistentVolume]) -> Result<(), UninstallError> {
+    let all_claims: Vec<PersistentVolumeClaim> = list(&Api::all(client.clone())).await?;
+    let claims = claims_of(pvs, &all_claims);
+    for (namespace, name) in &claims {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+        info!(claim = %format!("{namespace}/{name}"), "deleting the claim");
+        ignore_gone(api.delete(name, &DeleteParams::default()).await)?;
+    }
+    let pods: Vec<Pod> = list(&Api::all(client.clone())).await?;
+    for pod in pods.iter().filter(|pod| uses(pod, &claims)) {
+        let namespace = pod.namespace().unwrap_or_default();
+        info!(pod = %format!("{namespace}/{}", pod.name_any()), "deleting a pod of a claim");
+        delete(&Api::<Pod>::namespaced(client.clone(), &namespace), pod).await?;
+    }
+    Ok(())
+}
+
+/// The attachments of Oxhorn volumes.
+async fn attachments(client: &Client) -> Result<Vec<String>, UninstallError> {
+    let attachments: Vec<VolumeAttachment> = list(&Api::all(client.clone())).await?;
+    Ok(attachments
+        .iter()
+        .filter(|a| a.spec.attacher == DRIVER_NAME)
+        .map(|a| {
+            let volume = a.spec.source.persistent_volume_name.clone();
+            format!(
+                "{} on node {}",
+                volume.unwrap_or_default(),
+                a.spec.node_name
+            )
+        })
+        .collect())
+}
+
+fn snapshot_content_api(client: &Client) -> (Api<DynamicObject>, ApiResource) {
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent");
+    let resource = ApiResource::from_gvk(&gvk);
+    (Api::all_with(client.clone(), &resource), resource)
+}
+
+/// The VolumeSnapshotContents of Oxhorn snapshots; none where the snapshot
+/// CRDs are not installed.
+async fn oxhorn_snapshot_contents(client: &Client) -> Result<Vec<DynamicObject>, UninstallError> {
+    let (api, _) = snapshot_content_api(client);
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list
+            .items
+            .into_iter()
+            .filter(|c| c.data["spec"]["driver"] == DRIVER_NAME)
+            .collect()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallError> {
+    let contents = oxhorn_snapshot_contents(client).await?;
+    Ok(contents.iter().map(ResourceExt::name_any).collect())
+}
+
+/// Deletes the VolumeSnapshots of Oxhorn snapshots, and the contents of
+/// those whose VolumeSnapshot is gone (a Retain policy keeps them).
+async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> {
+    let (contents, _) = snapshot_content_api(client);
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot");
+    let resource = ApiResource::from_gvk(&gvk);
+    for content in oxhorn_snapshot_contents(client).await? {
+        let reference = &content.data["spec"]["volumeSnapshotRef"];
+        if let (Some(namespace), Some(name)) =
+            (reference["namespace"].as_str(), reference["name"].as_str())
+        {
+            let snapshots: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), namespace, &resource);
+            info!(snapshot = %format!("{namespace}/{name}"), "deleting the VolumeSnapshot");
+            ignore_gone(snapshots.delete(name, &DeleteParams::default()).await)?;
+        }
+        ignore_gone(
+            contents
+                .delete(&content.name_any(), &DeleteParams::default())
+                .await,
+        )?;
+    }
+    Ok(())
+}
+
+async fn volumes_left(client: &Client, namespace: &str) -> Result<Vec<String>, UninstallError> {
+    let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let pvs = ours(list(&Api::all(client.clone())).await?);
+    Ok(volumes
+        .iter()
+        .map(|v| format!("volume {}", v.name_any()))
+        .chain(pvs.iter().map(|pv| format!("PV {}", pv.name_any())))
+        .collect())
+}
+
+/// Engines, replicas and snapshots whose volume went without them.
+async fn delete_leftovers(client: &Client, namespace: &str) -> Result<(), UninstallError> {
+    let engines: Api<Engine> = Api::namespaced(client.clone(), namespace);
+    for engine in list(&engines).await? {
+        delete(&engines, &engine).await?;
+    }
+    let replicas: Api<Replica> = Api::namespaced(client.clone(), namespace);
+    for replica in list(&replicas).await? {
+        delete(&replicas, &replica).await?;
+    }
+    let snapshots: Api<Snapshot> = Api::namespaced(client.clone(), namespace);
+    for snapshot in list(&snapshots).await? {
+        delete(&snapshots, &snapshot).await?;
+    }
+    Ok(())
+}
+
+async fn leftovers(client: &Client, namespace: &str) -> Result<Vec<String>, UninstallError> {
+    let engines: Vec<Engine> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let replicas: Vec<Replica> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let snapshots: Vec<Snapshot> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    Ok(engines
+        .iter()
+        .map(|o| format!("engine {}", o.name_any()))
+        .chain(replicas.iter().map(|o| format!("replica {}", o.name_any())))
+        .chain(
+            snapshots
+                .iter()
+                .map(|o| format!("snapshot {}", o.name_any())),
+        )
+        .collect())
+}
+
+async fn list<K>(api: &Api<K>) -> Result<Vec<K>, UninstallError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.list(&ListParams::default()).await?.items)
+}
+
+/// Deletes `object` unless it is already going.
+async fn delete<K>(api: &Api<K>, object: &K) -> Result<(), UninstallError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    if object.meta().deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    ignore_gone(
+        api.delete(&object.name_any(), &DeleteParams::default())
+            .await,
+    )
+}
+
+fn ignore_gone<T>(result: kube::Result<T>) -> Result<(), UninstallError> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One deadline for all the steps.
+struct Wait {
+    started: Instant,
+    limit: Duration,
+}
+
+impl Wait {
+    fn new(limit: Duration) -> Self {
+        Self {
+            started: Instant::now(),
+            limit,
+        }
+    }
+
+    /// Polls `left` until it lists nothing, logging what remains now and
+    /// then; past the deadline, an error listing it.
+    async fn until<F, Fut>(&mut self, what: &str, mut left: F) -> Result<(), UninstallError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Vec<String>, UninstallError>>,
+    {
+        let mut polls = 0u32;
+        loop {
+            let remaining = left().await?;
+            if remaining.is_empty() {
+                info!(step = what, "done");
+                return Ok(());
+            }
+            if self.started.elapsed() > self.limit {
+                return Err(UninstallError::Timeout {
+                    after: self.limit,
+                    left: format!("waiting for {what}: {}", remaining.join(", ")),
+                });
+            }
+            if polls.is_multiple_of(10) {
+                info!(step = what, left = %remaining.join(", "), "waiting");
+            }
+            polls += 1;
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pv(name: &str, driver: &str, claim: Option<(&str, &str)>) -> PersistentVolume {
+        let mut spec = json!({"csi": {"driver": driver, "volumeHandle": name}});
+        if let Some((namespace, claim)) = claim {
+            spec["claimRef"] = json!({"namespace": namespace, "name": claim});
+        }
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    }
+
+    fn volume(name: &str, node: &str) -> Volume {
+        let mut volume: Volume = serde_json::from_value(json!({
+            "apiVersion": "oxhorn.io/v1beta1", "kind": "Volume",
+            "metadata": {"name": name},
+            "spec": {"size": 1 << 30, "numberOfReplicas": 3},
+        }))
+        .unwrap();
+        volume.spec.node_id = node.into();
+        volume
+    }
+
+    fn pod(namespace: &str, name: &str, volumes: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": namespace, "name": name},
+            "spec": {"containers": [], "volumes": volumes},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_refusal_names_each_volume_its_claim_and_node_and_how_to_confirm() {
+        let volumes = [volume("pvc-1", "node-a"), volume("pvc-2", "")];
+        let pvs = [pv("pvc-1", DRIVER_NAME, Some(("apps", "data")))];
+        let message = refusal(&volumes, &pvs, "oxhorn-system");
+        assert!(
+            message.starts_with(
+                "2 Oxhorn volumes would be deleted with their data: \
+                 pvc-1 (claim apps/data, attached to node node-a); pvc-2."
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains(
+                "kubectl -n oxhorn-system patch settings.oxhorn.io deleting-confirmation-flag \
+                 --type merge -p '{\"spec\":{\"value\":\"true\"}}'"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn only_oxhorn_pvs_are_ours() {
+        let pvs = ours(vec![
+            pv("pvc-1", DRIVER_NAME, None),
+            pv("pvc-2", "other.csi.io", None),
+        ]);
+        let names: Vec<String> = pvs.iter().map(ResourceExt::name_any).collect();
+        assert_eq!(names, ["pvc-1"]);
+    }
+
+    #[test]
+    fn claims_are_those_bound_to_oxhorn_and_those_waiting_for_it() {
+        let pvs = [pv("pvc-1", DRIVER_NAME, Some(("apps", "bound")))];
+        let waiting = |name: &str, provisioner: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata": {
+                "namespace": "apps", "name": name,
+                "annotations": {"volume.kubernetes.io/storage-provisioner": provisioner},
+            }}))
+            .unwrap()
+        };
+        let claims = claims_of(
+            &pvs,
+            &[
+                waiting("pending", DRIVER_NAME),
+                waiting("other", "ebs.csi.aws.com"),
+            ],
+        );
+        let expected: BTreeSet<ClaimKey> = [("apps", "bound"), ("apps", "pending")]
+            .map(|(n, c)| (n.to_string(), c.to_string()))
+            .into();
+        assert_eq!(claims, expected);
+    }
+
+    #[test]
+    fn a_pod_uses_a_claim_by_name_or_as_its_ephemeral_volume_in_its_namespace() {
+        let claims: BTreeSet<ClaimKey> = [("apps", "data"), ("apps", "web-0-scratch")]
+            .map(|(n, c)| (n.to_string(), c.to_string()))
+            .into();
+        let by_name = json!([{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]);
+        let ephemeral = json!([{"name": "scratch", "ephemeral": {}}]);
+        assert!(uses(&pod("apps", "p", by_name.clone()), &claims));
+        assert!(!uses(&pod("other", "p", by_name), &claims));
+        assert!(uses(&pod("apps", "web-0", ephemeral.clone()), &claims));
+        assert!(!uses(&pod("apps", "web-1", ephemeral), &claims));
+        assert!(!uses(
+            &pod("apps", "p", json!([{"name": "e", "emptyDir": {}}])),
+            &claims
+        ));
+    }
+}

@@ -1,0 +1,282 @@
+//! Uninstalling Oxhorn as a user does (README.md, "Uninstalling"): the Job
+//! of deploy/uninstall.yaml refuses while a volume holds data, until the
+//! Setting deleting-confirmation-flag says "true"; then it takes every
+//! volume away in order, and nothing is left on a finalizer or a node.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use oxhorn::types::{Node, Replica, Setting, Snapshot, Volume};
+use oxhorn_testbed::install::NAMESPACE;
+use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
+use serde_json::json;
+
+use crate::install::OXHORN_SYSTEM;
+use crate::installed::{CLAIM, Installed, MOUNT, is_ready, rbac_mismatches};
+
+const JOB: &str = "oxhorn-uninstall";
+const FLAG: &str = "deleting-confirmation-flag";
+
+/// The uninstall Job's account may take volumes, their claims and pods
+/// away, and nothing else.
+const RBAC: &[(&str, bool)] = &[
+    (
+        "oxhorn-uninstall delete persistentvolumeclaims -n default",
+        true,
+    ),
+    ("oxhorn-uninstall delete pods -n default", true),
+    ("oxhorn-uninstall delete persistentvolumes", true),
+    ("oxhorn-uninstall delete volumes.oxhorn.io", true),
+    ("oxhorn-uninstall create settings.oxhorn.io", true),
+    ("oxhorn-uninstall update settings.oxhorn.io", false),
+    ("oxhorn-uninstall get secrets", false),
+    ("oxhorn-uninstall create pods -n default", false),
+    ("oxhorn-uninstall delete nodes", false),
+    (
+        "oxhorn-uninstall delete volumes.oxhorn.io -n default",
+        false,
+    ),
+    ("oxhorn-uninstall delete daemonsets.apps", false),
+];
+
+impl Installed {
+    /// Applies the uninstall Job and waits until it ends; whether it
+    /// succeeded, and its pod's termination message (empty on success).
+    async fn run_uninstall(&self, file: &Path) -> (bool, String) {
+        let file = file.to_str().unwrap();
+        let applied = testbed::shared()
+            .kubectl(&["apply", "--server-side", "-f", file])
+            .unwrap();
+        assert!(
+            applied.status.success(),
+            "{}",
+            String::from_utf8_lossy(&applied.stderr)
+        );
+        let jobs: Api<Job> = Api::namespaced(self.client(), NAMESPACE);
+        let succeeded = self
+            .until("the uninstall Job finished", || async {
+                let conditions = jobs.get(JOB).await.ok()?.status?.conditions?;
+                conditions
+                    .iter()
+                    .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                    .map(|c| c.type_ == "Complete")
+            })
+            .await;
+        let pods: Api<Pod> = Api::namespaced(self.client(), NAMESPACE);
+        let selector = format!("app.kubernetes.io/name={JOB}");
+        let message = self
+            .until("the uninstall pod terminated", || async {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                let statuses = list.items.first()?.status.clone()?.container_statuses?;
+                let terminated = statuses.first()?.state.clone()?.terminated?;
+                // Only a failure's has the log's tail.
+                Some(terminated.message.unwrap_or_default())
+            })
+            .await;
+        (succeeded, message)
+    }
+
+    /// Deletes the Job and its pod, so that it can run again.
+    async fn delete_uninstall(&self) {
+        let jobs: Api<Job> = Api::namespaced(self.client(), NAMESPACE);
+        jobs.delete(JOB, &DeleteParams::foreground()).await.unwrap();
+        self.until("the uninstall Job gone", || async {
+            jobs.get_opt(JOB).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+
+    /// What Oxhorn left on the nodes: replica data in `replica_dirs`, the
+    /// kubelet node's CSI mounts, FUSE mounts and loop devices.
+    fn node_leftovers(&self, replica_dirs: &[PathBuf]) -> Vec<String> {
+        let node_root = self.node.host_dir("").unwrap();
+        let run = self.node.host_dir("oxhorn-run").unwrap();
+        let csi_mounts = mounts_under(&self.node.kubelet_dir())
+            .into_iter()
+            .filter(|m| {
+                let path = m.to_string_lossy();
+                path.contains("kubernetes.io~csi") || path.contains("/plugins/kubernetes.io/csi/")
+            });
+        replica_dirs
+            .iter()
+            .filter(|dir| dir.exists())
+            .map(|dir| format!("replica data {}", dir.display()))
+            .chain(csi_mounts.map(|m| format!("mount {}", m.display())))
+            .chain(
+                mounts_under(&run)
+                    .iter()
+                    .map(|m| format!("mount {}", m.display())),
+            )
+            .chain(
+                loop_devices_under(&node_root)
+                    .iter()
+                    .map(|n| format!("/dev/loop{n}")),
+            )
+            .collect()
+    }
+}
+
+/// Where each replica keeps its data (`controller::replica::data_dir`).
+fn replica_dirs(replicas: &[Replica]) -> Vec<PathBuf> {
+    replicas
+        .iter()
+        .map(|r| {
+            Path::new(&r.spec.disk_path)
+                .join("replicas")
+                .join(&r.spec.data_directory_name)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leaves_nothing() {
+    let _turn = OXHORN_SYSTEM.lock().await;
+    let installed = Installed::install().await;
+    installed.until_running().await;
+    let uninstall = installed.installation.uninstall_file().unwrap();
+
+    // A pod holding a volume.
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": CLAIM},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "64Mi"}},
+        },
+    }))
+    .unwrap();
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(installed.client(), installed.users.name());
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let hold = format!("echo kept > {MOUNT}/file; sync; exec sleep 100000");
+    let holder: Pod = serde_json::from_value(installed.pod_on_claim("holder", &hold)).unwrap();
+    let pods = installed.pods();
+    pods.create(&PostParams::default(), &holder).await.unwrap();
+    installed
+        .until("the holder running", || async {
+            pods.get("holder").await.ok().filter(is_ready).map(drop)
+        })
+        .await;
+    let mount = installed.mount_of("holder").await;
+    installed
+        .until("the holder's file", || async {
+            std::fs::read_to_string(mount.join("file")).ok()
+        })
+        .await;
+    let volumes = installed.cluster.api::<Volume>();
+    let volume = volumes.list(&Default::default()).await.unwrap().items;
+    assert_eq!(volume.len(), 1);
+    let volume = volume[0].name_any();
+
+    // Unconfirmed: refused, naming the volume, its claim and node, and how
+    // to confirm; nothing is touched.
+    let (succeeded, message) = installed.run_uninstall(&uninstall).await;
+    installed.report("the unconfirmed uninstall ended");
+    assert!(!succeeded, "an unconfirmed uninstall ran: {message}");
+    let expected = format!(
+        "refusing to uninstall: 1 Oxhorn volume would be deleted with its data: \
+         {volume} (claim {}/{CLAIM}, attached to node {})",
+        installed.users.name(),
+        installed.node.name()
+    );
+    assert!(
+        message.contains(&expected),
+        "{expected}\nnot in:\n{message}"
+    );
+    assert!(
+        message.contains(&format!("patch settings.oxhorn.io {FLAG}")),
+        "{message}"
+    );
+    let settings = installed.cluster.api::<Setting>();
+    let flag = settings.get(FLAG).await.unwrap();
+    assert_eq!(
+        flag.spec.value, "false",
+        "the refusal made the Setting to patch"
+    );
+    assert!(volumes.get_opt(&volume).await.unwrap().is_some());
+    assert!(
+        is_ready(&pods.get("holder").await.unwrap()),
+        "the holder was disturbed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mount.join("file")).unwrap(),
+        "kept\n"
+    );
+
+    let wrong = rbac_mismatches(RBAC);
+    assert!(wrong.is_empty(), "uninstall RBAC:\n{}", wrong.join("\n"));
+
+    // Confirmed: the pod, claim, volume and its data go.
+    let replicas = installed.cluster.api::<Replica>();
+    let replica_dirs = replica_dirs(&replicas.list(&Default::default()).await.unwrap().items);
+    assert_eq!(replica_dirs.len(), 3);
+    assert!(
+        installed.node_leftovers(&[]).len() >= 2,
+        "no loop device or CSI mount to see go"
+    );
+    settings
+        .patch(
+            FLAG,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": "true"}})),
+        )
+        .await
+        .unwrap();
+    installed.delete_uninstall().await;
+    let (succeeded, message) = installed.run_uninstall(&uninstall).await;
+    installed.report("the confirmed uninstall ended");
+    assert!(
+        succeeded,
+        "the confirmed uninstall failed: {message}\n{}",
+        installed.logs()
+    );
+    assert!(
+        pods.get_opt("holder").await.unwrap().is_none(),
+        "the holder is left"
+    );
+    assert!(
+        claims.get_opt(CLAIM).await.unwrap().is_none(),
+        "the claim is left"
+    );
+    let left = installed.cluster.volume_leftovers().await;
+    assert!(left.is_empty(), "left: {left:?}");
+    let snapshots = installed.cluster.api::<Snapshot>();
+    assert!(
+        snapshots
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // What stays until the manifest is deleted holds no finalizer.
+    let nodes = installed
+        .cluster
+        .api::<Node>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let settings = settings.list(&Default::default()).await.unwrap();
+    let held: Vec<String> = nodes
+        .iter()
+        .map(|n| (n.name_any(), n.finalizers().to_vec()))
+        .chain(
+            settings
+                .iter()
+                .map(|s| (s.name_any(), s.finalizers().to_vec())),
+        )
+        .filter(|(_, finalizers)| !finalizers.is_empty())
+        .map(|(name, finalizers)| format!("{name}: {finalizers:?}"))
+        .collect();
+    assert!(held.is_empty(), "held by finalizers: {held:?}");
+    let on_nodes = installed.node_leftovers(&replica_dirs);
+    assert!(on_nodes.is_empty(), "left on the nodes: {on_nodes:?}");
+
+    installed.delete_uninstall().await;
+    installed.stop().await;
+}
