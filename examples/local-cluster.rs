@@ -80,7 +80,7 @@ async fn run(args: Args) -> Result<(), Failure> {
     let _controllers = Sidecars::start_cluster(&control_plane)?;
     say("kubelet node-1 ready, oxhorn's images imported");
 
-    let installation = Installation::apply(&control_plane, &node, address(1)).await?;
+    let installation = Installation::apply(&control_plane, &[(&node, address(1))]).await?;
     say(&format!(
         "$ kubectl apply -f {} (deploy/oxhorn.yaml for this node)",
         installation.file().display()

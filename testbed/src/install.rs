@@ -7,8 +7,11 @@
 //! loopback node address, so each container is given the API server's
 //! address (as on a cluster without kube-proxy), the manager's data plane
 //! and probes use a loopback address, and a node selector keeps the pods on
-//! the kubelet's node (the cluster's other nodes have no kubelet), with one
-//! replica per Deployment. This machine's init (pid 1) is a sandbox's,
+//! the kubelet nodes (the cluster's other nodes have no kubelet), the
+//! Deployments, with one replica each, on the first. The kubelet nodes
+//! share one host, so each has directories of its own and a loopback
+//! address of its own: each gets a copy of each DaemonSet, for its
+//! directories and address, named and labelled for the node. This machine's init (pid 1) is a sandbox's,
 //! whose namespaces no other process may open: the manager joins those of
 //! this process instead (`--host-pid`), which the kubelet runs in too.
 
@@ -44,22 +47,29 @@ pub struct Installation {
 
 impl Installation {
     /// Waits until no earlier [`NAMESPACE`] is left (the namespace
-    /// controller must run), then applies the manifest for `node` with the
-    /// manager's data address `address`.
-    pub async fn apply(
-        control: &ControlPlane,
-        node: &KubeletNode,
-        address: IpAddr,
-    ) -> Result<Self> {
+    /// controller must run), then applies the manifest for `nodes`, each
+    /// with its manager's data address; the Deployments run on the first.
+    pub async fn apply(control: &ControlPlane, nodes: &[(&KubeletNode, IpAddr)]) -> Result<Self> {
         until_namespace_gone(control).await?;
-        let dirs = HostDirs {
-            kubelet_dir: node.kubelet_dir(),
-            data_dir: node.host_dir("oxhorn-data")?,
-            run_dir: node.host_dir("oxhorn-run")?,
+        let &[(node, address), ..] = nodes else {
+            return Err(Error::Failed("no node to install on".into()));
         };
-        let manifest = oxhorn::manifest::manifest_yaml_for(&dirs)
-            .map_err(|e| Error::Failed(format!("the manifest: {e}")))?;
-        let manifest = for_the_test_bed(&manifest, control.api_address(), node.name(), address)?;
+        let api = control.api_address();
+        let mut objects = Vec::new();
+        for (i, (each, each_address)) in nodes.iter().enumerate() {
+            for mut object in documents(&node_manifest(each)?)? {
+                let daemon_set = object["kind"] == "DaemonSet";
+                if !daemon_set && i > 0 {
+                    continue;
+                }
+                for_the_test_bed(&mut object, api, each.name(), *each_address);
+                if daemon_set && nodes.len() > 1 {
+                    object = for_node(object, each.name());
+                }
+                objects.push(object);
+            }
+        }
+        let manifest = to_yaml(&objects)?;
         let dir = node.host_dir("manifest")?;
         let file = dir.join("oxhorn.yaml");
         std::fs::write(&file, &manifest).map_err(|e| Error::io(&file, e))?;
@@ -73,7 +83,7 @@ impl Installation {
             cluster_objects,
             kubeconfig: control.kubeconfig().to_path_buf(),
             node: node.name().to_string(),
-            api: control.api_address(),
+            api,
             address,
             applied: Instant::now(),
         };
@@ -98,7 +108,11 @@ impl Installation {
     /// deploy/uninstall.yaml as this test bed runs it, written beside the
     /// manifest.
     pub fn uninstall_file(&self) -> Result<PathBuf> {
-        let yaml = for_the_test_bed(&uninstall_yaml()?, self.api, &self.node, self.address)?;
+        let mut objects = documents(&uninstall_yaml()?)?;
+        for object in &mut objects {
+            for_the_test_bed(object, self.api, &self.node, self.address);
+        }
+        let yaml = to_yaml(&objects)?;
         let file = self.file.with_file_name("uninstall.yaml");
         std::fs::write(&file, yaml).map_err(|e| Error::io(&file, e))?;
         Ok(file)
@@ -182,30 +196,48 @@ fn to_yaml(objects: &[Value]) -> Result<String> {
     Ok(out)
 }
 
-/// The manifest as the test bed runs it (see the module's comment).
-pub fn for_the_test_bed(
-    manifest: &str,
-    api: SocketAddr,
-    node: &str,
-    address: IpAddr,
-) -> Result<String> {
-    let mut objects = documents(manifest)?;
-    for object in &mut objects {
-        let kind = object["kind"].as_str().unwrap_or_default().to_string();
-        if kind == "Deployment" {
-            object["spec"]["replicas"] = json!(1);
-        }
-        if ["DaemonSet", "Deployment", "Job"].contains(&kind.as_str()) {
-            let pod = &mut object["spec"]["template"]["spec"];
-            pod["nodeSelector"] = json!({"kubernetes.io/hostname": node});
-            if let Some(containers) = pod["containers"].as_array_mut() {
-                for container in containers {
-                    on_loopback(container, api, address);
-                }
+/// The manifest for `node`'s directories.
+fn node_manifest(node: &KubeletNode) -> Result<String> {
+    let dirs = HostDirs {
+        kubelet_dir: node.kubelet_dir(),
+        data_dir: node.host_dir("oxhorn-data")?,
+        run_dir: node.host_dir("oxhorn-run")?,
+    };
+    oxhorn::manifest::manifest_yaml_for(&dirs)
+        .map_err(|e| Error::Failed(format!("the manifest: {e}")))
+}
+
+/// `daemon_set`, for `node` alone: named for it, and with a label of it
+/// that its selector requires, so that the copies leave each other's pods
+/// alone.
+fn for_node(mut daemon_set: Value, node: &str) -> Value {
+    let name = daemon_set["metadata"]["name"].as_str().unwrap_or_default();
+    daemon_set["metadata"]["name"] = json!(format!("{name}-{node}"));
+    let spec = &mut daemon_set["spec"];
+    spec["selector"]["matchLabels"][NODE_LABEL] = json!(node);
+    spec["template"]["metadata"]["labels"][NODE_LABEL] = json!(node);
+    daemon_set
+}
+
+/// The label of a DaemonSet's copy for one node.
+const NODE_LABEL: &str = "testbed.oxhorn.io/node";
+
+/// A manifest's object as the test bed runs it on `node`, with the
+/// manager's data address `address` (see the module's comment).
+fn for_the_test_bed(object: &mut Value, api: SocketAddr, node: &str, address: IpAddr) {
+    let kind = object["kind"].as_str().unwrap_or_default().to_string();
+    if kind == "Deployment" {
+        object["spec"]["replicas"] = json!(1);
+    }
+    if ["DaemonSet", "Deployment", "Job"].contains(&kind.as_str()) {
+        let pod = &mut object["spec"]["template"]["spec"];
+        pod["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        if let Some(containers) = pod["containers"].as_array_mut() {
+            for container in containers {
+                on_loopback(container, api, address);
             }
         }
     }
-    to_yaml(&objects)
 }
 
 /// The API server's address in `container`'s environment; the manager's

@@ -6,13 +6,17 @@
 //! own ([`crate::cgroup`]) that every pod lives under. What the two programs
 //! change elsewhere on the host is put back when the last node stops
 //! ([`crate::host_state`]). The kubelet runs without iptables on its PATH,
-//! so it leaves the host's firewall alone. Its device-plugin socket has a
-//! fixed path, so one host runs one kubelet node at a time: a second
-//! [`KubeletNode::start`], of this process or another, waits for the first
-//! node to stop.
+//! so it leaves the host's firewall alone. Its device-plugin directory has a
+//! fixed path, so each kubelet runs in a mount namespace of its own where
+//! that path is its node's (the node directory's mounts stay shared with
+//! the host's). The host's changes are one set for all nodes, so a test's
+//! nodes start together ([`KubeletNode::start_beside`]) in one turn: a
+//! second [`KubeletNode::start`], of this process or another, waits for
+//! them to stop.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -34,12 +38,14 @@ const DIR_PREFIX: &str = "oxhorn-node-";
 /// left out on purpose.
 const SBIN_TOOLS: [&str; 3] = ["losetup", "blockdev", "blkid"];
 
-/// Held by the running node: the kubelet's device-plugin socket has a
-/// fixed path, so nodes of one process run one at a time...
+/// Held by the running nodes, who change the host together: one test's at
+/// a time of one process...
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// ...and those of different processes (a test binary, the local cluster)
 /// too, by an exclusive lock on this file.
 const HOST_LOCK: &str = "/run/oxhorn-testbed/kubelet-node.lock";
+/// Where every kubelet keeps its device-plugin socket and checkpoint.
+const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 
 /// The host to oneself: no other kubelet node starts while it is held.
 pub struct HostTurn {
@@ -82,9 +88,9 @@ pub struct KubeletNode {
     containerd: Option<Supervised>,
     dir: Option<TempDir>,
     /// Dropped last: the host is restored once everything else is gone,
-    /// then the next node may start.
+    /// then, with the last node of the turn, the next nodes may start.
     _host: HostChanges,
-    turn: Option<HostTurn>,
+    turn: Option<Arc<HostTurn>>,
 }
 
 impl KubeletNode {
@@ -99,6 +105,22 @@ impl KubeletNode {
     /// Like [`KubeletNode::start`], in a turn the caller took already (to
     /// look at the host before the node changes it).
     pub async fn start_in_turn(control: &ControlPlane, name: &str, turn: HostTurn) -> Result<Self> {
+        Self::start_sharing(control, name, Arc::new(turn)).await
+    }
+
+    /// Another node, in the turn of `first`: a cluster of several kubelet
+    /// nodes.
+    pub async fn start_beside(control: &ControlPlane, name: &str, first: &Self) -> Result<Self> {
+        // Invariant: set by start, taken only by stop, which consumes it.
+        let turn = first.turn.clone().expect("the node's turn");
+        Self::start_sharing(control, name, turn).await
+    }
+
+    async fn start_sharing(
+        control: &ControlPlane,
+        name: &str,
+        turn: Arc<HostTurn>,
+    ) -> Result<Self> {
         let host = HostChanges::begin()?;
         if host.first() {
             cgroup::sweep();
@@ -167,6 +189,7 @@ impl KubeletNode {
             .arg(&self.name)
             .arg("--v=1")
             .env("PATH", format!("{}:/usr/local/bin:/usr/bin", bin.display()));
+        own_device_plugins(&mut kubelet, &dir.join("device-plugins"))?;
         self.kubelet = Some(Supervised::spawn(
             "kubelet",
             kubelet,
@@ -221,12 +244,14 @@ impl KubeletNode {
 
     /// Stops the node like dropping it does, and keeps the host from the
     /// next node until the returned turn is dropped: for checking that the
-    /// host is as it was.
+    /// host is as it was. For a node alone in its turn.
     pub fn stop(mut self) -> HostTurn {
         let turn = self.turn.take();
         drop(self);
-        // Invariant: set by start, taken only here.
-        turn.expect("the node's turn")
+        // Invariant: set by start, taken only here; a node started beside
+        // another shares it, and is not stopped this way.
+        turn.and_then(Arc::into_inner)
+            .expect("the turn of a node alone")
     }
 
     /// A directory of this node's for a pod's hostPath, `name` under the
@@ -324,6 +349,55 @@ impl Drop for KubeletNode {
             drop(dir);
         }
     }
+}
+
+/// Runs `kubelet` in a mount namespace of its own whose [`DEVICE_PLUGINS`]
+/// is `own`. The node directory's mounts are shared, so the new namespace's
+/// copies stay peers of the host's: the kubelet sees the node plugin's
+/// mounts and containerd the kubelet's. The mount holding the fixed path is
+/// made a slave there, so that binding `own` over it reaches no other
+/// namespace on a host whose root is shared.
+fn own_device_plugins(kubelet: &mut Command, own: &Path) -> Result<()> {
+    use std::ffi::{CStr, CString};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+
+    use nix::mount::{MsFlags, mount};
+    use nix::sched::{CloneFlags, unshare};
+
+    for dir in [own, Path::new(DEVICE_PLUGINS)] {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let c_string = |path: &Path| {
+        CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| Error::Failed(format!("{} holds a NUL", path.display())))
+    };
+    let holder = c_string(&crate::mount::containing_mount(Path::new(DEVICE_PLUGINS)))?;
+    let source = c_string(own)?;
+    let target = c_string(Path::new(DEVICE_PLUGINS))?;
+    // SAFETY: only system calls on strings made before the fork run in the
+    // child.
+    unsafe {
+        kubelet.pre_exec(move || {
+            unshare(CloneFlags::CLONE_NEWNS)?;
+            mount(
+                None::<&CStr>,
+                holder.as_c_str(),
+                None::<&CStr>,
+                MsFlags::MS_SLAVE,
+                None::<&CStr>,
+            )?;
+            mount(
+                Some(source.as_c_str()),
+                target.as_c_str(),
+                None::<&CStr>,
+                MsFlags::MS_BIND,
+                None::<&CStr>,
+            )?;
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 /// Makes `dir` a mount point of its own with shared propagation, as a

@@ -61,6 +61,19 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
     mounts
 }
 
+/// The mount point of the mount `path` is on: the deepest mount point
+/// `path` is under.
+pub fn containing_mount(path: &Path) -> PathBuf {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|mount| path.starts_with(mount))
+        .max_by_key(|mount| mount.as_os_str().len())
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
 /// Loop devices backed by files under `root`. Never panics: also used while
 /// unwinding.
 pub fn loop_devices_under(root: &Path) -> Vec<u32> {

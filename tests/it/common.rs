@@ -156,9 +156,9 @@ struct Setup<'a> {
     instance_managers: bool,
     /// The namespace to run in, instead of a new one.
     namespace: Option<TestNamespace>,
-    /// The first node's manager is the installed manifest's, on the
-    /// kubelet's node: none is started for it here.
-    installed: bool,
+    /// The first nodes' managers, this many, are the installed manifest's,
+    /// on kubelet nodes: none is started for them here.
+    installed: usize,
     /// The nodes' addresses are 127.0.subnet.i; a new subnet when unset.
     subnet: Option<u8>,
 }
@@ -228,7 +228,7 @@ impl Default for Setup<'_> {
             kubelet: None,
             instance_managers: false,
             namespace: None,
-            installed: false,
+            installed: 0,
             subnet: None,
         }
     }
@@ -285,21 +285,20 @@ impl Cluster {
     }
 
     /// `count` nodes with addresses in `subnet` (see [`next_subnet`]) in
-    /// the namespace of an installed Oxhorn, the first of them `kubelet`'s,
-    /// whose manager the manifest's DaemonSet runs (not started here; its
-    /// data address is 127.0.subnet.1); the others manager-only
-    /// host processes, Ready and Schedulable.
+    /// the namespace of an installed Oxhorn, the first `installed` of them
+    /// kubelet nodes whose managers the manifest's DaemonSets run (not
+    /// started here; their data addresses are 127.0.subnet.i); the others
+    /// manager-only host processes; all Ready and Schedulable.
     pub async fn join_installed(
         ns: TestNamespace,
         count: usize,
-        kubelet: &KubeletNode,
+        installed: usize,
         subnet: u8,
     ) -> Self {
         let setup = Setup {
-            kubelet: Some(kubelet),
             instance_managers: true,
             namespace: Some(ns),
-            installed: true,
+            installed,
             subnet: Some(subnet),
             ..Setup::default()
         };
@@ -352,7 +351,7 @@ impl Cluster {
             .unwrap();
         let mut nodes = Vec::new();
         for i in 1..=count {
-            if installed && i == 1 {
+            if i <= installed {
                 continue;
             }
             let on_kubelet = kubelet.filter(|_| i == 1);

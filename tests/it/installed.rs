@@ -1,8 +1,8 @@
 //! Oxhorn installed as a user installs it: `kubectl apply` of the manifest
 //! (`oxhorn manifest` for this node's directories) on a real kubelet node
-//! whose containerd runs the images hack/build-image.sh built. Two
-//! manager-only nodes (host processes) join it, so that the default
-//! StorageClass's three replicas have three nodes.
+//! whose containerd runs the images hack/build-image.sh built, and a second
+//! one beside it. A manager-only node (a host process) joins them, so that
+//! the default StorageClass's three replicas have three nodes.
 //!
 //! What the test bed changes in the manifest: [`testbed::install`].
 
@@ -27,17 +27,20 @@ use crate::install::OXHORN_SYSTEM;
 pub(crate) const PATIENCE: Duration = Duration::from_secs(240);
 pub(crate) const CLAIM: &str = "data";
 pub(crate) const MOUNT: &str = "/data";
-/// The kubelet's node and the two manager-only ones.
+/// The two kubelet nodes and the manager-only one.
 const NODES: usize = 3;
+const KUBELET_NODES: usize = 2;
 
 /// The installed product and everything it runs on. Dropped in field
-/// order: the users' namespace, the manager-only nodes and oxhorn-system,
-/// the cluster-wide objects, the cluster's controllers, the node.
+/// order: the users' namespace, the manager-only node and oxhorn-system,
+/// the cluster-wide objects, the cluster's controllers, the second kubelet
+/// node, the first (which holds the host's turn).
 pub(crate) struct Installed {
     pub(crate) users: TestNamespace,
     pub(crate) cluster: Cluster,
     pub(crate) installation: Installation,
     controllers: Sidecars,
+    pub(crate) second: KubeletNode,
     pub(crate) node: KubeletNode,
     steps: Steps,
 }
@@ -47,6 +50,7 @@ impl Drop for Installed {
     /// deleted first, their containers killed), the node lets go of its
     /// volumes' loop devices while it can still tell them.
     fn drop(&mut self) {
+        self.second.release_loop_devices();
         self.node.release_loop_devices();
     }
 }
@@ -62,22 +66,28 @@ impl Installed {
         let node = KubeletNode::start(control_plane, "installed-kubelet")
             .await
             .unwrap();
-        node.import_product_images().unwrap();
-        let controllers = Sidecars::start_cluster(control_plane).unwrap();
-        steps.report("node and cluster controllers up");
-        // Node 1 of the cluster below is the kubelet's, its address this.
-        let subnet = next_subnet();
-        let address = IpAddr::from([127, 0, subnet, 1]);
-        // (install::every_object_is_accepted_by_the_api_server dry-runs it.)
-        let installation = Installation::apply(control_plane, &node, address)
+        let second = KubeletNode::start_beside(control_plane, "installed-kubelet-2", &node)
             .await
             .unwrap();
+        node.import_product_images().unwrap();
+        second.import_product_images().unwrap();
+        let controllers = Sidecars::start_cluster(control_plane).unwrap();
+        steps.report("kubelet nodes and cluster controllers up");
+        // Nodes 1 and 2 of the cluster below are the kubelets', their
+        // addresses these.
+        let subnet = next_subnet();
+        let address = |i: u8| IpAddr::from([127, 0, subnet, i]);
+        // (install::every_object_is_accepted_by_the_api_server dry-runs it.)
+        let installation =
+            Installation::apply(control_plane, &[(&node, address(1)), (&second, address(2))])
+                .await
+                .unwrap();
         steps.report("manifest applied");
 
         let cluster = Cluster::join_installed(
             TestNamespace::adopt(control_plane, NAMESPACE),
             NODES,
-            &node,
+            KUBELET_NODES,
             subnet,
         )
         .await;
@@ -89,32 +99,41 @@ impl Installed {
             cluster,
             installation,
             controllers,
+            second,
             node,
             steps,
         }
     }
 
-    /// Waits until every workload of the manifest is Ready on the node, the
-    /// kubelet lists the driver and the users' namespace has its default
-    /// ServiceAccount (pods are refused before).
+    /// Waits until every workload of the manifest is Ready (the
+    /// DaemonSets' on both kubelet nodes), both kubelets list the driver
+    /// and the users' namespace has its default ServiceAccount (pods are
+    /// refused before).
     pub(crate) async fn until_running(&self) {
-        for app in [
-            "oxhorn-instance-manager",
-            "oxhorn-manager",
-            "oxhorn-csi-controller",
-            "oxhorn-snapshot-controller",
-        ] {
+        for node in [&self.node, &self.second] {
+            for app in ["oxhorn-instance-manager", "oxhorn-manager"] {
+                self.until(&format!("{app} Ready on {}", node.name()), || {
+                    self.ready_pod_on(app, node.name())
+                })
+                .await;
+            }
+        }
+        for app in ["oxhorn-csi-controller", "oxhorn-snapshot-controller"] {
             self.until(&format!("{app} Ready"), || self.ready_pod(app))
                 .await;
         }
         let csinodes: Api<CSINode> = Api::all(self.client());
-        let node = self.node.name();
-        self.until("the kubelet lists the driver", || async {
-            let csinode = csinodes.get_opt(node).await.ok()??;
-            let drivers = &csinode.spec.drivers;
-            drivers.iter().any(|d| d.name == DRIVER_NAME).then_some(())
-        })
-        .await;
+        for node in [self.node.name(), self.second.name()] {
+            self.until(
+                &format!("the kubelet of {node} lists the driver"),
+                || async {
+                    let csinode = csinodes.get_opt(node).await.ok()??;
+                    let drivers = &csinode.spec.drivers;
+                    drivers.iter().any(|d| d.name == DRIVER_NAME).then_some(())
+                },
+            )
+            .await;
+        }
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client(), self.users.name());
         self.until("the users' default ServiceAccount", || async {
             accounts.get_opt("default").await.ok()?.map(drop)
@@ -145,6 +164,7 @@ impl Installed {
             .map(|n| n.node_id().to_string())
             .collect();
         nodes.push(self.node.name().to_string());
+        nodes.push(self.second.name().to_string());
         drop(self);
         for name in nodes {
             delete_kube_node(&client, &name).await.unwrap();
@@ -172,9 +192,11 @@ impl Installed {
             .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
             .unwrap_or_default();
         format!(
-            "{described}\n{}\n{}\n{}\n{}",
+            "{described}\n{}\n{}\n{}\n{}\n{}\n{}",
             self.node.pod_logs(NAMESPACE, 40),
             self.node.logs(40),
+            self.second.pod_logs(NAMESPACE, 40),
+            self.second.logs(40),
             self.controllers.logs(20),
             self.cluster.logs()
         )
@@ -196,34 +218,47 @@ impl Installed {
         Api::namespaced(self.client(), self.users.name())
     }
 
-    /// The ready pod of `app` (an oxhorn-system workload) on the node.
+    /// The ready pod of `app` (an oxhorn-system workload) on the first
+    /// node.
     pub(crate) async fn ready_pod(&self, app: &str) -> Option<Pod> {
+        self.ready_pod_on(app, self.node.name()).await
+    }
+
+    /// The ready pod of `app` (an oxhorn-system workload) on `node`.
+    async fn ready_pod_on(&self, app: &str, node: &str) -> Option<Pod> {
         let pods: Api<Pod> = Api::namespaced(self.client(), NAMESPACE);
         let selector = format!("app.kubernetes.io/name={app}");
         let list = pods
             .list(&ListParams::default().labels(&selector))
             .await
             .ok()?;
-        list.items
-            .into_iter()
-            .find(|pod| pod.metadata.deletion_timestamp.is_none() && is_ready(pod))
+        list.items.into_iter().find(|pod| {
+            let on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            pod.metadata.deletion_timestamp.is_none() && is_ready(pod) && on == Some(node)
+        })
     }
 
-    /// A pod on the claim, on the kubelet's node, running `script`.
+    /// A pod on the claim, on the first kubelet node, running `script`.
     pub(crate) fn pod_on_claim(&self, name: &str, script: &str) -> Value {
+        self.pod_on_claim_at(name, script, self.node.name())
+    }
+
+    /// A pod on the claim, on `node`, running `script`.
+    fn pod_on_claim_at(&self, name: &str, script: &str, node: &str) -> Value {
         let mut pod = one_shot_pod(name, script);
         let spec = &mut pod["spec"];
-        spec["nodeSelector"] = json!({"kubernetes.io/hostname": self.node.name()});
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
         spec["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": MOUNT}]);
         spec["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]);
         pod
     }
 
-    /// Runs a pod with `script` on the claim until it has finished and is
-    /// gone; its phase.
-    pub(crate) async fn run_pod(&self, name: &str, script: &str) -> String {
+    /// Runs a pod with `script` on the claim on `node` until it has
+    /// finished and is gone; its phase.
+    async fn run_pod(&self, name: &str, script: &str, node: &str) -> String {
         let step = Instant::now();
-        match run_to_completion(&self.pods(), self.pod_on_claim(name, script), PATIENCE).await {
+        let pod = self.pod_on_claim_at(name, script, node);
+        match run_to_completion(&self.pods(), pod, PATIENCE).await {
             Ok(phase) => {
                 self.report(&format!(
                     "pod {name} ran and went after {:.1?}",
@@ -400,7 +435,9 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         "set -e; dd if=/dev/urandom of={MOUNT}/file bs=4096 count=256; \
          sha256sum {MOUNT}/file > {MOUNT}/file.sha256; sync"
     );
-    let phase = installed.run_pod("first-writer", &write).await;
+    let phase = installed
+        .run_pod("first-writer", &write, installed.node.name())
+        .await;
     assert_eq!(
         phase,
         "Succeeded",
@@ -495,12 +532,17 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         })
         .await;
 
+    // Read on the other kubelet node: the volume moves there.
     let read = format!("set -e; cd {MOUNT}; sha256sum -c file.sha256; sha256sum -c sums");
-    let phase = installed.run_pod("reader", &read).await;
+    let phase = installed
+        .run_pod("reader", &read, installed.second.name())
+        .await;
     assert_eq!(
         phase,
         "Succeeded",
-        "the reader did not find what the writers left\n{}",
+        "the reader on {} did not find what the writers on {} left\n{}",
+        installed.second.name(),
+        installed.node.name(),
         installed.logs()
     );
 

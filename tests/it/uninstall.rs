@@ -93,32 +93,28 @@ impl Installed {
     }
 
     /// What Oxhorn left on the nodes: replica data in `replica_dirs`, the
-    /// kubelet node's CSI mounts, FUSE mounts and loop devices.
+    /// kubelet nodes' CSI mounts, FUSE mounts and loop devices.
     fn node_leftovers(&self, replica_dirs: &[PathBuf]) -> Vec<String> {
-        let node_root = self.node.host_dir("").unwrap();
-        let run = self.node.host_dir("oxhorn-run").unwrap();
-        let csi_mounts = mounts_under(&self.node.kubelet_dir())
-            .into_iter()
-            .filter(|m| {
-                let path = m.to_string_lossy();
-                path.contains("kubernetes.io~csi") || path.contains("/plugins/kubernetes.io/csi/")
-            });
-        replica_dirs
+        let mut left: Vec<String> = replica_dirs
             .iter()
             .filter(|dir| dir.exists())
             .map(|dir| format!("replica data {}", dir.display()))
-            .chain(csi_mounts.map(|m| format!("mount {}", m.display())))
-            .chain(
-                mounts_under(&run)
-                    .iter()
+            .collect();
+        for node in [&self.node, &self.second] {
+            let csi_mounts = mounts_under(&node.kubelet_dir()).into_iter().filter(|m| {
+                let path = m.to_string_lossy();
+                path.contains("kubernetes.io~csi") || path.contains("/plugins/kubernetes.io/csi/")
+            });
+            let run = node.host_dir("oxhorn-run").unwrap();
+            left.extend(
+                csi_mounts
+                    .chain(mounts_under(&run))
                     .map(|m| format!("mount {}", m.display())),
-            )
-            .chain(
-                loop_devices_under(&node_root)
-                    .iter()
-                    .map(|n| format!("/dev/loop{n}")),
-            )
-            .collect()
+            );
+            let loops = loop_devices_under(&node.host_dir("").unwrap());
+            left.extend(loops.iter().map(|n| format!("/dev/loop{n}")));
+        }
+        left
     }
 }
 
