@@ -1,12 +1,12 @@
 //! The README's main job: Oxhorn installed as a user installs it, on a local
-//! cluster. A control plane (etcd + kube-apiserver on loopback), a real
-//! kubelet node (containerd, runc) running the images hack/build-image.sh
+//! cluster. A control plane (etcd + kube-apiserver on loopback), two real
+//! kubelet nodes (containerd, runc) running the images hack/build-image.sh
 //! built, kube-scheduler and kube-controller-manager; `kubectl apply` of the
 //! manifest (see `oxhorn_testbed::install` for what the test bed changes in
-//! it); two manager-only nodes (`oxhorn manager` host processes) join, so
+//! it); a manager-only node (an `oxhorn manager` host process) joins, so
 //! the default StorageClass's three replicas have three nodes. A claim on
-//! that class and a pod that writes a file and its checksum, then another
-//! pod that checks it; kubectl shows the objects. Then it is all deleted and
+//! that class and a pod on node-1 that writes a file and its checksum, then
+//! another on node-2 that checks it; kubectl shows the objects. Then it is all deleted and
 //! stopped (or, with --hold, after Ctrl-C).
 
 use std::net::IpAddr;
@@ -27,8 +27,8 @@ use oxhorn_testbed::{self as testbed, ControlPlane, KubeletNode, ManagerOptions,
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 
-/// The kubelet's node; node-2 and node-3 are manager-only.
-const NODE: &str = "node-1";
+/// The kubelet nodes; node-3 is manager-only.
+const KUBELET_NODES: [&str; 2] = ["node-1", "node-2"];
 const NODES: u8 = 3;
 const CLAIM: &str = "demo";
 const USER_NAMESPACE: &str = "default";
@@ -75,14 +75,20 @@ async fn run(args: Args) -> Result<(), Failure> {
     sidecars::apply_snapshot_crds(&control_plane).await?;
     let client = control_plane.client()?;
     say("control plane ready");
-    let node = KubeletNode::start(&control_plane, NODE).await?;
+    let [first, second] = KUBELET_NODES;
+    let node = KubeletNode::start(&control_plane, first).await?;
+    // Declared after the first node, so dropped before it: the first
+    // holds the host's turn.
+    let node_2 = KubeletNode::start_beside(&control_plane, second, &node).await?;
     node.import_product_images()?;
+    node_2.import_product_images()?;
     let _controllers = Sidecars::start_cluster(&control_plane)?;
-    say("kubelet node-1 ready, oxhorn's images imported");
+    say("kubelet nodes node-1 and node-2 ready, oxhorn's images imported");
 
-    let installation = Installation::apply(&control_plane, &[(&node, address(1))]).await?;
+    let nodes = [(&node, address(1)), (&node_2, address(2))];
+    let installation = Installation::apply(&control_plane, &nodes).await?;
     say(&format!(
-        "$ kubectl apply -f {} (deploy/oxhorn.yaml for this node)",
+        "$ kubectl apply -f {} (deploy/oxhorn.yaml for these nodes)",
         installation.file().display()
     ));
     // The machine's disk may be all but full; the demo volume is a few
@@ -95,7 +101,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         .create(&PostParams::default(), &setting)
         .await?;
     let mut managers = Vec::new();
-    for i in 2..=NODES {
+    for i in 3..=NODES {
         let name = format!("node-{i}");
         testbed::register_kube_node(&client, &name, &[]).await?;
         let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, NAMESPACE);
@@ -104,7 +110,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);
     }
     until_installed(&client).await?;
-    say("oxhorn running: its pods Ready on node-1, node-2 and node-3 joined");
+    say("oxhorn running: its pods Ready on node-1 and node-2, node-3 joined");
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), USER_NAMESPACE);
     claims.create(&PostParams::default(), &claim()?).await?;
@@ -112,16 +118,18 @@ async fn run(args: Args) -> Result<(), Failure> {
         "set -e; echo hello from oxhorn > {MOUNT}/hello.txt; \
          sha256sum {MOUNT}/hello.txt > {MOUNT}/hello.sha256; sync"
     );
-    run_pod(&client, "demo-writer", &write).await?;
+    run_pod(&client, "demo-writer", &write, first).await?;
     say(&format!(
-        "pod demo-writer wrote {MOUNT}/hello.txt on claim {CLAIM}, {:.1?} after kubectl apply",
+        "pod demo-writer on {first} wrote {MOUNT}/hello.txt on claim {CLAIM}, {:.1?} after kubectl apply",
         installation.applied.elapsed()
     ));
     // The reader stays, for kubectl to show; Ready once its check passed.
     let read =
         format!("sha256sum -c {MOUNT}/hello.sha256 && touch /tmp/checked && exec sleep 1000000");
-    start_pod(&client, READER, &read).await?;
-    say("pod demo-reader found the file and its checksum, and stays");
+    start_pod(&client, READER, &read, second).await?;
+    say(&format!(
+        "pod demo-reader on {second} found the file and its checksum, and stays"
+    ));
 
     for (show, args) in [
         (
@@ -159,23 +167,32 @@ async fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Waits until node-1's manager pod is Ready, the kubelet lists the driver,
-/// and the users' namespace has its default ServiceAccount.
+/// Waits until a manager pod is Ready on each kubelet node, each kubelet
+/// lists the driver, and the users' namespace has its default
+/// ServiceAccount.
 async fn until_installed(client: &Client) -> Result<(), Failure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let csinodes: Api<CSINode> = Api::all(client.clone());
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), USER_NAMESPACE);
     let installed = until(|| async {
         let selector = ListParams::default().labels("app.kubernetes.io/name=oxhorn-manager");
-        let ready = pods.list(&selector).await.ok()?.items.iter().any(is_ready);
-        let csinode = csinodes.get_opt(NODE).await.ok()??;
-        let listed = csinode.spec.drivers.iter().any(|d| d.name == DRIVER_NAME);
-        let account = accounts.get_opt("default").await.ok()?.is_some();
-        (ready && listed && account).then_some(())
+        let managers = pods.list(&selector).await.ok()?.items;
+        for node in KUBELET_NODES {
+            let on_node =
+                |pod: &&Pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+            managers.iter().filter(on_node).find(|p| is_ready(p))?;
+            let csinode = csinodes.get_opt(node).await.ok()??;
+            csinode
+                .spec
+                .drivers
+                .iter()
+                .find(|d| d.name == DRIVER_NAME)?;
+        }
+        accounts.get_opt("default").await.ok()?.map(drop)
     });
-    installed
-        .await
-        .ok_or_else(|| format!("oxhorn was not running on {NODE} within {PATIENCE:?}").into())
+    installed.await.ok_or_else(|| {
+        format!("oxhorn was not running on {KUBELET_NODES:?} within {PATIENCE:?}").into()
+    })
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -194,15 +211,15 @@ fn claim() -> Result<PersistentVolumeClaim, Failure> {
     }))?)
 }
 
-/// A busybox pod on node-1 with the claim at MOUNT, running `script`; Ready
-/// once `script` made /tmp/checked.
-fn demo_pod(name: &str, script: &str) -> Result<Pod, Failure> {
+/// A busybox pod on `node` with the claim at MOUNT, running `script`;
+/// Ready once `script` made /tmp/checked.
+fn demo_pod(name: &str, script: &str, node: &str) -> Result<Pod, Failure> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [{
                 "name": "main",
                 "image": testbed::images::BUSYBOX,
@@ -221,9 +238,9 @@ fn demo_pod(name: &str, script: &str) -> Result<Pod, Failure> {
 
 /// Runs `script` in a [`demo_pod`] until it succeeds (an error if it
 /// fails), then deletes the pod.
-async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failure> {
+async fn run_pod(client: &Client, name: &str, script: &str, node: &str) -> Result<(), Failure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), USER_NAMESPACE);
-    pods.create(&PostParams::default(), &demo_pod(name, script)?)
+    pods.create(&PostParams::default(), &demo_pod(name, script, node)?)
         .await?;
     let finished = until(|| async {
         let phase = pods.get(name).await.ok()?.status?.phase?;
@@ -241,9 +258,9 @@ async fn run_pod(client: &Client, name: &str, script: &str) -> Result<(), Failur
 }
 
 /// Starts a [`demo_pod`] and waits until it is Ready; an error if it ends.
-async fn start_pod(client: &Client, name: &str, script: &str) -> Result<(), Failure> {
+async fn start_pod(client: &Client, name: &str, script: &str, node: &str) -> Result<(), Failure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), USER_NAMESPACE);
-    pods.create(&PostParams::default(), &demo_pod(name, script)?)
+    pods.create(&PostParams::default(), &demo_pod(name, script, node)?)
         .await?;
     let settled = until(|| async {
         let pod = pods.get(name).await.ok()?;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is needed, builds oxhorn and its images, and
-# installs it from its manifest on a local cluster with a real kubelet node,
-# where a pod writes to a claim and another reads it (examples/local-cluster.rs).
+# installs it from its manifest on a local cluster with two real kubelet
+# nodes, where a pod writes to a claim on one and a pod on the other reads it
+# (examples/local-cluster.rs).
 # Arguments are passed on (--hold keeps the cluster up until Ctrl-C).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
