@@ -3,9 +3,9 @@
 //! let go of each, so that `kubectl delete -f deploy/oxhorn.yaml` then
 //! leaves nothing stuck on a finalizer and nothing on the nodes.
 //!
-//! Refused while a volume exists unless the Setting
-//! `deleting-confirmation-flag` is "true" (the refusal creates it, "false",
-//! for the user to change). With it, in this order:
+//! Refused while a volume, or a claim waiting for one, exists unless the
+//! Setting `deleting-confirmation-flag` is "true" (the refusal creates it,
+//! "false", for the user to change). With it, in this order:
 //! 1. the claims of Oxhorn volumes are deleted (a claim being deleted admits
 //!    no new pod, so a StatefulSet's replacement pods cannot take it), then
 //!    the pods that use them, so the kubelets unmount them and the
@@ -88,20 +88,19 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
     let namespace = args.namespace.as_str();
     let confirmed = confirmation(&client, namespace).await?;
     let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let volumes_pvs = ours(list(&Api::all(client.clone())).await?);
-    if !volumes.is_empty() && !confirmed {
-        return Err(UninstallError::Refused(refusal(
-            &volumes,
-            &volumes_pvs,
-            namespace,
-        )));
+    let pvs = ours(list(&Api::all(client.clone())).await?);
+    let claims = claims_of(&pvs, &list(&Api::all(client.clone())).await?);
+    if !confirmed && (!volumes.is_empty() || !claims.is_empty()) {
+        let message = refusal(&volumes, &pvs, &claims, namespace);
+        return Err(UninstallError::Refused(message));
     }
     info!(
         volumes = volumes.len(),
+        claims = claims.len(),
         "deleting every Oxhorn volume and its data"
     );
     let mut wait = Wait::new(Duration::from_secs(args.timeout));
-    release_claims(&client, &volumes_pvs).await?;
+    release_claims(&client, &claims).await?;
     wait.until("the volumes' pods gone and the volumes detached", || {
         attachments(&client)
     })
@@ -111,16 +110,11 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
         snapshot_contents(&client)
     })
     .await?;
-    for volume in &volumes {
-        delete(
-            &Api::<Volume>::namespaced(client.clone(), namespace),
-            volume,
-        )
-        .await?;
-    }
+    // Listed again: whatever was made meanwhile goes too.
+    delete_every(&Api::<Volume>::namespaced(client.clone(), namespace)).await?;
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    for pv in &volumes_pvs {
-        delete(&pvs, pv).await?;
+    for pv in ours(list(&pvs).await?) {
+        delete(&pvs, &pv).await?;
     }
     wait.until("the volumes and their PVs deleted", || {
         volumes_left(&client, namespace)
@@ -163,8 +157,14 @@ async fn confirmation(client: &Client, namespace: &str) -> Result<bool, Uninstal
 }
 
 /// What a refused uninstall tells the user: the volumes it would delete,
-/// where each is attached, and how to confirm.
-fn refusal(volumes: &[Volume], pvs: &[PersistentVolume], namespace: &str) -> String {
+/// with the claim and node of each, the claims still waiting for one, and
+/// how to confirm.
+fn refusal(
+    volumes: &[Volume],
+    pvs: &[PersistentVolume],
+    claims: &BTreeSet<ClaimKey>,
+    namespace: &str,
+) -> String {
     let described: Vec<String> = volumes
         .iter()
         .map(|volume| {
@@ -190,14 +190,34 @@ fn refusal(volumes: &[Volume], pvs: &[PersistentVolume], namespace: &str) -> Str
             }
         })
         .collect();
+    let bound = claims_of(pvs, &[]);
+    let waiting: Vec<String> = claims
+        .difference(&bound)
+        .map(|(namespace, name)| format!("{namespace}/{name}"))
+        .collect();
+    let mut what = Vec::new();
+    if !described.is_empty() {
+        let one = described.len() == 1;
+        what.push(format!(
+            "{} Oxhorn volume{} would be deleted with {} data: {}",
+            described.len(),
+            if one { "" } else { "s" },
+            if one { "its" } else { "their" },
+            described.join("; ")
+        ));
+    }
+    if !waiting.is_empty() {
+        what.push(format!(
+            "{} claim{} waiting for an Oxhorn volume would be deleted: {}",
+            waiting.len(),
+            if waiting.len() == 1 { "" } else { "s" },
+            waiting.join(", ")
+        ));
+    }
     format!(
-        "{} Oxhorn volume{} would be deleted with {} data: {}. \
-         To confirm, run `kubectl -n {namespace} patch settings.oxhorn.io {DELETING_CONFIRMATION} \
+        "{}. To confirm, run `kubectl -n {namespace} patch settings.oxhorn.io {DELETING_CONFIRMATION} \
          --type merge -p '{{\"spec\":{{\"value\":\"true\"}}}}'`, then run the uninstall Job again",
-        volumes.len(),
-        if volumes.len() == 1 { "" } else { "s" },
-        if volumes.len() == 1 { "its" } else { "their" },
-        described.join("; ")
+        what.join("; and ")
     )
 }
 
@@ -257,17 +277,18 @@ fn uses(pod: &Pod, claims: &BTreeSet<ClaimKey>) -> bool {
         .any(|claim| claims.contains(&(namespace.clone(), claim)))
 }
 
-/// Deletes the claims of Oxhorn volumes, then the pods using them.
-async fn release_claims(client: &Client, pvs: &[PersistentVolume]) -> Result<(), UninstallError> {
-    let all_claims: Vec<PersistentVolumeClaim> = list(&Api::all(client.clone())).await?;
-    let claims = claims_of(pvs, &all_claims);
-    for (namespace, name) in &claims {
+/// Deletes `claims`, then the pods using them.
+async fn release_claims(
+    client: &Client,
+    claims: &BTreeSet<ClaimKey>,
+) -> Result<(), UninstallError> {
+    for (namespace, name) in claims {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
         info!(claim = %format!("{namespace}/{name}"), "deleting the claim");
         ignore_gone(api.delete(name, &DeleteParams::default()).await)?;
     }
     let pods: Vec<Pod> = list(&Api::all(client.clone())).await?;
-    for pod in pods.iter().filter(|pod| uses(pod, &claims)) {
+    for pod in pods.iter().filter(|pod| uses(pod, claims)) {
         let namespace = pod.namespace().unwrap_or_default();
         info!(pod = %format!("{namespace}/{}", pod.name_any()), "deleting a pod of a claim");
         delete(&Api::<Pod>::namespaced(client.clone(), &namespace), pod).await?;
@@ -355,17 +376,17 @@ async fn volumes_left(client: &Client, namespace: &str) -> Result<Vec<String>, U
 
 /// Engines, replicas and snapshots whose volume went without them.
 async fn delete_leftovers(client: &Client, namespace: &str) -> Result<(), UninstallError> {
-    let engines: Api<Engine> = Api::namespaced(client.clone(), namespace);
-    for engine in list(&engines).await? {
-        delete(&engines, &engine).await?;
-    }
-    let replicas: Api<Replica> = Api::namespaced(client.clone(), namespace);
-    for replica in list(&replicas).await? {
-        delete(&replicas, &replica).await?;
-    }
-    let snapshots: Api<Snapshot> = Api::namespaced(client.clone(), namespace);
-    for snapshot in list(&snapshots).await? {
-        delete(&snapshots, &snapshot).await?;
+    delete_every(&Api::<Engine>::namespaced(client.clone(), namespace)).await?;
+    delete_every(&Api::<Replica>::namespaced(client.clone(), namespace)).await?;
+    delete_every(&Api::<Snapshot>::namespaced(client.clone(), namespace)).await
+}
+
+async fn delete_every<K>(api: &Api<K>) -> Result<(), UninstallError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    for object in list(api).await? {
+        delete(api, &object).await?;
     }
     Ok(())
 }
@@ -495,7 +516,8 @@ mod tests {
     fn the_refusal_names_each_volume_its_claim_and_node_and_how_to_confirm() {
         let volumes = [volume("pvc-1", "node-a"), volume("pvc-2", "")];
         let pvs = [pv("pvc-1", DRIVER_NAME, Some(("apps", "data")))];
-        let message = refusal(&volumes, &pvs, "oxhorn-system");
+        let claims = claims_of(&pvs, &[]);
+        let message = refusal(&volumes, &pvs, &claims, "oxhorn-system");
         assert!(
             message.starts_with(
                 "2 Oxhorn volumes would be deleted with their data: \
@@ -507,6 +529,18 @@ mod tests {
             message.contains(
                 "kubectl -n oxhorn-system patch settings.oxhorn.io deleting-confirmation-flag \
                  --type merge -p '{\"spec\":{\"value\":\"true\"}}'"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_refusal_names_the_claims_still_waiting_for_a_volume() {
+        let claims: BTreeSet<ClaimKey> = [("apps".to_string(), "pending".to_string())].into();
+        let message = refusal(&[], &[], &claims, "oxhorn-system");
+        assert!(
+            message.starts_with(
+                "1 claim waiting for an Oxhorn volume would be deleted: apps/pending. To confirm"
             ),
             "{message}"
         );

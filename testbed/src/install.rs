@@ -87,22 +87,33 @@ impl Installation {
             address,
             applied: Instant::now(),
         };
-        kubectl(
-            control.kubeconfig(),
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=oxhorn-testbed",
-                "-f",
-                text(&installation.file)?,
-            ],
-        )?;
+        installation.kubectl_apply()?;
         Ok(installation)
     }
 
     /// The manifest as applied.
     pub fn file(&self) -> &Path {
         &self.file
+    }
+
+    /// Applies the manifest again, as a user re-applies it: what was
+    /// deleted comes back.
+    pub fn apply_again(&self) -> Result<()> {
+        self.kubectl_apply()
+    }
+
+    fn kubectl_apply(&self) -> Result<()> {
+        let file = text(&self.file)?;
+        kubectl(
+            &self.kubeconfig,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=oxhorn-testbed",
+                "-f",
+                file,
+            ],
+        )
     }
 
     /// deploy/uninstall.yaml as this test bed runs it, written beside the

@@ -1,8 +1,8 @@
 //! Oxhorn installed as a user installs it: `kubectl apply` of the manifest
 //! (`oxhorn manifest` for this node's directories) on a real kubelet node
-//! whose containerd runs the images hack/build-image.sh built, and a second
-//! one beside it. A manager-only node (a host process) joins them, so that
-//! the default StorageClass's three replicas have three nodes.
+//! whose containerd runs the images hack/build-image.sh built, and two more
+//! beside it: the default StorageClass's three replicas have three real
+//! nodes.
 //!
 //! What the test bed changes in the manifest: [`testbed::install`].
 
@@ -27,21 +27,18 @@ use crate::install::OXHORN_SYSTEM;
 pub(crate) const PATIENCE: Duration = Duration::from_secs(240);
 pub(crate) const CLAIM: &str = "data";
 pub(crate) const MOUNT: &str = "/data";
-/// The two kubelet nodes and the manager-only one.
+/// The kubelet nodes, all the cluster's.
 const NODES: usize = 3;
-const KUBELET_NODES: usize = 2;
 
 /// The installed product and everything it runs on. Dropped in field
-/// order: the users' namespace, the manager-only node and oxhorn-system,
-/// the cluster-wide objects, the cluster's controllers, the second kubelet
-/// node, the first (which holds the host's turn).
+/// order: the users' namespace, oxhorn-system, the cluster-wide objects,
+/// the cluster's controllers, the kubelet nodes.
 pub(crate) struct Installed {
     pub(crate) users: TestNamespace,
     pub(crate) cluster: Cluster,
     pub(crate) installation: Installation,
     controllers: Sidecars,
-    pub(crate) second: KubeletNode,
-    pub(crate) node: KubeletNode,
+    pub(crate) kubelets: Vec<KubeletNode>,
     steps: Steps,
 }
 
@@ -50,8 +47,9 @@ impl Drop for Installed {
     /// deleted first, their containers killed), the node lets go of its
     /// volumes' loop devices while it can still tell them.
     fn drop(&mut self) {
-        self.second.release_loop_devices();
-        self.node.release_loop_devices();
+        for node in &self.kubelets {
+            node.release_loop_devices();
+        }
     }
 }
 
@@ -63,31 +61,36 @@ impl Installed {
         testbed::sidecars::apply_snapshot_crds(control_plane)
             .await
             .unwrap();
-        let node = KubeletNode::start(control_plane, "installed-kubelet")
+        let first = KubeletNode::start(control_plane, "installed-kubelet-1")
             .await
             .unwrap();
-        let second = KubeletNode::start_beside(control_plane, "installed-kubelet-2", &node)
-            .await
-            .unwrap();
-        node.import_product_images().unwrap();
-        second.import_product_images().unwrap();
-        let controllers = Sidecars::start_cluster(control_plane).unwrap();
-        steps.report("kubelet nodes and cluster controllers up");
-        // Nodes 1 and 2 of the cluster below are the kubelets', their
-        // addresses these.
-        let subnet = next_subnet();
-        let address = |i: u8| IpAddr::from([127, 0, subnet, i]);
-        // (install::every_object_is_accepted_by_the_api_server dry-runs it.)
-        let installation =
-            Installation::apply(control_plane, &[(&node, address(1)), (&second, address(2))])
+        let mut kubelets = vec![first];
+        for i in 2..=NODES {
+            let name = format!("installed-kubelet-{i}");
+            let node = KubeletNode::start_beside(control_plane, &name, &kubelets[0])
                 .await
                 .unwrap();
+            kubelets.push(node);
+        }
+        for node in &kubelets {
+            node.import_product_images().unwrap();
+        }
+        let controllers = Sidecars::start_cluster(control_plane).unwrap();
+        steps.report("kubelet nodes and cluster controllers up");
+        // The nodes of the cluster below, their addresses 127.0.subnet.i.
+        let subnet = next_subnet();
+        let nodes: Vec<(&KubeletNode, IpAddr)> = (1..)
+            .zip(&kubelets)
+            .map(|(i, node)| (node, IpAddr::from([127, 0, subnet, i])))
+            .collect();
+        // (install::every_object_is_accepted_by_the_api_server dry-runs it.)
+        let installation = Installation::apply(control_plane, &nodes).await.unwrap();
         steps.report("manifest applied");
 
         let cluster = Cluster::join_installed(
             TestNamespace::adopt(control_plane, NAMESPACE),
             NODES,
-            KUBELET_NODES,
+            NODES,
             subnet,
         )
         .await;
@@ -99,18 +102,17 @@ impl Installed {
             cluster,
             installation,
             controllers,
-            second,
-            node,
+            kubelets,
             steps,
         }
     }
 
     /// Waits until every workload of the manifest is Ready (the
-    /// DaemonSets' on both kubelet nodes), both kubelets list the driver
-    /// and the users' namespace has its default ServiceAccount (pods are
-    /// refused before).
+    /// DaemonSets' on every node), every kubelet lists the driver and the
+    /// users' namespace has its default ServiceAccount (pods are refused
+    /// before).
     pub(crate) async fn until_running(&self) {
-        for node in [&self.node, &self.second] {
+        for node in &self.kubelets {
             for app in ["oxhorn-instance-manager", "oxhorn-manager"] {
                 self.until(&format!("{app} Ready on {}", node.name()), || {
                     self.ready_pod_on(app, node.name())
@@ -123,7 +125,7 @@ impl Installed {
                 .await;
         }
         let csinodes: Api<CSINode> = Api::all(self.client());
-        for node in [self.node.name(), self.second.name()] {
+        for node in self.kubelets.iter().map(KubeletNode::name) {
             self.until(
                 &format!("the kubelet of {node} lists the driver"),
                 || async {
@@ -163,8 +165,7 @@ impl Installed {
             .iter()
             .map(|n| n.node_id().to_string())
             .collect();
-        nodes.push(self.node.name().to_string());
-        nodes.push(self.second.name().to_string());
+        nodes.extend(self.kubelets.iter().map(|n| n.name().to_string()));
         drop(self);
         for name in nodes {
             delete_kube_node(&client, &name).await.unwrap();
@@ -173,6 +174,17 @@ impl Installed {
 
     pub(crate) fn report(&self, what: &str) {
         self.steps.report(what);
+    }
+
+    /// The first kubelet node, where the users' pods run unless a test
+    /// says otherwise.
+    pub(crate) fn node(&self) -> &KubeletNode {
+        &self.kubelets[0]
+    }
+
+    /// The second kubelet node.
+    fn other_node(&self) -> &KubeletNode {
+        &self.kubelets[1]
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -191,12 +203,13 @@ impl Installed {
             ])
             .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
             .unwrap_or_default();
+        let nodes: String = self
+            .kubelets
+            .iter()
+            .map(|n| format!("{}\n{}\n", n.pod_logs(NAMESPACE, 40), n.logs(40)))
+            .collect();
         format!(
-            "{described}\n{}\n{}\n{}\n{}\n{}\n{}",
-            self.node.pod_logs(NAMESPACE, 40),
-            self.node.logs(40),
-            self.second.pod_logs(NAMESPACE, 40),
-            self.second.logs(40),
+            "{described}\n{nodes}{}\n{}",
             self.controllers.logs(20),
             self.cluster.logs()
         )
@@ -221,7 +234,7 @@ impl Installed {
     /// The ready pod of `app` (an oxhorn-system workload) on the first
     /// node.
     pub(crate) async fn ready_pod(&self, app: &str) -> Option<Pod> {
-        self.ready_pod_on(app, self.node.name()).await
+        self.ready_pod_on(app, self.node().name()).await
     }
 
     /// The ready pod of `app` (an oxhorn-system workload) on `node`.
@@ -240,7 +253,7 @@ impl Installed {
 
     /// A pod on the claim, on the first kubelet node, running `script`.
     pub(crate) fn pod_on_claim(&self, name: &str, script: &str) -> Value {
-        self.pod_on_claim_at(name, script, self.node.name())
+        self.pod_on_claim_at(name, script, self.node().name())
     }
 
     /// A pod on the claim, on `node`, running `script`.
@@ -275,7 +288,7 @@ impl Installed {
         let pod = self.pods().get(name).await.unwrap();
         let uid = pod.uid().unwrap();
         let volumes = self
-            .node
+            .node()
             .kubelet_dir()
             .join("pods")
             .join(uid)
@@ -292,6 +305,18 @@ impl Installed {
             )
         })
     }
+}
+
+/// Where each replica keeps its data (`controller::replica::data_dir`).
+pub(crate) fn replica_dirs(replicas: &[Replica]) -> Vec<PathBuf> {
+    replicas
+        .iter()
+        .map(|r| {
+            Path::new(&r.spec.disk_path)
+                .join("replicas")
+                .join(&r.spec.data_directory_name)
+        })
+        .collect()
 }
 
 pub(crate) fn is_ready(pod: &Pod) -> bool {
@@ -436,7 +461,7 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
          sha256sum {MOUNT}/file > {MOUNT}/file.sha256; sync"
     );
     let phase = installed
-        .run_pod("first-writer", &write, installed.node.name())
+        .run_pod("first-writer", &write, installed.node().name())
         .await;
     assert_eq!(
         phase,
@@ -461,8 +486,11 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
     replica_nodes.sort();
     replica_nodes.dedup();
     assert_eq!(replica_nodes.len(), NODES, "replicas on {replica_nodes:?}");
+    let data = replica_dirs(&replicas.items);
+    assert!(data.iter().all(|dir| dir.exists()), "{data:?}");
 
-    // A pod keeps writing while the manager's pod is deleted and replaced.
+    // A pod keeps writing while the manager's pod is deleted, and after
+    // it is replaced.
     let pods = installed.pods();
     let writer: Pod = serde_json::from_value(installed.pod_on_claim("writer", WRITER)).unwrap();
     pods.create(&PostParams::default(), &writer).await.unwrap();
@@ -477,7 +505,22 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
             (progress(&mount) >= 10).then_some(())
         })
         .await;
+    // The node's manager goes, its DaemonSet first (the pod orphaned), so
+    // that none replaces it until the DaemonSet is applied again: the
+    // writer must go on with no manager on its node.
     let old = installed.ready_pod("oxhorn-manager").await.unwrap();
+    let daemon_set = old.owner_references()[0].name.clone();
+    let deleted = testbed::shared()
+        .kubectl(&[
+            "delete",
+            "daemonset",
+            &daemon_set,
+            "-n",
+            NAMESPACE,
+            "--cascade=orphan",
+        ])
+        .unwrap();
+    assert!(deleted.status.success(), "{deleted:?}");
     let manager_pods: Api<Pod> = Api::namespaced(installed.client(), NAMESPACE);
     manager_pods
         .delete(&old.name_any(), &DeleteParams::default())
@@ -490,6 +533,16 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         })
         .await;
     let at_gone = progress(&mount);
+    installed
+        .until("rounds with no manager on the writer's node", || async {
+            (progress(&mount) >= at_gone + 100).then_some(())
+        })
+        .await;
+    assert!(
+        installed.ready_pod("oxhorn-manager").await.is_none(),
+        "a manager came back before its DaemonSet"
+    );
+    installed.installation.apply_again().unwrap();
     let new = installed
         .until("a new manager pod Ready", || async {
             installed
@@ -499,10 +552,6 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         })
         .await;
     let at_ready = progress(&mount);
-    assert!(
-        at_ready > at_gone,
-        "no write completed between the old manager's end and the new one's start"
-    );
     installed
         .until("more rounds after the new manager", || async {
             (progress(&mount) >= at_ready + 20).then_some(())
@@ -535,14 +584,14 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
     // Read on the other kubelet node: the volume moves there.
     let read = format!("set -e; cd {MOUNT}; sha256sum -c file.sha256; sha256sum -c sums");
     let phase = installed
-        .run_pod("reader", &read, installed.second.name())
+        .run_pod("reader", &read, installed.other_node().name())
         .await;
     assert_eq!(
         phase,
         "Succeeded",
         "the reader on {} did not find what the writers on {} left\n{}",
-        installed.second.name(),
-        installed.node.name(),
+        installed.other_node().name(),
+        installed.node().name(),
         installed.logs()
     );
 
@@ -550,6 +599,11 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         .delete(CLAIM, &DeleteParams::default())
         .await
         .unwrap();
+    installed
+        .until("the replicas' data gone from the nodes", || async {
+            data.iter().all(|dir| !dir.exists()).then_some(())
+        })
+        .await;
     installed.stop().await;
 }
 
@@ -655,7 +709,7 @@ async fn installed_a_stateful_set_scales_and_a_claim_grows_under_its_pod() {
     let _turn = OXHORN_SYSTEM.lock().await;
     let installed = Installed::install().await;
     installed.until_running().await;
-    let node = installed.node.name().to_string();
+    let node = installed.node().name().to_string();
     let classes: Api<StorageClass> = Api::all(installed.client());
     let class = serde_json::from_value(xfs_class()).unwrap();
     classes

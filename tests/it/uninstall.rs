@@ -15,7 +15,7 @@ use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
 use serde_json::json;
 
 use crate::install::OXHORN_SYSTEM;
-use crate::installed::{CLAIM, Installed, MOUNT, is_ready, rbac_mismatches};
+use crate::installed::{CLAIM, Installed, MOUNT, is_ready, rbac_mismatches, replica_dirs};
 
 const JOB: &str = "oxhorn-uninstall";
 const FLAG: &str = "deleting-confirmation-flag";
@@ -100,7 +100,7 @@ impl Installed {
             .filter(|dir| dir.exists())
             .map(|dir| format!("replica data {}", dir.display()))
             .collect();
-        for node in [&self.node, &self.second] {
+        for node in &self.kubelets {
             let csi_mounts = mounts_under(&node.kubelet_dir()).into_iter().filter(|m| {
                 let path = m.to_string_lossy();
                 path.contains("kubernetes.io~csi") || path.contains("/plugins/kubernetes.io/csi/")
@@ -116,18 +116,6 @@ impl Installed {
         }
         left
     }
-}
-
-/// Where each replica keeps its data (`controller::replica::data_dir`).
-fn replica_dirs(replicas: &[Replica]) -> Vec<PathBuf> {
-    replicas
-        .iter()
-        .map(|r| {
-            Path::new(&r.spec.disk_path)
-                .join("replicas")
-                .join(&r.spec.data_directory_name)
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,7 +166,7 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
         "refusing to uninstall: 1 Oxhorn volume would be deleted with its data: \
          {volume} (claim {}/{CLAIM}, attached to node {})",
         installed.users.name(),
-        installed.node.name()
+        installed.node().name()
     );
     assert!(
         message.contains(&expected),
