@@ -13,15 +13,16 @@
 //! 2. the VolumeSnapshots of Oxhorn snapshots (through the snapshot
 //!    controller and csi-snapshotter, which hold their finalizers);
 //! 3. the Volume objects and their PVs (the volume controller stops the
-//!    engines and removes the replicas' data);
-//! 4. any engine, replica or snapshot object left over.
+//!    engines and removes the replicas' data).
+//!
+//! Either way, engines, replicas and snapshots whose volume is gone go last.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
 };
@@ -87,46 +88,87 @@ pub async fn run(args: UninstallArgs, shutdown: impl Future<Output = ()>) -> cra
 async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), UninstallError> {
     let namespace = args.namespace.as_str();
     let confirmed = confirmation(&client, namespace).await?;
-    let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let pvs = ours(list(&Api::all(client.clone())).await?);
-    let claims = claims_of(&pvs, &list(&Api::all(client.clone())).await?);
-    if !confirmed && (!volumes.is_empty() || !claims.is_empty()) {
-        let message = refusal(&volumes, &pvs, &claims, namespace);
-        return Err(UninstallError::Refused(message));
-    }
-    info!(
-        volumes = volumes.len(),
-        claims = claims.len(),
-        "deleting every Oxhorn volume and its data"
-    );
+    let held = Held::read(&client, namespace).await?;
     let mut wait = Wait::new(Duration::from_secs(args.timeout));
-    release_claims(&client, &claims).await?;
-    wait.until("the volumes' pods gone and the volumes detached", || {
-        attachments(&client)
-    })
-    .await?;
-    delete_volume_snapshots(&client).await?;
-    wait.until("the volumes' snapshots deleted", || {
-        snapshot_contents(&client)
-    })
-    .await?;
-    // Listed again: whatever was made meanwhile goes too.
-    delete_every(&Api::<Volume>::namespaced(client.clone(), namespace)).await?;
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    for pv in ours(list(&pvs).await?) {
-        delete(&pvs, &pv).await?;
+    if held.is_empty() {
+        info!("no Oxhorn volume, claim or snapshot");
+    } else if !confirmed {
+        return Err(UninstallError::Refused(held.refusal(namespace)));
+    } else {
+        info!(
+            volumes = held.volumes.len(),
+            claims = held.claims.len(),
+            snapshots = held.snapshots.len(),
+            "deleting every Oxhorn volume and its data"
+        );
+        // Twice: claims made while the first pods went (a StatefulSet's
+        // for its pending pods) and their pods go too.
+        for _ in 0..2 {
+            let held = Held::read(&client, namespace).await?;
+            release_claims(&client, &held.claims).await?;
+            wait.until("the volumes' pods gone and the volumes detached", || {
+                attachments(&client)
+            })
+            .await?;
+        }
+        delete_volume_snapshots(&client).await?;
+        wait.until("the volumes' snapshots deleted", || {
+            snapshot_contents(&client)
+        })
+        .await?;
+        // Listed again: whatever was made meanwhile goes too.
+        delete_every(&Api::<Volume>::namespaced(client.clone(), namespace)).await?;
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        for pv in ours(list(&pvs).await?) {
+            delete(&pvs, &pv).await?;
+        }
+        wait.until("the volumes and their PVs deleted", || {
+            volumes_left(&client, namespace)
+        })
+        .await?;
     }
-    wait.until("the volumes and their PVs deleted", || {
-        volumes_left(&client, namespace)
-    })
-    .await?;
-    delete_leftovers(&client, namespace).await?;
-    wait.until("every engine, replica and snapshot object gone", || {
-        leftovers(&client, namespace)
-    })
+    delete_orphans(&client, namespace).await?;
+    wait.until(
+        "every engine, replica and snapshot of a gone volume gone",
+        || orphans(&client, namespace),
+    )
     .await?;
     info!("no Oxhorn volume is left: `kubectl delete -f deploy/oxhorn.yaml` removes the rest");
     Ok(())
+}
+
+/// What uninstalling would delete of the users'.
+struct Held {
+    volumes: Vec<Volume>,
+    /// Oxhorn's PVs.
+    pvs: Vec<PersistentVolume>,
+    /// The claims of Oxhorn volumes, each with whether it is bound to one.
+    claims: BTreeMap<ClaimKey, bool>,
+    /// The VolumeSnapshotContents of Oxhorn snapshots.
+    snapshots: Vec<String>,
+}
+
+impl Held {
+    async fn read(client: &Client, namespace: &str) -> Result<Self, UninstallError> {
+        let classes: Vec<StorageClass> = list(&Api::all(client.clone())).await?;
+        let classes: BTreeSet<String> = classes
+            .iter()
+            .filter(|class| class.provisioner == DRIVER_NAME)
+            .map(ResourceExt::name_any)
+            .collect();
+        let pvs = ours(list(&Api::all(client.clone())).await?);
+        let claims = claims_of(&pvs, &list(&Api::all(client.clone())).await?, &classes);
+        Ok(Self {
+            volumes: list(&Api::namespaced(client.clone(), namespace)).await?,
+            pvs,
+            claims,
+            snapshots: snapshot_contents(client).await?,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.volumes.is_empty() && self.claims.is_empty() && self.snapshots.is_empty()
+    }
 }
 
 /// Whether deleting volumes is confirmed. Creates the Setting, "false",
@@ -156,69 +198,75 @@ async fn confirmation(client: &Client, namespace: &str) -> Result<bool, Uninstal
     Ok(value == "true")
 }
 
-/// What a refused uninstall tells the user: the volumes it would delete,
-/// with the claim and node of each, the claims still waiting for one, and
-/// how to confirm.
-fn refusal(
-    volumes: &[Volume],
-    pvs: &[PersistentVolume],
-    claims: &BTreeSet<ClaimKey>,
-    namespace: &str,
-) -> String {
-    let described: Vec<String> = volumes
-        .iter()
-        .map(|volume| {
-            let name = volume.name_any();
-            let claim = pvs
-                .iter()
-                .filter(|pv| pv_volume(pv) == Some(name.as_str()))
-                .find_map(|pv| pv.spec.as_ref()?.claim_ref.clone())
-                .map(|c| {
-                    format!(
-                        "claim {}/{}",
-                        c.namespace.unwrap_or_default(),
-                        c.name.unwrap_or_default()
-                    )
-                });
-            let node = &volume.spec.node_id;
-            let attached = (!node.is_empty()).then(|| format!("attached to node {node}"));
-            let details: Vec<String> = claim.into_iter().chain(attached).collect();
-            if details.is_empty() {
-                name
-            } else {
-                format!("{name} ({})", details.join(", "))
+impl Held {
+    /// What a refused uninstall tells the user: the volumes it would
+    /// delete, with the claim and node of each, the claims still waiting
+    /// for one, the snapshots, and how to confirm.
+    fn refusal(&self, namespace: &str) -> String {
+        let described: Vec<String> = self.volumes.iter().map(|v| self.describe(v)).collect();
+        let waiting: Vec<String> = self
+            .claims
+            .iter()
+            .filter(|(_, bound)| !**bound)
+            .map(|((namespace, name), _)| format!("{namespace}/{name}"))
+            .collect();
+        let mut what = Vec::new();
+        for (items, one, many, separator) in [
+            (
+                &described,
+                "Oxhorn volume would be deleted with its data",
+                "Oxhorn volumes would be deleted with their data",
+                "; ",
+            ),
+            (
+                &waiting,
+                "claim waiting for an Oxhorn volume would be deleted",
+                "claims waiting for an Oxhorn volume would be deleted",
+                ", ",
+            ),
+            (
+                &self.snapshots,
+                "Oxhorn snapshot would be deleted",
+                "Oxhorn snapshots would be deleted",
+                ", ",
+            ),
+        ] {
+            if !items.is_empty() {
+                let said = if items.len() == 1 { one } else { many };
+                what.push(format!("{} {said}: {}", items.len(), items.join(separator)));
             }
-        })
-        .collect();
-    let bound = claims_of(pvs, &[]);
-    let waiting: Vec<String> = claims
-        .difference(&bound)
-        .map(|(namespace, name)| format!("{namespace}/{name}"))
-        .collect();
-    let mut what = Vec::new();
-    if !described.is_empty() {
-        let one = described.len() == 1;
-        what.push(format!(
-            "{} Oxhorn volume{} would be deleted with {} data: {}",
-            described.len(),
-            if one { "" } else { "s" },
-            if one { "its" } else { "their" },
-            described.join("; ")
-        ));
+        }
+        format!(
+            "{}. To confirm, run `kubectl -n {namespace} patch settings.oxhorn.io {DELETING_CONFIRMATION} \
+             --type merge -p '{{\"spec\":{{\"value\":\"true\"}}}}'`, then run the uninstall Job again",
+            what.join("; and ")
+        )
     }
-    if !waiting.is_empty() {
-        what.push(format!(
-            "{} claim{} waiting for an Oxhorn volume would be deleted: {}",
-            waiting.len(),
-            if waiting.len() == 1 { "" } else { "s" },
-            waiting.join(", ")
-        ));
+
+    /// A volume, with its claim and the node it is attached to.
+    fn describe(&self, volume: &Volume) -> String {
+        let name = volume.name_any();
+        let claim = self
+            .pvs
+            .iter()
+            .filter(|pv| pv_volume(pv) == Some(name.as_str()))
+            .find_map(|pv| pv.spec.as_ref()?.claim_ref.clone())
+            .map(|c| {
+                format!(
+                    "claim {}/{}",
+                    c.namespace.unwrap_or_default(),
+                    c.name.unwrap_or_default()
+                )
+            });
+        let node = &volume.spec.node_id;
+        let attached = (!node.is_empty()).then(|| format!("attached to node {node}"));
+        let details: Vec<String> = claim.into_iter().chain(attached).collect();
+        if details.is_empty() {
+            name
+        } else {
+            format!("{name} ({})", details.join(", "))
+        }
     }
-    format!(
-        "{}. To confirm, run `kubectl -n {namespace} patch settings.oxhorn.io {DELETING_CONFIRMATION} \
-         --type merge -p '{{\"spec\":{{\"value\":\"true\"}}}}'`, then run the uninstall Job again",
-        what.join("; and ")
-    )
 }
 
 /// Oxhorn's PVs.
@@ -237,27 +285,50 @@ fn pv_volume(pv: &PersistentVolume) -> Option<&str> {
 /// A claim, by namespace and name.
 type ClaimKey = (String, String);
 
-/// The claims of Oxhorn volumes: those bound to its PVs and those waiting
-/// for Oxhorn to provision them.
-fn claims_of(pvs: &[PersistentVolume], claims: &[PersistentVolumeClaim]) -> BTreeSet<ClaimKey> {
-    let bound = pvs.iter().filter_map(|pv| {
-        let claim = pv.spec.as_ref()?.claim_ref.as_ref()?;
-        Some((claim.namespace.clone()?, claim.name.clone()?))
-    });
-    let waiting = claims
-        .iter()
-        .filter(|claim| {
-            PROVISIONER_ANNOTATIONS
-                .iter()
-                .any(|key| claim.annotations().get(*key).map(String::as_str) == Some(DRIVER_NAME))
+/// The claims of Oxhorn volumes, each with whether it is bound to one:
+/// those bound to its PVs, and those of its StorageClasses (or provisioner)
+/// bound to none yet. A PV's claim reference counts only with the claim's
+/// uid: a Released PV keeps naming a claim since deleted, whose name
+/// another claim, of another driver's, may have now.
+fn claims_of(
+    pvs: &[PersistentVolume],
+    claims: &[PersistentVolumeClaim],
+    classes: &BTreeSet<String>,
+) -> BTreeMap<ClaimKey, bool> {
+    let referenced = |claim: &PersistentVolumeClaim| {
+        pvs.iter().any(|pv| {
+            let reference = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+            reference.is_some_and(|r| {
+                r.uid.is_some()
+                    && r.uid == claim.metadata.uid
+                    && r.name == claim.metadata.name
+                    && r.namespace == claim.metadata.namespace
+            })
         })
-        .map(|claim| (claim.namespace().unwrap_or_default(), claim.name_any()));
-    bound.chain(waiting).collect()
+    };
+    claims
+        .iter()
+        .filter_map(|claim| {
+            let spec = claim.spec.as_ref();
+            let volume = spec
+                .and_then(|s| s.volume_name.as_deref())
+                .unwrap_or_default();
+            let bound = pvs.iter().any(|pv| pv.name_any() == volume) || referenced(claim);
+            let class = spec.and_then(|s| s.storage_class_name.as_deref());
+            let provisioner = PROVISIONER_ANNOTATIONS
+                .iter()
+                .any(|key| claim.annotations().get(*key).map(String::as_str) == Some(DRIVER_NAME));
+            let waiting =
+                volume.is_empty() && (provisioner || class.is_some_and(|c| classes.contains(c)));
+            let key = (claim.namespace().unwrap_or_default(), claim.name_any());
+            (bound || waiting).then_some((key, bound))
+        })
+        .collect()
 }
 
 /// Whether `pod` uses one of `claims`, directly or as a generic ephemeral
 /// volume (whose claim is named `<pod>-<volume>`).
-fn uses(pod: &Pod, claims: &BTreeSet<ClaimKey>) -> bool {
+fn uses(pod: &Pod, claims: &BTreeMap<ClaimKey, bool>) -> bool {
     let namespace = pod.namespace().unwrap_or_default();
     let volumes = pod
         .spec
@@ -274,15 +345,15 @@ fn uses(pod: &Pod, claims: &BTreeSet<ClaimKey>) -> bool {
                     .map(|_| format!("{}-{}", pod.name_any(), volume.name))
             }
         })
-        .any(|claim| claims.contains(&(namespace.clone(), claim)))
+        .any(|claim| claims.contains_key(&(namespace.clone(), claim)))
 }
 
 /// Deletes `claims`, then the pods using them.
 async fn release_claims(
     client: &Client,
-    claims: &BTreeSet<ClaimKey>,
+    claims: &BTreeMap<ClaimKey, bool>,
 ) -> Result<(), UninstallError> {
-    for (namespace, name) in claims {
+    for (namespace, name) in claims.keys() {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
         info!(claim = %format!("{namespace}/{name}"), "deleting the claim");
         ignore_gone(api.delete(name, &DeleteParams::default()).await)?;
@@ -339,8 +410,9 @@ async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallErro
     Ok(contents.iter().map(ResourceExt::name_any).collect())
 }
 
-/// Deletes the VolumeSnapshots of Oxhorn snapshots, and the contents of
-/// those whose VolumeSnapshot is gone (a Retain policy keeps them).
+/// Deletes the VolumeSnapshots of Oxhorn snapshots, and their contents
+/// directly too (a Retain policy keeps a content once its VolumeSnapshot
+/// is gone).
 async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> {
     let (contents, _) = snapshot_content_api(client);
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot");
@@ -374,27 +446,48 @@ async fn volumes_left(client: &Client, namespace: &str) -> Result<Vec<String>, U
         .collect())
 }
 
-/// Engines, replicas and snapshots whose volume went without them.
-async fn delete_leftovers(client: &Client, namespace: &str) -> Result<(), UninstallError> {
-    delete_every(&Api::<Engine>::namespaced(client.clone(), namespace)).await?;
-    delete_every(&Api::<Replica>::namespaced(client.clone(), namespace)).await?;
-    delete_every(&Api::<Snapshot>::namespaced(client.clone(), namespace)).await
+/// The engines, replicas and snapshots whose volume is gone.
+async fn orphans_of(
+    client: &Client,
+    namespace: &str,
+) -> Result<(Vec<Engine>, Vec<Replica>, Vec<Snapshot>), UninstallError> {
+    let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let volumes: BTreeSet<String> = volumes.iter().map(ResourceExt::name_any).collect();
+    let engines: Vec<Engine> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let replicas: Vec<Replica> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    let snapshots: Vec<Snapshot> = list(&Api::namespaced(client.clone(), namespace)).await?;
+    Ok((
+        engines
+            .into_iter()
+            .filter(|e| !volumes.contains(&e.spec.instance.volume_name))
+            .collect(),
+        replicas
+            .into_iter()
+            .filter(|r| !volumes.contains(&r.spec.instance.volume_name))
+            .collect(),
+        snapshots
+            .into_iter()
+            .filter(|s| !volumes.contains(&s.spec.volume))
+            .collect(),
+    ))
 }
 
-async fn delete_every<K>(api: &Api<K>) -> Result<(), UninstallError>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    for object in list(api).await? {
-        delete(api, &object).await?;
+async fn delete_orphans(client: &Client, namespace: &str) -> Result<(), UninstallError> {
+    let (engines, replicas, snapshots) = orphans_of(client, namespace).await?;
+    for engine in &engines {
+        delete(&Api::namespaced(client.clone(), namespace), engine).await?;
+    }
+    for replica in &replicas {
+        delete(&Api::namespaced(client.clone(), namespace), replica).await?;
+    }
+    for snapshot in &snapshots {
+        delete(&Api::namespaced(client.clone(), namespace), snapshot).await?;
     }
     Ok(())
 }
 
-async fn leftovers(client: &Client, namespace: &str) -> Result<Vec<String>, UninstallError> {
-    let engines: Vec<Engine> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let replicas: Vec<Replica> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let snapshots: Vec<Snapshot> = list(&Api::namespaced(client.clone(), namespace)).await?;
+async fn orphans(client: &Client, namespace: &str) -> Result<Vec<String>, UninstallError> {
+    let (engines, replicas, snapshots) = orphans_of(client, namespace).await?;
     Ok(engines
         .iter()
         .map(|o| format!("engine {}", o.name_any()))
@@ -405,6 +498,16 @@ async fn leftovers(client: &Client, namespace: &str) -> Result<Vec<String>, Unin
                 .map(|o| format!("snapshot {}", o.name_any())),
         )
         .collect())
+}
+
+async fn delete_every<K>(api: &Api<K>) -> Result<(), UninstallError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    for object in list(api).await? {
+        delete(api, &object).await?;
+    }
+    Ok(())
 }
 
 async fn list<K>(api: &Api<K>) -> Result<Vec<K>, UninstallError>
@@ -485,12 +588,20 @@ mod tests {
 
     use super::*;
 
-    fn pv(name: &str, driver: &str, claim: Option<(&str, &str)>) -> PersistentVolume {
+    fn pv(name: &str, driver: &str, claim: Option<(&str, &str, &str)>) -> PersistentVolume {
         let mut spec = json!({"csi": {"driver": driver, "volumeHandle": name}});
-        if let Some((namespace, claim)) = claim {
-            spec["claimRef"] = json!({"namespace": namespace, "name": claim});
+        if let Some((namespace, claim, uid)) = claim {
+            spec["claimRef"] = json!({"namespace": namespace, "name": claim, "uid": uid});
         }
         serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    }
+
+    fn claim(name: &str, uid: &str, spec: serde_json::Value) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": name, "uid": uid},
+            "spec": spec,
+        }))
+        .unwrap()
     }
 
     fn volume(name: &str, node: &str) -> Volume {
@@ -512,16 +623,31 @@ mod tests {
         .unwrap()
     }
 
+    fn keys(claims: &[(&str, &str)]) -> Vec<ClaimKey> {
+        claims
+            .iter()
+            .map(|(n, c)| (n.to_string(), c.to_string()))
+            .collect()
+    }
+
+    fn held(volumes: Vec<Volume>, pvs: Vec<PersistentVolume>) -> Held {
+        Held {
+            volumes,
+            pvs,
+            claims: BTreeMap::new(),
+            snapshots: Vec::new(),
+        }
+    }
+
     #[test]
     fn the_refusal_names_each_volume_its_claim_and_node_and_how_to_confirm() {
-        let volumes = [volume("pvc-1", "node-a"), volume("pvc-2", "")];
-        let pvs = [pv("pvc-1", DRIVER_NAME, Some(("apps", "data")))];
-        let claims = claims_of(&pvs, &[]);
-        let message = refusal(&volumes, &pvs, &claims, "oxhorn-system");
+        let volumes = vec![volume("pvc-1", "node-a"), volume("pvc-2", "")];
+        let pvs = vec![pv("pvc-1", DRIVER_NAME, Some(("apps", "data", "u1")))];
+        let message = held(volumes, pvs).refusal("oxhorn-system");
         assert!(
             message.starts_with(
                 "2 Oxhorn volumes would be deleted with their data: \
-                 pvc-1 (claim apps/data, attached to node node-a); pvc-2."
+                 pvc-1 (claim apps/data, attached to node node-a); pvc-2. To confirm"
             ),
             "{message}"
         );
@@ -535,12 +661,15 @@ mod tests {
     }
 
     #[test]
-    fn the_refusal_names_the_claims_still_waiting_for_a_volume() {
-        let claims: BTreeSet<ClaimKey> = [("apps".to_string(), "pending".to_string())].into();
-        let message = refusal(&[], &[], &claims, "oxhorn-system");
+    fn the_refusal_names_the_claims_still_waiting_and_the_snapshots() {
+        let mut held = held(Vec::new(), Vec::new());
+        held.claims = [(("apps".into(), "pending".into()), false)].into();
+        held.snapshots = vec!["snapcontent-1".into(), "snapcontent-2".into()];
+        let message = held.refusal("oxhorn-system");
         assert!(
             message.starts_with(
-                "1 claim waiting for an Oxhorn volume would be deleted: apps/pending. To confirm"
+                "1 claim waiting for an Oxhorn volume would be deleted: apps/pending; \
+                 and 2 Oxhorn snapshots would be deleted: snapcontent-1, snapcontent-2. To confirm"
             ),
             "{message}"
         );
@@ -558,32 +687,51 @@ mod tests {
 
     #[test]
     fn claims_are_those_bound_to_oxhorn_and_those_waiting_for_it() {
-        let pvs = [pv("pvc-1", DRIVER_NAME, Some(("apps", "bound")))];
-        let waiting = |name: &str, provisioner: &str| -> PersistentVolumeClaim {
-            serde_json::from_value(json!({"metadata": {
-                "namespace": "apps", "name": name,
-                "annotations": {"volume.kubernetes.io/storage-provisioner": provisioner},
-            }}))
-            .unwrap()
-        };
-        let claims = claims_of(
-            &pvs,
-            &[
-                waiting("pending", DRIVER_NAME),
-                waiting("other", "ebs.csi.aws.com"),
-            ],
-        );
-        let expected: BTreeSet<ClaimKey> = [("apps", "bound"), ("apps", "pending")]
-            .map(|(n, c)| (n.to_string(), c.to_string()))
-            .into();
-        assert_eq!(claims, expected);
+        let pvs = [
+            pv("pvc-1", DRIVER_NAME, Some(("apps", "bound", "u1"))),
+            // Released: its claim is gone, and another of that name is
+            // another driver's.
+            pv("pvc-2", DRIVER_NAME, Some(("apps", "reused", "u-old"))),
+        ];
+        let annotated: PersistentVolumeClaim = serde_json::from_value(json!({"metadata": {
+            "namespace": "apps", "name": "annotated", "uid": "u5",
+            "annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER_NAME},
+        }}))
+        .unwrap();
+        let claims = [
+            claim("bound", "u1", json!({"volumeName": "pvc-1"})),
+            claim(
+                "reused",
+                "u-new",
+                json!({"volumeName": "ebs-9", "storageClassName": "oxhorn"}),
+            ),
+            claim(
+                "first-consumer",
+                "u3",
+                json!({"storageClassName": "oxhorn"}),
+            ),
+            claim("elsewhere", "u4", json!({"storageClassName": "gp3"})),
+            annotated,
+        ];
+        let classes: BTreeSet<String> = ["oxhorn".to_string()].into();
+        let found = claims_of(&pvs, &claims, &classes);
+        let expected: BTreeMap<ClaimKey, bool> = keys(&[
+            ("apps", "annotated"),
+            ("apps", "bound"),
+            ("apps", "first-consumer"),
+        ])
+        .into_iter()
+        .zip([false, true, false])
+        .collect();
+        assert_eq!(found, expected);
     }
 
     #[test]
     fn a_pod_uses_a_claim_by_name_or_as_its_ephemeral_volume_in_its_namespace() {
-        let claims: BTreeSet<ClaimKey> = [("apps", "data"), ("apps", "web-0-scratch")]
-            .map(|(n, c)| (n.to_string(), c.to_string()))
-            .into();
+        let claims: BTreeMap<ClaimKey, bool> = keys(&[("apps", "data"), ("apps", "web-0-scratch")])
+            .into_iter()
+            .map(|key| (key, true))
+            .collect();
         let by_name = json!([{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]);
         let ephemeral = json!([{"name": "scratch", "ephemeral": {}}]);
         assert!(uses(&pod("apps", "p", by_name.clone()), &claims));

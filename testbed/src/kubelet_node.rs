@@ -372,7 +372,10 @@ fn own_device_plugins(kubelet: &mut Command, own: &Path) -> Result<()> {
         CString::new(path.as_os_str().as_bytes())
             .map_err(|_| Error::Failed(format!("{} holds a NUL", path.display())))
     };
-    let holder = c_string(&crate::mount::containing_mount(Path::new(DEVICE_PLUGINS)))?;
+    // Resolved: a link on the way may lead to another mount.
+    let resolved =
+        std::fs::canonicalize(DEVICE_PLUGINS).map_err(|e| Error::io(DEVICE_PLUGINS, e))?;
+    let holder = c_string(&crate::mount::containing_mount(&resolved))?;
     let source = c_string(own)?;
     let target = c_string(Path::new(DEVICE_PLUGINS))?;
     // SAFETY: only system calls on strings made before the fork run in the

@@ -231,6 +231,22 @@ impl Installed {
         Api::namespaced(self.client(), self.users.name())
     }
 
+    /// Creates the claim [`CLAIM`], 64 MiB on the default StorageClass
+    /// (three replicas); the users' claims.
+    pub(crate) async fn create_claim(&self) -> Api<PersistentVolumeClaim> {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": CLAIM},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "64Mi"}},
+            },
+        }))
+        .unwrap();
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client(), self.users.name());
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+        claims
+    }
+
     /// The ready pod of `app` (an oxhorn-system workload) on the first
     /// node.
     pub(crate) async fn ready_pod(&self, app: &str) -> Option<Pod> {
@@ -281,6 +297,19 @@ impl Installed {
             }
             Err(e) => panic!("{e}\n{}", self.logs()),
         }
+    }
+
+    /// Starts a pod on the claim on the first node, running `script`, and
+    /// waits until it runs; where the claim is mounted for it, on the host.
+    pub(crate) async fn start_on_claim(&self, name: &str, script: &str) -> PathBuf {
+        let pod: Pod = serde_json::from_value(self.pod_on_claim(name, script)).unwrap();
+        let pods = self.pods();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        self.until(&format!("{name} running"), || async {
+            pods.get(name).await.ok().filter(is_ready).map(drop)
+        })
+        .await;
+        self.mount_of(name).await
     }
 
     /// Where the kubelet mounted the claim for the pod `name`, on the host.
@@ -445,17 +474,7 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
     installed.report(&format!("{} RBAC checks", RBAC.len()));
 
     // A claim on the default StorageClass: three replicas.
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": CLAIM},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "64Mi"}},
-        },
-    }))
-    .unwrap();
-    let claims: Api<PersistentVolumeClaim> =
-        Api::namespaced(installed.client(), installed.users.name());
-    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let claims = installed.create_claim().await;
     let write = format!(
         "set -e; dd if=/dev/urandom of={MOUNT}/file bs=4096 count=256; \
          sha256sum {MOUNT}/file > {MOUNT}/file.sha256; sync"
@@ -491,15 +510,8 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
 
     // A pod keeps writing while the manager's pod is deleted, and after
     // it is replaced.
+    let mount = installed.start_on_claim("writer", WRITER).await;
     let pods = installed.pods();
-    let writer: Pod = serde_json::from_value(installed.pod_on_claim("writer", WRITER)).unwrap();
-    pods.create(&PostParams::default(), &writer).await.unwrap();
-    installed
-        .until("the writer running", || async {
-            pods.get("writer").await.ok().filter(is_ready).map(drop)
-        })
-        .await;
-    let mount = installed.mount_of("writer").await;
     installed
         .until("the writer's first rounds", || async {
             (progress(&mount) >= 10).then_some(())

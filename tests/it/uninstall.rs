@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use oxhorn::types::{Node, Replica, Setting, Snapshot, Volume};
 use oxhorn_testbed::install::NAMESPACE;
@@ -126,27 +126,10 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
     let uninstall = installed.installation.uninstall_file().unwrap();
 
     // A pod holding a volume.
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": CLAIM},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "64Mi"}},
-        },
-    }))
-    .unwrap();
-    let claims: Api<PersistentVolumeClaim> =
-        Api::namespaced(installed.client(), installed.users.name());
-    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let claims = installed.create_claim().await;
     let hold = format!("echo kept > {MOUNT}/file; sync; exec sleep 100000");
-    let holder: Pod = serde_json::from_value(installed.pod_on_claim("holder", &hold)).unwrap();
+    let mount = installed.start_on_claim("holder", &hold).await;
     let pods = installed.pods();
-    pods.create(&PostParams::default(), &holder).await.unwrap();
-    installed
-        .until("the holder running", || async {
-            pods.get("holder").await.ok().filter(is_ready).map(drop)
-        })
-        .await;
-    let mount = installed.mount_of("holder").await;
     installed
         .until("the holder's file", || async {
             std::fs::read_to_string(mount.join("file")).ok()
