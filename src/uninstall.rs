@@ -3,7 +3,7 @@
 //! let go of each, so that `kubectl delete -f deploy/oxhorn.yaml` then
 //! leaves nothing stuck on a finalizer and nothing on the nodes.
 //!
-//! Refused while a volume, or a claim waiting for one, exists unless the
+//! Refused while an Oxhorn volume, claim or snapshot exists unless the
 //! Setting `deleting-confirmation-flag` is "true" (the refusal creates it,
 //! "false", for the user to change). With it, in this order:
 //! 1. the claims of Oxhorn volumes are deleted (a claim being deleted admits
@@ -27,9 +27,11 @@ use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
 };
 use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::info;
 
+use crate::controller::{ControllerError, delete};
 use crate::csi::DRIVER_NAME;
 use crate::datastore::settings::{self, DELETING_CONFIRMATION};
 use crate::types::{DEFAULT_NAMESPACE, Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
@@ -60,6 +62,8 @@ pub struct UninstallArgs {
 pub enum UninstallError {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
     #[error("refusing to uninstall: {0}")]
     Refused(String),
     #[error("still there after {after:?}: {left}")]
@@ -89,7 +93,7 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
     let namespace = args.namespace.as_str();
     let confirmed = confirmation(&client, namespace).await?;
     let held = Held::read(&client, namespace).await?;
-    let mut wait = Wait::new(Duration::from_secs(args.timeout));
+    let wait = Wait::new(Duration::from_secs(args.timeout));
     if held.is_empty() {
         info!("no Oxhorn volume, claim or snapshot");
     } else if !confirmed {
@@ -384,17 +388,18 @@ async fn attachments(client: &Client) -> Result<Vec<String>, UninstallError> {
         .collect())
 }
 
-fn snapshot_content_api(client: &Client) -> (Api<DynamicObject>, ApiResource) {
+fn snapshot_content_api(client: &Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent");
-    let resource = ApiResource::from_gvk(&gvk);
-    (Api::all_with(client.clone(), &resource), resource)
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
 }
 
 /// The VolumeSnapshotContents of Oxhorn snapshots; none where the snapshot
 /// CRDs are not installed.
 async fn oxhorn_snapshot_contents(client: &Client) -> Result<Vec<DynamicObject>, UninstallError> {
-    let (api, _) = snapshot_content_api(client);
-    match api.list(&ListParams::default()).await {
+    match snapshot_content_api(client)
+        .list(&ListParams::default())
+        .await
+    {
         Ok(list) => Ok(list
             .items
             .into_iter()
@@ -414,7 +419,7 @@ async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallErro
 /// directly too (a Retain policy keeps a content once its VolumeSnapshot
 /// is gone).
 async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> {
-    let (contents, _) = snapshot_content_api(client);
+    let contents = snapshot_content_api(client);
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot");
     let resource = ApiResource::from_gvk(&gvk);
     for content in oxhorn_snapshot_contents(client).await? {
@@ -502,7 +507,7 @@ async fn orphans(client: &Client, namespace: &str) -> Result<Vec<String>, Uninst
 
 async fn delete_every<K>(api: &Api<K>) -> Result<(), UninstallError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     for object in list(api).await? {
         delete(api, &object).await?;
@@ -515,20 +520,6 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     Ok(api.list(&ListParams::default()).await?.items)
-}
-
-/// Deletes `object` unless it is already going.
-async fn delete<K>(api: &Api<K>, object: &K) -> Result<(), UninstallError>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    if object.meta().deletion_timestamp.is_some() {
-        return Ok(());
-    }
-    ignore_gone(
-        api.delete(&object.name_any(), &DeleteParams::default())
-            .await,
-    )
 }
 
 fn ignore_gone<T>(result: kube::Result<T>) -> Result<(), UninstallError> {
@@ -555,7 +546,7 @@ impl Wait {
 
     /// Polls `left` until it lists nothing, logging what remains now and
     /// then; past the deadline, an error listing it.
-    async fn until<F, Fut>(&mut self, what: &str, mut left: F) -> Result<(), UninstallError>
+    async fn until<F, Fut>(&self, what: &str, mut left: F) -> Result<(), UninstallError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Vec<String>, UninstallError>>,

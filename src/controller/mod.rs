@@ -19,6 +19,7 @@ mod volume;
 pub use access::{KEY_SECRET, cluster_key};
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
+pub use replica::data_dir as replica_data_dir;
 
 use std::collections::HashMap;
 use std::fmt::Debug;

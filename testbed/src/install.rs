@@ -11,9 +11,10 @@
 //! Deployments, with one replica each, on the first. The kubelet nodes
 //! share one host, so each has directories of its own and a loopback
 //! address of its own: each gets a copy of each DaemonSet, for its
-//! directories and address, named and labelled for the node. This machine's init (pid 1) is a sandbox's,
-//! whose namespaces no other process may open: the manager joins those of
-//! this process instead (`--host-pid`), which the kubelet runs in too.
+//! directories and address, named and labelled for the node. This
+//! machine's init (pid 1) is a sandbox's, whose namespaces no other process
+//! may open: the manager joins those of this process instead
+//! (`--host-pid`), which the kubelet runs in too.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -271,9 +271,7 @@ impl KubeletNode {
     /// node's directory and nothing here could tell it is the node's.
     pub fn release_loop_devices(&self) {
         if let Some(dir) = &self.dir {
-            for number in crate::loop_devices_under(dir.path()) {
-                let _ = oxhorn::frontend::loopdev::detach_number(number);
-            }
+            crate::mount::detach_loop_devices_under(dir.path());
         }
     }
 

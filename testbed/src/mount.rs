@@ -47,14 +47,21 @@ impl Drop for Mounted {
     }
 }
 
-/// Mount points under `root`, deepest first. Never panics: also used while
-/// unwinding.
-pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    let mut mounts: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+/// This process's mount points; none if they cannot be read.
+fn mount_points() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
         .map(PathBuf::from)
+        .collect()
+}
+
+/// Mount points under `root`, deepest first. Never panics: also used while
+/// unwinding.
+pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    let mut mounts: Vec<PathBuf> = mount_points()
+        .into_iter()
         .filter(|mount| mount.starts_with(root))
         .collect();
     mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
@@ -64,11 +71,8 @@ pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
 /// The mount point of the mount `path` is on: the deepest mount point
 /// `path` is under.
 pub fn containing_mount(path: &Path) -> PathBuf {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(PathBuf::from)
+    mount_points()
+        .into_iter()
         .filter(|mount| path.starts_with(mount))
         .max_by_key(|mount| mount.as_os_str().len())
         .unwrap_or_else(|| PathBuf::from("/"))
@@ -92,13 +96,19 @@ pub fn loop_devices_under(root: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Detaches every loop device backed by a file under `root`: each goes now,
+/// or when its last user closes it. Best effort, never panics.
+pub fn detach_loop_devices_under(root: &Path) {
+    for number in loop_devices_under(root) {
+        let _ = oxhorn::frontend::loopdev::detach_number(number);
+    }
+}
+
 /// Detaches every loop device backed under `root` and unmounts (lazily)
 /// everything mounted under it: what a failed test may leave. Best effort,
 /// never panics.
 pub fn release_under(root: &Path) {
-    for number in loop_devices_under(root) {
-        let _ = oxhorn::frontend::loopdev::detach_number(number);
-    }
+    detach_loop_devices_under(root);
     for mount in mounts_under(root) {
         let _ = nix::mount::umount2(&mount, MntFlags::MNT_DETACH);
     }

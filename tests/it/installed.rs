@@ -268,7 +268,7 @@ impl Installed {
     }
 
     /// A pod on the claim, on the first kubelet node, running `script`.
-    pub(crate) fn pod_on_claim(&self, name: &str, script: &str) -> Value {
+    fn pod_on_claim(&self, name: &str, script: &str) -> Value {
         self.pod_on_claim_at(name, script, self.node().name())
     }
 
@@ -313,7 +313,7 @@ impl Installed {
     }
 
     /// Where the kubelet mounted the claim for the pod `name`, on the host.
-    pub(crate) async fn mount_of(&self, name: &str) -> PathBuf {
+    async fn mount_of(&self, name: &str) -> PathBuf {
         let pod = self.pods().get(name).await.unwrap();
         let uid = pod.uid().unwrap();
         let volumes = self
@@ -336,15 +336,11 @@ impl Installed {
     }
 }
 
-/// Where each replica keeps its data (`controller::replica::data_dir`).
+/// Where each placed replica keeps its data.
 pub(crate) fn replica_dirs(replicas: &[Replica]) -> Vec<PathBuf> {
     replicas
         .iter()
-        .map(|r| {
-            Path::new(&r.spec.disk_path)
-                .join("replicas")
-                .join(&r.spec.data_directory_name)
-        })
+        .filter_map(oxhorn::controller::replica_data_dir)
         .collect()
 }
 
