@@ -10,10 +10,11 @@ use std::time::Duration;
 use crate::protocol::Stamped;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, info, info_span};
 
 use super::control::{self, Control};
-use super::process::{announce, never_ran, reflect};
+use super::process::{announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::engine::FrontendKind;
 use crate::instance::{InstanceKind, InstanceRequest};
@@ -41,7 +42,7 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
     let span = info_span!("engine", engine = %engine.name_any(), volume = %engine.spec.instance.volume_name, node = %engine.spec.instance.node_id);
     async move {
         let here = engine.spec.instance.node_id == ctx.node.node_id;
-        if engine.metadata.deletion_timestamp.is_some() {
+        if engine.metadata.deletion_timestamp.is_some() && !serves_attachment(&ctx, &engine) {
             if here {
                 ctx.instances.stop(&engine.name_any()).await?;
             }
@@ -59,6 +60,10 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
             }
             Action::await_change()
         };
+        if engine.metadata.deletion_timestamp.is_some() {
+            let spec = &engine.spec.instance;
+            hold_deletion(&mut status.instance, &spec.volume_name, &spec.node_id);
+        }
         let before = engine
             .status
             .as_ref()
@@ -69,6 +74,19 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
     }
     .instrument(span)
     .await
+}
+
+/// Whether the engine is its volume's I/O path where the volume is attached:
+/// then its deletion waits until the volume detaches, since no other engine
+/// can take over a mounted device.
+fn serves_attachment(ctx: &Context, engine: &Engine) -> bool {
+    let spec = &engine.spec.instance;
+    let key = ObjectRef::new(&spec.volume_name).within(&ctx.ds.namespace);
+    ctx.ds.volumes.store.get(&key).is_some_and(|volume| {
+        spec.desire_state == DesireState::Running
+            && !spec.node_id.is_empty()
+            && volume.spec.node_id == spec.node_id
+    })
 }
 
 /// An engine that never ran and should not: nothing to claim or report, so

@@ -5,7 +5,7 @@ use kube::runtime::events::EventType;
 
 use super::Context;
 use crate::instance::InstanceInfo;
-use crate::types::{Condition, ConditionStatus, InstanceState, InstanceStatus};
+use crate::types::{Condition, ConditionStatus, DELETION_HELD, InstanceState, InstanceStatus};
 
 /// The instance status condition that says whether the process runs, and
 /// when it failed, why.
@@ -71,4 +71,16 @@ pub fn reflect(status: &mut InstanceStatus, info: &InstanceInfo) {
     status.ip = info.ip.to_string();
     status.port = i32::from(info.port);
     status.started |= info.state == InstanceState::Running;
+}
+
+/// Says on an instance being deleted why it still runs: its volume is
+/// attached (see [`crate::types::Volume::deletion_held`]).
+pub fn hold_deletion(status: &mut InstanceStatus, volume: &str, node: &str) {
+    Condition::set(
+        &mut status.conditions,
+        DELETION_HELD,
+        ConditionStatus::True,
+        "Attached",
+        format!("deletion waits until volume {volume} is detached from node {node}"),
+    );
 }

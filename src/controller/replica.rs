@@ -4,16 +4,21 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::process::{announce, never_ran, reflect};
+use super::process::{announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::instance::{InstanceKind, InstanceRequest};
-use crate::types::{DesireState, InstanceState, InstanceStatus, Replica};
+use crate::types::{DesireState, InstanceState, InstanceStatus, Replica, Volume};
+
+/// How often a replica whose deletion is held looks at its volume again.
+const HELD_RECHECK: Duration = Duration::from_secs(2);
 
 /// Where a replica's data lives on its disk.
 pub fn data_dir(replica: &Replica) -> Option<PathBuf> {
@@ -40,7 +45,11 @@ pub async fn reconcile(
     };
     let span = info_span!("replica", replica = %replica.name_any(), volume = %replica.spec.instance.volume_name, node = %replica.spec.instance.node_id);
     async move {
-        if replica.metadata.deletion_timestamp.is_some() {
+        let going = replica.metadata.deletion_timestamp.is_some();
+        // A foreground cascade deletes the replicas with their volume: while
+        // the volume's deletion is held, theirs is too, and they serve on.
+        let held_by = volume_of(&ctx, &replica).filter(|volume| going && volume.deletion_held());
+        if going && held_by.is_none() {
             return clean_up(&ctx, &replica).await;
         }
         let mut status = replica.status.clone().unwrap_or_default();
@@ -51,16 +60,28 @@ pub async fn reconcile(
             // process is doing.
             status.current_state = InstanceState::Unknown;
         }
+        if let Some(volume) = &held_by {
+            hold_deletion(&mut status, &volume.name_any(), &volume.spec.node_id);
+        }
         let before = replica
             .status
             .as_ref()
             .map_or(InstanceState::Stopped, |s| s.current_state);
         announce(&ctx, &replica, before, status.current_state).await;
         update_status(&ctx.api::<Replica>(), &replica, status).await?;
+        if held_by.is_some() {
+            // Nothing about the replica changes when its volume detaches.
+            return Ok(Action::requeue(HELD_RECHECK));
+        }
         Ok(Action::await_change())
     }
     .instrument(span)
     .await
+}
+
+fn volume_of(ctx: &Context, replica: &Replica) -> Option<Arc<Volume>> {
+    let key = ObjectRef::new(&replica.spec.instance.volume_name).within(&ctx.ds.namespace);
+    ctx.ds.volumes.store.get(&key)
 }
 
 /// Nothing to run, stop, report or clean up: a replica not placed yet, or

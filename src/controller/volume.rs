@@ -27,8 +27,9 @@ use super::{Context, ControllerError, delete, patch_guarded, process, release, r
 use crate::datastore::Settings;
 use crate::protocol::Access;
 use crate::types::{
-    Condition, ConditionStatus, DesireState, Engine, EngineSpec, FINALIZER, InstanceSpec,
-    InstanceState, Replica, ReplicaMode, Robustness, Snapshot, Volume, VolumeState, VolumeStatus,
+    Condition, ConditionStatus, DELETION_HELD, DesireState, Engine, EngineSpec, FINALIZER,
+    InstanceSpec, InstanceState, Replica, ReplicaMode, Robustness, Snapshot, Volume, VolumeState,
+    VolumeStatus,
 };
 
 /// Longest a volume goes unlooked-at: time-based rules (stale replicas,
@@ -168,10 +169,11 @@ impl<'a> Pass<'a> {
             // Decisions need the results of the last pass's writes.
             return Ok(Action::requeue(Duration::from_millis(300)));
         }
-        if self.volume.metadata.deletion_timestamp.is_some() {
+        if self.volume.deletion_held() {
+            self.hold_deletion().await;
+        } else if self.volume.metadata.deletion_timestamp.is_some() {
             return self.delete_all().await;
-        }
-        if !self.volume.finalizers().iter().any(|f| f == FINALIZER) {
+        } else if !self.volume.finalizers().iter().any(|f| f == FINALIZER) {
             let finalizers: Vec<String> = self
                 .volume
                 .finalizers()
@@ -249,6 +251,28 @@ impl<'a> Pass<'a> {
         updated.status = Some(self.status.clone());
         replace_status(&self.ctx.api::<Volume>(), &updated).await?;
         Ok(())
+    }
+
+    /// Says why a deleted volume is still there and serving: it is attached.
+    /// The rest of the pass keeps it attached and healthy until it detaches.
+    async fn hold_deletion(&mut self) {
+        let message = format!(
+            "deletion waits until the volume is detached from node {}: a workload still uses it",
+            self.volume.spec.node_id
+        );
+        let flipped = Condition::set(
+            &mut self.status.conditions,
+            DELETION_HELD,
+            ConditionStatus::True,
+            "Attached",
+            &message,
+        );
+        if flipped {
+            info!("{message}");
+            self.ctx
+                .event(&self.volume, EventType::Warning, "DeletionHeld", message)
+                .await;
+        }
     }
 
     /// Deletes the engine and replicas (their controllers stop the processes

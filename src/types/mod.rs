@@ -25,8 +25,8 @@ pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};
 pub use volume::{
-    AccessMode, DataLocality, DataSource, FILLED, Frontend, ReplicaAutoBalance, Robustness, Volume,
-    VolumeSpec, VolumeState, VolumeStatus,
+    AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, ReplicaAutoBalance,
+    Robustness, Volume, VolumeSpec, VolumeState, VolumeStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

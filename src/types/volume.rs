@@ -134,10 +134,22 @@ impl Volume {
                 .as_ref()
                 .is_some_and(|s| Condition::is_true(&s.conditions, FILLED))
     }
+
+    /// Whether the volume is being deleted while still attached. Its
+    /// deletion, and that of its engine and replicas (which a foreground
+    /// cascade deletes first), then waits until it is detached: a workload
+    /// still using it sees no I/O error, as Kubernetes keeps a claim in use.
+    pub fn deletion_held(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some() && !self.spec.node_id.is_empty()
+    }
 }
 
 /// The volume's condition saying whether it holds its data source's data.
 pub const FILLED: &str = "Filled";
+
+/// The condition of a volume, engine or replica being deleted whose deletion
+/// waits until the volume is detached.
+pub const DELETION_HELD: &str = "DeletionHeld";
 
 /// What fills a new volume before first use.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -15,6 +15,7 @@ mod datastore;
 mod faults;
 mod fencing;
 mod frontend;
+mod held_deletion;
 mod identity;
 mod install;
 mod installed;

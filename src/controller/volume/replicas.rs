@@ -117,13 +117,19 @@ impl Pass<'_> {
     pub(super) fn healthy(&self) -> impl Iterator<Item = &Arc<Replica>> {
         self.replicas
             .iter()
-            .filter(|r| r.spec.failed_at.is_none() && r.metadata.deletion_timestamp.is_none())
+            .filter(|r| r.spec.failed_at.is_none() && !self.going(r))
     }
 
     pub(super) fn failed(&self) -> impl Iterator<Item = &Arc<Replica>> {
         self.replicas
             .iter()
-            .filter(|r| r.spec.failed_at.is_some() && r.metadata.deletion_timestamp.is_none())
+            .filter(|r| r.spec.failed_at.is_some() && !self.going(r))
+    }
+
+    /// Whether a replica is being deleted. Not while the volume's own
+    /// deletion is held: the replica's is held too, and it keeps serving.
+    fn going(&self, replica: &Replica) -> bool {
+        replica.metadata.deletion_timestamp.is_some() && !self.volume.deletion_held()
     }
 
     /// Brings back failed replicas that can rejoin: their node is up, their

@@ -40,6 +40,13 @@ impl ControllerService {
         let readonly = request.readonly.to_string();
         let published_readonly = volume.annotations().get(PUBLISHED_READONLY);
         match volume.spec.node_id.as_str() {
+            // A volume being deleted is held only while it stays attached:
+            // it takes no new attachment that would keep it.
+            "" if volume.metadata.deletion_timestamp.is_some() => {
+                return Err(ControllerError::FailedPrecondition(format!(
+                    "volume {id} is being deleted; it cannot attach to {node}"
+                )));
+            }
             "" => self.set_attachment(&volume, node, Some(&readonly)).await?,
             current if current == node => {
                 if published_readonly.is_some_and(|r| *r != readonly) {
