@@ -13,7 +13,8 @@
 //! 2. the VolumeSnapshots of Oxhorn snapshots (through the snapshot
 //!    controller and csi-snapshotter, which hold their finalizers);
 //! 3. the Volume objects and their PVs (the volume controller stops the
-//!    engines and removes the replicas' data).
+//!    engines and removes the replicas' data), any volume attached by hand
+//!    detached first; the Setting is "false" again.
 //!
 //! Either way, engines, replicas and snapshots whose volume is gone go last.
 
@@ -24,12 +25,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
 };
 use kube::{Api, Client, Resource, ResourceExt};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::controller::{ControllerError, delete};
 use crate::csi::DRIVER_NAME;
@@ -121,7 +122,7 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
         })
         .await?;
         // Listed again: whatever was made meanwhile goes too.
-        delete_every(&Api::<Volume>::namespaced(client.clone(), namespace)).await?;
+        delete_volumes(&Api::namespaced(client.clone(), namespace)).await?;
         let pvs: Api<PersistentVolume> = Api::all(client.clone());
         for pv in ours(list(&pvs).await?) {
             delete(&pvs, &pv).await?;
@@ -130,6 +131,7 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
             volumes_left(&client, namespace)
         })
         .await?;
+        use_up_confirmation(&client, namespace).await?;
     }
     delete_orphans(&client, namespace).await?;
     wait.until(
@@ -200,6 +202,23 @@ async fn confirmation(client: &Client, namespace: &str) -> Result<bool, Uninstal
     let value = setting.spec.value.trim();
     settings::validate(DELETING_CONFIRMATION, value).map_err(UninstallError::Refused)?;
     Ok(value == "true")
+}
+
+/// A confirmation is for one uninstall: once it has deleted the volumes,
+/// the Setting is "false" again, so that a later run (say, after Oxhorn was
+/// installed again over the same namespace) asks anew.
+async fn use_up_confirmation(client: &Client, namespace: &str) -> Result<(), UninstallError> {
+    let settings: Api<Setting> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({"spec": {"value": "false"}});
+    settings
+        .patch(
+            DELETING_CONFIRMATION,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    info!("{DELETING_CONFIRMATION} is false again");
+    Ok(())
 }
 
 impl Held {
@@ -505,12 +524,21 @@ async fn orphans(client: &Client, namespace: &str) -> Result<Vec<String>, Uninst
         .collect())
 }
 
-async fn delete_every<K>(api: &Api<K>) -> Result<(), UninstallError>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
-    for object in list(api).await? {
-        delete(api, &object).await?;
+/// Deletes every Volume. One still attached once no CSI attachment is left
+/// was attached by hand (spec.nodeID): it is detached, since a volume's
+/// deletion waits for its detachment.
+async fn delete_volumes(api: &Api<Volume>) -> Result<(), UninstallError> {
+    for volume in list(api).await? {
+        let name = volume.name_any();
+        if !volume.spec.node_id.is_empty() {
+            warn!(volume = %name, node = %volume.spec.node_id, "detaching a volume no CSI attachment holds");
+            let detach = serde_json::json!({"spec": {"nodeID": ""}});
+            ignore_gone(
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&detach))
+                    .await,
+            )?;
+        }
+        delete(api, &volume).await?;
     }
     Ok(())
 }

@@ -7,18 +7,20 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use oxhorn::types::{Node, Replica, Setting, Snapshot, Volume};
+use oxhorn::types::{Node, Replica, Setting, Snapshot, Volume, VolumeState};
 use oxhorn_testbed::install::NAMESPACE;
 use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
 use serde_json::json;
 
+use crate::common::MIB;
 use crate::install::OXHORN_SYSTEM;
 use crate::installed::{CLAIM, Installed, MOUNT, is_ready, rbac_mismatches, replica_dirs};
 
 const JOB: &str = "oxhorn-uninstall";
 const FLAG: &str = "deleting-confirmation-flag";
+const BY_HAND: &str = "by-hand";
 
 /// The uninstall Job's account may take volumes, their claims and pods
 /// away, and nothing else.
@@ -30,8 +32,17 @@ const RBAC: &[(&str, bool)] = &[
     ("oxhorn-uninstall delete pods -n default", true),
     ("oxhorn-uninstall delete persistentvolumes", true),
     ("oxhorn-uninstall delete volumes.oxhorn.io", true),
+    ("oxhorn-uninstall patch volumes.oxhorn.io", true),
     ("oxhorn-uninstall create settings.oxhorn.io", true),
     ("oxhorn-uninstall update settings.oxhorn.io", false),
+    (
+        "oxhorn-uninstall patch settings.oxhorn.io/deleting-confirmation-flag",
+        true,
+    ),
+    (
+        "oxhorn-uninstall patch settings.oxhorn.io/default-replica-count",
+        false,
+    ),
     ("oxhorn-uninstall get secrets", false),
     ("oxhorn-uninstall create pods -n default", false),
     ("oxhorn-uninstall delete nodes", false),
@@ -178,10 +189,25 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
     let wrong = rbac_mismatches(RBAC);
     assert!(wrong.is_empty(), "uninstall RBAC:\n{}", wrong.join("\n"));
 
+    // A volume attached by hand (spec.nodeID), with no claim or CSI
+    // attachment: uninstall detaches it, or its deletion would wait.
+    let spec = json!({"size": 64 * MIB, "numberOfReplicas": 1, "nodeID": installed.node().name()});
+    let by_hand = Volume::new(BY_HAND, serde_json::from_value(spec).unwrap());
+    volumes
+        .create(&PostParams::default(), &by_hand)
+        .await
+        .unwrap();
+    installed
+        .until("the volume attached by hand", || async {
+            let status = volumes.get_opt(BY_HAND).await.ok()??.status?;
+            (status.state == VolumeState::Attached).then_some(())
+        })
+        .await;
+
     // Confirmed: the pod, claim, volume and its data go.
     let replicas = installed.cluster.api::<Replica>();
     let replica_dirs = replica_dirs(&replicas.list(&Default::default()).await.unwrap().items);
-    assert_eq!(replica_dirs.len(), 3);
+    assert_eq!(replica_dirs.len(), 4);
     assert!(
         installed.node_leftovers(&[]).len() >= 2,
         "no loop device or CSI mount to see go"
@@ -212,6 +238,11 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
     );
     let left = installed.cluster.volume_leftovers().await;
     assert!(left.is_empty(), "left: {left:?}");
+    assert_eq!(
+        settings.get(FLAG).await.unwrap().spec.value,
+        "false",
+        "the confirmation was not used up"
+    );
     let snapshots = installed.cluster.api::<Snapshot>();
     assert!(
         snapshots
