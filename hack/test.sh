@@ -14,5 +14,6 @@ hack/build-image.sh >/dev/null
 cargo test --locked --workspace
 # A short coverage-guided run of each fuzz target from its corpus (fuzz/).
 hack/fuzz.sh frame 30
+hack/fuzz.sh iscsi 30
 hack/fuzz.sh store 30
 sanity-tests/run.sh

@@ -13,8 +13,6 @@
 //! its length; a decoder that consumes bytes without yielding a frame; a
 //! decode that reserves room for more than one header and `MAX_PAYLOAD`.
 
-use std::io;
-
 use bytes::BytesMut;
 use oxhorn::protocol::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec};
 use tokio_util::codec::{Decoder, Encoder};
@@ -24,7 +22,7 @@ const REQUEST_HEADER: usize = 24;
 const RESPONSE_HEADER: usize = 16;
 
 /// Bytes per read; `usize::MAX` delivers the whole stream at once.
-const READS: [usize; 12] = [usize::MAX, 1, 2, 3, 7, 16, 23, 24, 25, 64, 4096, 8192];
+pub(crate) const READS: [usize; 12] = [usize::MAX, 1, 2, 3, 7, 16, 23, 24, 25, 64, 4096, 8192];
 
 pub fn frame(data: &[u8]) {
     let Some((&first, stream)) = data.split_first() else {
@@ -32,9 +30,17 @@ pub fn frame(data: &[u8]) {
     };
     let read = READS[usize::from(first >> 1) % READS.len()];
     if first & 1 == 0 {
-        drive(ServerCodec, stream, read, REQUEST_HEADER, check_request);
+        let frame = Frame {
+            header: REQUEST_HEADER,
+            limit: REQUEST_HEADER + MAX_PAYLOAD as usize,
+        };
+        drive(ServerCodec, stream, read, frame, check_request);
     } else {
-        drive(ClientCodec, stream, read, RESPONSE_HEADER, check_response);
+        let frame = Frame {
+            header: RESPONSE_HEADER,
+            limit: RESPONSE_HEADER + MAX_PAYLOAD as usize,
+        };
+        drive(ClientCodec, stream, read, frame, check_response);
     }
 }
 
@@ -57,14 +63,30 @@ fn check_response(response: Response, wire: &[u8]) {
     assert_eq!(&out[..], wire, "response re-encodes differently");
 }
 
-fn drive<D>(mut decoder: D, stream: &[u8], read: usize, header: usize, check: fn(D::Item, &[u8]))
-where
-    D: Decoder<Error = io::Error>,
-{
-    let limit = header + MAX_PAYLOAD as usize;
+/// The bounds of a decoder's frames: its header's length (every frame has
+/// at least that), and the longest frame it may reserve room for.
+pub(crate) struct Frame {
+    pub header: usize,
+    pub limit: usize,
+}
+
+/// Feeds `stream` to `decoder` `read` bytes at a time, checking each item
+/// against the bytes it was decoded from.
+pub(crate) fn drive<D: Decoder>(
+    mut decoder: D,
+    stream: &[u8],
+    read: usize,
+    frame: Frame,
+    mut check: impl FnMut(D::Item, &[u8]),
+) {
+    let Frame { header, limit } = frame;
     let mut buf = BytesMut::new();
     // Stream offsets: where `buf` starts, and how much was delivered.
     let (mut start, mut fed) = (0, 0);
+    // Bytes split off the front of `buf`: its allocation is at most this
+    // plus its capacity (a reallocation keeps the data's offset, a reclaim
+    // moves it to the front), so the bound below is loose, never too tight.
+    let mut split = 0;
     loop {
         let at_eof = fed == stream.len();
         loop {
@@ -74,11 +96,12 @@ where
             } else {
                 decoder.decode(&mut buf)
             };
-            // Growth beyond what the buffer itself might double to is room
-            // the decoder asked for: at most one whole frame.
+            // Growth beyond what the allocation itself might double to is
+            // room the decoder asked for: at most one whole frame.
+            let allocation = capacity + split;
             assert!(
-                buf.capacity() <= capacity.saturating_mul(2).max(limit),
-                "decode reserved {} bytes (capacity was {capacity}, limit {limit})",
+                buf.capacity() <= allocation.saturating_mul(2).max(limit),
+                "decode reserved {} bytes (allocation was {allocation}, limit {limit})",
                 buf.capacity()
             );
             match result {
@@ -87,6 +110,7 @@ where
                     assert!(used >= header, "a frame of {used} bytes");
                     check(item, &stream[start..start + used]);
                     start += used;
+                    split += used;
                 }
                 Ok(None) => {
                     assert_eq!(buf.len(), len, "bytes consumed without a frame");

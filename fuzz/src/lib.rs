@@ -5,6 +5,7 @@
 //! finding, so that normal builds and tests need no fuzzer:
 //! - [`frame`]: the data protocol decoders, fed arbitrary bytes as a socket
 //!   would deliver them;
+//! - [`iscsi`]: the iSCSI target's PDU decoder and text parser, likewise;
 //! - [`store`]: a sequence of operations on a real `ReplicaStore`, checked
 //!   against an in-memory model after every step.
 //!
@@ -17,9 +18,11 @@
 //! one store input step by step: `OXHORN_FUZZ_TRACE=1`.
 
 mod frame;
+mod iscsi;
 mod store;
 
 pub use frame::frame;
+pub use iscsi::iscsi;
 pub use store::store;
 
 #[cfg(test)]
@@ -48,6 +51,11 @@ mod tests {
     #[test]
     fn frame_corpus_replays_cleanly() {
         assert!(replay("frame", super::frame) > 0);
+    }
+
+    #[test]
+    fn iscsi_corpus_replays_cleanly() {
+        assert!(replay("iscsi", super::iscsi) > 0);
     }
 
     #[test]

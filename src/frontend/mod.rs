@@ -6,7 +6,9 @@ mod device_link;
 mod error;
 pub mod fuse;
 mod fusefs;
+pub mod iscsi;
 pub mod loopdev;
+pub mod scsi;
 
 pub use error::{FrontendError, Result};
 pub use fuse::{DEFAULT_DEV_DIR, FuseFrontend, FuseOptions, StopOutcome};

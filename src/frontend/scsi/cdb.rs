@@ -1,0 +1,139 @@
+//! Command descriptor blocks: the fields of the data-transfer commands
+//! (SBC-4 §5), checked before anything is read or written.
+
+use super::sense::Sense;
+
+pub mod opcode {
+    pub const READ_6: u8 = 0x08;
+    pub const WRITE_6: u8 = 0x0a;
+    pub const READ_10: u8 = 0x28;
+    pub const WRITE_10: u8 = 0x2a;
+    pub const READ_12: u8 = 0xa8;
+    pub const WRITE_12: u8 = 0xaa;
+    pub const READ_16: u8 = 0x88;
+    pub const WRITE_16: u8 = 0x8a;
+}
+
+/// A read or write of `blocks` logical blocks from `lba`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub lba: u64,
+    pub blocks: u32,
+    /// Force unit access: the write is durable, or the read comes from the
+    /// medium, before the command completes.
+    pub fua: bool,
+}
+
+impl Transfer {
+    /// Checks that the transfer lies within `capacity` blocks.
+    pub fn within(&self, capacity: u64) -> Result<(), Sense> {
+        match self.lba.checked_add(u64::from(self.blocks)) {
+            Some(end) if end <= capacity => Ok(()),
+            _ => Err(Sense::LBA_OUT_OF_RANGE),
+        }
+    }
+}
+
+/// The length of a CDB by its opcode's group (SPC-5 §4.2.5.1); `None` for
+/// the groups of variable or vendor-specific length.
+pub fn length(opcode: u8) -> Option<usize> {
+    match opcode >> 5 {
+        0 => Some(6),
+        1 | 2 => Some(10),
+        4 => Some(16),
+        5 => Some(12),
+        _ => None,
+    }
+}
+
+/// The transfer a READ or WRITE of any size names.
+pub fn transfer(cdb: &[u8]) -> Result<Transfer, Sense> {
+    let opcode = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+    let needed = length(opcode).ok_or(Sense::INVALID_OPCODE)?;
+    if cdb.len() < needed {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let be = |range: std::ops::Range<usize>| {
+        cdb[range]
+            .iter()
+            .fold(0u64, |value, byte| (value << 8) | u64::from(*byte))
+    };
+    let fua = cdb[1] & 0x08 != 0;
+    // Lengths of up to 32 bits: the casts below cannot truncate.
+    let (lba, blocks, fua) = match opcode {
+        opcode::READ_6 | opcode::WRITE_6 => {
+            let lba = (u64::from(cdb[1] & 0x1f) << 16) | be(2..4);
+            // A length of 0 means 256 blocks in the 6-byte commands.
+            let blocks = match cdb[4] {
+                0 => 256,
+                n => u32::from(n),
+            };
+            (lba, blocks, false)
+        }
+        opcode::READ_10 | opcode::WRITE_10 => (be(2..6), be(7..9) as u32, fua),
+        opcode::READ_12 | opcode::WRITE_12 => (be(2..6), be(6..10) as u32, fua),
+        opcode::READ_16 | opcode::WRITE_16 => (be(2..10), be(10..14) as u32, fua),
+        _ => return Err(Sense::INVALID_OPCODE),
+    };
+    Ok(Transfer { lba, blocks, fua })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_size_of_read_and_write_names_its_blocks() {
+        let read6 = [opcode::READ_6, 0x01, 0x02, 0x03, 0, 0];
+        assert_eq!(
+            transfer(&read6),
+            Ok(Transfer {
+                lba: 0x010203,
+                blocks: 256,
+                fua: false
+            })
+        );
+        let write10 = [opcode::WRITE_10, 0x08, 0, 0, 0x10, 0, 0, 0x00, 0x08, 0];
+        assert_eq!(
+            transfer(&write10),
+            Ok(Transfer {
+                lba: 0x1000,
+                blocks: 8,
+                fua: true
+            })
+        );
+        let read12 = [opcode::READ_12, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0];
+        assert_eq!(transfer(&read12).unwrap().blocks, 0x10000);
+        let mut write16 = [0; 16];
+        write16[0] = opcode::WRITE_16;
+        write16[2..10].copy_from_slice(&(1u64 << 40).to_be_bytes());
+        write16[10..14].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(
+            transfer(&write16),
+            Ok(Transfer {
+                lba: 1 << 40,
+                blocks: 3,
+                fua: false
+            })
+        );
+    }
+
+    #[test]
+    fn short_or_unknown_cdbs_and_ranges_past_the_end_are_refused() {
+        assert_eq!(transfer(&[]), Err(Sense::INVALID_OPCODE));
+        assert_eq!(
+            transfer(&[opcode::READ_16, 0, 0]),
+            Err(Sense::INVALID_FIELD_IN_CDB)
+        );
+        assert_eq!(transfer(&[0x12, 0, 0, 0, 0, 0]), Err(Sense::INVALID_OPCODE));
+        assert_eq!(transfer(&[0xc0; 16]), Err(Sense::INVALID_OPCODE));
+        let at = |lba, blocks| Transfer {
+            lba,
+            blocks,
+            fua: false,
+        };
+        assert_eq!(at(90, 10).within(100), Ok(()));
+        assert_eq!(at(91, 10).within(100), Err(Sense::LBA_OUT_OF_RANGE));
+        assert_eq!(at(u64::MAX, 2).within(100), Err(Sense::LBA_OUT_OF_RANGE));
+    }
+}

@@ -1,0 +1,96 @@
+//! SCSI sense data (SPC-5 §4.4): why a command ended in CHECK CONDITION,
+//! as a sense key and an additional sense code, in the fixed format or the
+//! descriptor format the initiator asked for (the D_SENSE bit of the
+//! control mode page).
+
+/// A sense key, additional sense code and qualifier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sense {
+    pub key: u8,
+    pub asc: u8,
+    pub ascq: u8,
+}
+
+/// Sense keys (SPC-5 table 49).
+pub mod key {
+    pub const NOT_READY: u8 = 0x02;
+    pub const MEDIUM_ERROR: u8 = 0x03;
+    pub const HARDWARE_ERROR: u8 = 0x04;
+    pub const ILLEGAL_REQUEST: u8 = 0x05;
+    pub const UNIT_ATTENTION: u8 = 0x06;
+    pub const DATA_PROTECT: u8 = 0x07;
+    pub const ABORTED_COMMAND: u8 = 0x0b;
+    pub const MISCOMPARE: u8 = 0x0e;
+}
+
+impl Sense {
+    pub const fn new(key: u8, asc: u8, ascq: u8) -> Self {
+        Self { key, asc, ascq }
+    }
+
+    pub const INVALID_OPCODE: Self = Self::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
+    pub const LBA_OUT_OF_RANGE: Self = Self::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
+    pub const INVALID_FIELD_IN_CDB: Self = Self::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+    pub const LUN_NOT_SUPPORTED: Self = Self::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
+    pub const PARAMETER_LIST_LENGTH: Self = Self::new(key::ILLEGAL_REQUEST, 0x1a, 0x00);
+    pub const INVALID_FIELD_IN_PARAMETERS: Self = Self::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
+    pub const SAVING_NOT_SUPPORTED: Self = Self::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+    pub const POWER_ON_RESET: Self = Self::new(key::UNIT_ATTENTION, 0x29, 0x00);
+    pub const CAPACITY_CHANGED: Self = Self::new(key::UNIT_ATTENTION, 0x2a, 0x09);
+    /// A write no replica took.
+    pub const WRITE_ERROR: Self = Self::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+    /// A read no replica answered.
+    pub const UNRECOVERED_READ: Self = Self::new(key::MEDIUM_ERROR, 0x11, 0x00);
+    /// A flush or other command the volume failed without a medium cause.
+    pub const INTERNAL_FAILURE: Self = Self::new(key::HARDWARE_ERROR, 0x44, 0x00);
+    /// The replicas' disks are full (thin provisioning): Linux reports
+    /// this one as ENOSPC rather than EIO.
+    pub const SPACE_ALLOCATION_FAILED: Self = Self::new(key::DATA_PROTECT, 0x27, 0x07);
+    pub const MISCOMPARE_DURING_VERIFY: Self = Self::new(key::MISCOMPARE, 0x1d, 0x00);
+    pub const COMMAND_ABORTED: Self = Self::new(key::ABORTED_COMMAND, 0x00, 0x00);
+
+    /// Fixed-format sense data (SPC-5 §4.4.3): 18 bytes, current error.
+    pub fn fixed(&self) -> [u8; 18] {
+        let mut data = [0; 18];
+        data[0] = 0x70;
+        data[2] = self.key & 0x0f;
+        // Additional sense length: the bytes after byte 7.
+        data[7] = 10;
+        data[12] = self.asc;
+        data[13] = self.ascq;
+        data
+    }
+
+    /// Descriptor-format sense data (SPC-5 §4.4.2): 8 bytes, no
+    /// descriptors, current error.
+    pub fn descriptor(&self) -> [u8; 8] {
+        [0x72, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0]
+    }
+
+    /// The sense data in the format asked for.
+    pub fn encode(&self, descriptor: bool) -> Vec<u8> {
+        if descriptor {
+            self.descriptor().to_vec()
+        } else {
+            self.fixed().to_vec()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_formats_carry_the_key_and_codes_where_spc_puts_them() {
+        let fixed = Sense::LBA_OUT_OF_RANGE.fixed();
+        assert_eq!(fixed[0], 0x70);
+        assert_eq!(fixed[2], 0x05);
+        assert_eq!(usize::from(fixed[7]) + 8, fixed.len());
+        assert_eq!((fixed[12], fixed[13]), (0x21, 0x00));
+        let descriptor = Sense::CAPACITY_CHANGED.descriptor();
+        assert_eq!(descriptor, [0x72, 0x06, 0x2a, 0x09, 0, 0, 0, 0]);
+        assert_eq!(Sense::WRITE_ERROR.encode(true).len(), 8);
+        assert_eq!(Sense::WRITE_ERROR.encode(false).len(), 18);
+    }
+}
