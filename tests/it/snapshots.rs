@@ -274,7 +274,9 @@ async fn snapshots_fill_restored_and_cloned_volumes_and_go_when_deleted() {
         );
     }
 
+    // Detached first: a volume's deletion waits for its detachment.
     for name in ["x", "y", "c", "lost"] {
+        cluster.detach(name).await;
         cluster.delete_volume(name).await;
     }
     delete_snapshot(&cluster, "orphan").await;
