@@ -48,34 +48,55 @@ pub fn length(opcode: u8) -> Option<usize> {
 
 /// The transfer a READ or WRITE of any size names.
 pub fn transfer(cdb: &[u8]) -> Result<Transfer, Sense> {
-    let opcode = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
-    let needed = length(opcode).ok_or(Sense::INVALID_OPCODE)?;
+    let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+    match code {
+        opcode::READ_6 | opcode::WRITE_6 => block_range(cdb),
+        opcode::READ_10
+        | opcode::WRITE_10
+        | opcode::READ_12
+        | opcode::WRITE_12
+        | opcode::READ_16
+        | opcode::WRITE_16 => Ok(Transfer {
+            fua: cdb[1] & 0x08 != 0,
+            ..block_range(cdb)?
+        }),
+        _ => Err(Sense::INVALID_OPCODE),
+    }
+}
+
+/// The blocks a CDB laid out as READ's of its size names (VERIFY and WRITE
+/// SAME share the layout), without FUA.
+pub fn block_range(cdb: &[u8]) -> Result<Transfer, Sense> {
+    let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+    let needed = length(code).ok_or(Sense::INVALID_OPCODE)?;
     if cdb.len() < needed {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
-    let be = |range: std::ops::Range<usize>| {
-        cdb[range]
-            .iter()
-            .fold(0u64, |value, byte| (value << 8) | u64::from(*byte))
-    };
-    let fua = cdb[1] & 0x08 != 0;
-    // Lengths of up to 32 bits: the casts below cannot truncate.
-    let (lba, blocks, fua) = match opcode {
-        opcode::READ_6 | opcode::WRITE_6 => {
-            let lba = (u64::from(cdb[1] & 0x1f) << 16) | be(2..4);
-            // A length of 0 means 256 blocks in the 6-byte commands.
-            let blocks = match cdb[4] {
+    let (lba, blocks) = match needed {
+        // A length of 0 means 256 blocks in the 6-byte commands.
+        6 => (
+            (u64::from(cdb[1] & 0x1f) << 16) | big_endian(&cdb[2..4]),
+            match cdb[4] {
                 0 => 256,
-                n => u32::from(n),
-            };
-            (lba, blocks, false)
-        }
-        opcode::READ_10 | opcode::WRITE_10 => (be(2..6), be(7..9) as u32, fua),
-        opcode::READ_12 | opcode::WRITE_12 => (be(2..6), be(6..10) as u32, fua),
-        opcode::READ_16 | opcode::WRITE_16 => (be(2..10), be(10..14) as u32, fua),
-        _ => return Err(Sense::INVALID_OPCODE),
+                n => u64::from(n),
+            },
+        ),
+        10 => (big_endian(&cdb[2..6]), big_endian(&cdb[7..9])),
+        12 => (big_endian(&cdb[2..6]), big_endian(&cdb[6..10])),
+        _ => (big_endian(&cdb[2..10]), big_endian(&cdb[10..14])),
     };
-    Ok(Transfer { lba, blocks, fua })
+    Ok(Transfer {
+        lba,
+        // Counts of at most 4 bytes: the cast cannot truncate.
+        blocks: blocks as u32,
+        fua: false,
+    })
+}
+
+fn big_endian(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0, |value, byte| (value << 8) | u64::from(*byte))
 }
 
 #[cfg(test)]

@@ -1,8 +1,14 @@
-//! A SCSI block device (SBC-4) over a volume, for the iSCSI target: the
-//! fields of the commands' descriptor blocks ([`cdb`]), what INQUIRY tells
-//! of the device ([`inquiry`]), and the sense data that says why a command
-//! failed ([`sense`]).
+//! A SCSI block device (SBC-4) over a volume, for the iSCSI target:
+//! [`disk`] runs commands against the volume, from the fields of their
+//! descriptor blocks ([`cdb`]); [`inquiry`] says what the device is,
+//! [`mode`] how it caches, and [`sense`] why a command failed; [`unmap`]
+//! frees blocks.
 
 pub mod cdb;
+pub mod disk;
 pub mod inquiry;
+#[cfg(test)]
+mod memory;
+pub mod mode;
 pub mod sense;
+pub mod unmap;

@@ -1,0 +1,399 @@
+//! The volume as a SCSI direct-access block device: one command descriptor
+//! block and its data in, a status with data or sense out. Every field is
+//! checked before the volume is touched; an I/O error of the volume
+//! becomes the sense that makes the initiator's kernel report it as the
+//! volume did (EIO, or ENOSPC when the replicas' disks are full), never a
+//! silent success.
+
+use std::io;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::cdb::{self, Transfer, opcode};
+use super::inquiry::{self, MAX_TRANSFER_BLOCKS, UnitIdentity};
+use super::mode::{self, MODE_SENSE_6, MODE_SENSE_10};
+use super::sense::Sense;
+use super::unmap::{UNMAP, WRITE_SAME_10, WRITE_SAME_16};
+use crate::frontend::{BLOCK_SIZE, BlockDevice};
+
+/// Opcodes served besides the reads and writes of [`cdb`].
+const TEST_UNIT_READY: u8 = 0x00;
+const REQUEST_SENSE: u8 = 0x03;
+const INQUIRY: u8 = 0x12;
+const READ_CAPACITY_10: u8 = 0x25;
+const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+/// SERVICE ACTION IN (16), whose action 0x10 is READ CAPACITY (16).
+const SERVICE_ACTION_IN_16: u8 = 0x9e;
+const READ_CAPACITY_16: u8 = 0x10;
+const VERIFY_10: u8 = 0x2f;
+const VERIFY_16: u8 = 0x8f;
+
+/// How a command ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// GOOD, with the data the command returns (none for a write).
+    Good(Bytes),
+    /// CHECK CONDITION, and why.
+    Check(Sense),
+}
+
+/// A logical unit serving a volume.
+pub struct Disk<D> {
+    pub(super) device: Arc<D>,
+    identity: UnitIdentity,
+}
+
+impl<D: BlockDevice> Disk<D> {
+    pub fn new(device: Arc<D>, volume: &str) -> Self {
+        Self {
+            device,
+            identity: UnitIdentity::new(volume),
+        }
+    }
+
+    /// Runs one command; `data_out` is what the initiator sent with it.
+    pub async fn execute(&self, cdb: &[u8], data_out: Bytes) -> Completion {
+        match self.run(cdb, data_out).await {
+            Ok(data) => Completion::Good(data),
+            Err(sense) => Completion::Check(sense),
+        }
+    }
+
+    async fn run(&self, cdb: &[u8], data_out: Bytes) -> Result<Bytes, Sense> {
+        let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+        match code {
+            TEST_UNIT_READY => Ok(Bytes::new()),
+            REQUEST_SENSE => request_sense(cdb),
+            INQUIRY => inquiry::inquiry(cdb, &self.identity).map(Bytes::from),
+            READ_CAPACITY_10 => Ok(self.capacity_10()),
+            MODE_SENSE_6 | MODE_SENSE_10 => mode::mode_sense(cdb, self.blocks()).map(Bytes::from),
+            SERVICE_ACTION_IN_16 if cdb.get(1).map(|b| b & 0x1f) == Some(READ_CAPACITY_16) => {
+                self.capacity_16(cdb)
+            }
+            opcode::READ_6 | opcode::READ_10 | opcode::READ_12 | opcode::READ_16 => {
+                self.read(cdb::transfer(cdb)?).await
+            }
+            opcode::WRITE_6 | opcode::WRITE_10 | opcode::WRITE_12 | opcode::WRITE_16 => {
+                self.write(cdb::transfer(cdb)?, data_out).await
+            }
+            VERIFY_10 | VERIFY_16 => self.verify(cdb, data_out).await,
+            UNMAP => self.unmap(cdb, data_out).await,
+            WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, data_out).await,
+            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => {
+                self.device.flush().await.map_err(write_error)?;
+                Ok(Bytes::new())
+            }
+            _ => Err(Sense::INVALID_OPCODE),
+        }
+    }
+
+    /// The number of logical blocks.
+    pub(super) fn blocks(&self) -> u64 {
+        self.device.size() / BLOCK_SIZE
+    }
+
+    /// Checks a transfer against the volume and the block limits page.
+    fn admit(&self, transfer: &Transfer) -> Result<(), Sense> {
+        if transfer.blocks > MAX_TRANSFER_BLOCKS {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+        transfer.within(self.blocks())
+    }
+
+    async fn read(&self, transfer: Transfer) -> Result<Bytes, Sense> {
+        self.admit(&transfer)?;
+        if transfer.blocks == 0 {
+            return Ok(Bytes::new());
+        }
+        let len = u64::from(transfer.blocks) * BLOCK_SIZE;
+        // Within MAX_TRANSFER_BLOCKS: 16 MiB fits in usize.
+        self.device
+            .read(transfer.lba * BLOCK_SIZE, len as usize)
+            .await
+            .map_err(|_| Sense::UNRECOVERED_READ)
+    }
+
+    /// Writes the data the transport gathered for the command, which must
+    /// be exactly the blocks the CDB names; with FUA, durable before GOOD.
+    async fn write(&self, transfer: Transfer, data: Bytes) -> Result<Bytes, Sense> {
+        self.admit(&transfer)?;
+        if data.len() as u64 != u64::from(transfer.blocks) * BLOCK_SIZE {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+        if transfer.blocks == 0 {
+            return Ok(Bytes::new());
+        }
+        let offset = transfer.lba * BLOCK_SIZE;
+        self.device.write(offset, data).await.map_err(write_error)?;
+        if transfer.fua {
+            self.device.flush().await.map_err(write_error)?;
+        }
+        Ok(Bytes::new())
+    }
+
+    /// VERIFY (10) or (16): the blocks are read (BYTCHK 0), or compared
+    /// with the data sent, block for block (1) or one block for all (3).
+    async fn verify(&self, cdb: &[u8], data: Bytes) -> Result<Bytes, Sense> {
+        let transfer = cdb::block_range(cdb)?;
+        self.admit(&transfer)?;
+        let expected_len = match (cdb[1] >> 1) & 3 {
+            0 => 0,
+            1 => u64::from(transfer.blocks) * BLOCK_SIZE,
+            3 => BLOCK_SIZE,
+            _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+        };
+        if data.len() as u64 != expected_len {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+        if transfer.blocks == 0 {
+            return Ok(Bytes::new());
+        }
+        let stored = self.read(transfer).await?;
+        let same = match expected_len {
+            0 => true,
+            BLOCK_SIZE => stored.chunks(BLOCK_SIZE as usize).all(|b| *b == data[..]),
+            _ => stored == data,
+        };
+        if same {
+            Ok(Bytes::new())
+        } else {
+            Err(Sense::MISCOMPARE_DURING_VERIFY)
+        }
+    }
+
+    /// READ CAPACITY (10): the last block (all ones when it does not fit
+    /// in 32 bits: the initiator then asks the 16-byte form) and its size.
+    fn capacity_10(&self) -> Bytes {
+        let last = self.blocks().saturating_sub(1);
+        let last = u32::try_from(last).unwrap_or(u32::MAX);
+        let mut data = Vec::with_capacity(8);
+        data.extend_from_slice(&last.to_be_bytes());
+        data.extend_from_slice(&(BLOCK_SIZE as u32).to_be_bytes());
+        Bytes::from(data)
+    }
+
+    /// READ CAPACITY (16): the last block, its size, and thin provisioning
+    /// (LBPME) with unmapped blocks reading zeros (LBPRZ).
+    fn capacity_16(&self, cdb: &[u8]) -> Result<Bytes, Sense> {
+        let allocation = cdb.get(10..14).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
+        let allocation =
+            u32::from_be_bytes([allocation[0], allocation[1], allocation[2], allocation[3]]);
+        let mut data = vec![0; 32];
+        data[0..8].copy_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
+        data[8..12].copy_from_slice(&(BLOCK_SIZE as u32).to_be_bytes());
+        data[14] = 0x80 | 0x40;
+        data.truncate(allocation as usize);
+        Ok(Bytes::from(data))
+    }
+}
+
+/// REQUEST SENSE: nothing pending (sense is returned with each failed
+/// command), in the format asked for.
+fn request_sense(cdb: &[u8]) -> Result<Bytes, Sense> {
+    if cdb.len() < 6 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let descriptor = cdb[1] & 0x01 != 0;
+    let mut data = Sense::new(0, 0, 0).encode(descriptor);
+    data.truncate(usize::from(cdb[4]));
+    Ok(Bytes::from(data))
+}
+
+/// A failed write or flush: the disks are full, or no replica took it.
+pub(super) fn write_error(error: io::Error) -> Sense {
+    if error.kind() == io::ErrorKind::StorageFull {
+        Sense::SPACE_ALLOCATION_FAILED
+    } else {
+        Sense::WRITE_ERROR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use nix::libc;
+
+    use super::*;
+    use crate::frontend::scsi::memory::Memory;
+
+    fn write_16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+        let mut cdb = [0; 16];
+        cdb[0] = opcode::WRITE_16;
+        cdb[1] = if fua { 0x08 } else { 0 };
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        cdb
+    }
+
+    fn read_10(lba: u32, blocks: u16) -> [u8; 10] {
+        let mut cdb = [0; 10];
+        cdb[0] = opcode::READ_10;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        cdb
+    }
+
+    fn blocks(count: usize, fill: u8) -> Bytes {
+        Bytes::from(vec![fill; count * BLOCK_SIZE as usize])
+    }
+
+    #[tokio::test]
+    async fn written_blocks_read_back_and_fua_flushes_before_good() {
+        let memory = Memory::new(64);
+        let disk = Disk::new(Arc::clone(&memory), "vol");
+        let written = disk.execute(&write_16(3, 2, false), blocks(2, 7)).await;
+        assert_eq!(written, Completion::Good(Bytes::new()));
+        assert_eq!(memory.flushes.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            disk.execute(&read_10(3, 2), Bytes::new()).await,
+            Completion::Good(blocks(2, 7))
+        );
+        disk.execute(&write_16(5, 1, true), blocks(1, 9)).await;
+        assert_eq!(memory.flushes.load(Ordering::SeqCst), 1, "FUA flushed");
+        let sync = [SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            disk.execute(&sync, Bytes::new()).await,
+            Completion::Good(Bytes::new())
+        );
+        assert_eq!(memory.flushes.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn transfers_past_the_end_or_with_wrong_data_touch_nothing() {
+        let memory = Memory::new(64);
+        let disk = Disk::new(Arc::clone(&memory), "vol");
+        let cases = [
+            (
+                write_16(63, 2, false).to_vec(),
+                blocks(2, 1),
+                Sense::LBA_OUT_OF_RANGE,
+            ),
+            (
+                write_16(0, 2, false).to_vec(),
+                blocks(1, 1),
+                Sense::INVALID_FIELD_IN_CDB,
+            ),
+            (
+                read_10(64, 1).to_vec(),
+                Bytes::new(),
+                Sense::LBA_OUT_OF_RANGE,
+            ),
+            (
+                write_16(0, MAX_TRANSFER_BLOCKS + 1, false).to_vec(),
+                Bytes::new(),
+                Sense::INVALID_FIELD_IN_CDB,
+            ),
+            (vec![0xff; 16], Bytes::new(), Sense::INVALID_OPCODE),
+            (vec![], Bytes::new(), Sense::INVALID_OPCODE),
+        ];
+        for (cdb, data, sense) in cases {
+            assert_eq!(
+                disk.execute(&cdb, data).await,
+                Completion::Check(sense),
+                "{cdb:02x?}"
+            );
+        }
+        assert!(
+            !memory.touched.load(Ordering::SeqCst),
+            "the volume was touched"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_volume_fails_the_command_with_the_matching_sense() {
+        let memory = Memory::new(64);
+        let disk = Disk::new(Arc::clone(&memory), "vol");
+        *memory.failing.lock().unwrap() = Some(libc::EIO);
+        assert_eq!(
+            disk.execute(&write_16(0, 1, false), blocks(1, 1)).await,
+            Completion::Check(Sense::WRITE_ERROR)
+        );
+        assert_eq!(
+            disk.execute(&read_10(0, 1), Bytes::new()).await,
+            Completion::Check(Sense::UNRECOVERED_READ)
+        );
+        *memory.failing.lock().unwrap() = Some(libc::ENOSPC);
+        assert_eq!(
+            disk.execute(&write_16(0, 1, false), blocks(1, 1)).await,
+            Completion::Check(Sense::SPACE_ALLOCATION_FAILED)
+        );
+    }
+
+    #[tokio::test]
+    async fn capacity_is_reported_in_4k_blocks_with_thin_provisioning() {
+        let disk = Disk::new(Memory::new(64), "vol");
+        let Completion::Good(data) = disk
+            .execute(&[READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0], Bytes::new())
+            .await
+        else {
+            panic!("READ CAPACITY (10) failed");
+        };
+        assert_eq!(&data[..], &[0, 0, 0, 63, 0, 0, 0x10, 0]);
+        let mut cdb = [0; 16];
+        cdb[0] = SERVICE_ACTION_IN_16;
+        cdb[1] = READ_CAPACITY_16;
+        cdb[13] = 32;
+        let Completion::Good(data) = disk.execute(&cdb, Bytes::new()).await else {
+            panic!("READ CAPACITY (16) failed");
+        };
+        assert_eq!(data.len(), 32);
+        assert_eq!(u64::from_be_bytes(data[0..8].try_into().unwrap()), 63);
+        assert_eq!(data[14] & 0xc0, 0xc0, "LBPME and LBPRZ");
+        let sense = disk
+            .execute(&[REQUEST_SENSE, 0, 0, 0, 18, 0], Bytes::new())
+            .await;
+        assert_eq!(
+            sense,
+            Completion::Good(Bytes::from(Sense::new(0, 0, 0).fixed().to_vec()))
+        );
+        let ready = disk
+            .execute(&[TEST_UNIT_READY, 0, 0, 0, 0, 0], Bytes::new())
+            .await;
+        assert_eq!(ready, Completion::Good(Bytes::new()));
+    }
+
+    fn verify_16(lba: u64, blocks: u32, bytchk: u8) -> [u8; 16] {
+        let mut cdb = [0; 16];
+        cdb[0] = VERIFY_16;
+        cdb[1] = bytchk << 1;
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        cdb
+    }
+
+    #[tokio::test]
+    async fn verify_compares_what_is_stored_with_what_is_sent() {
+        let disk = Disk::new(Memory::new(16), "vol");
+        disk.execute(&write_16(4, 2, false), blocks(2, 3)).await;
+        let good = Completion::Good(Bytes::new());
+        assert_eq!(disk.execute(&verify_16(4, 2, 0), Bytes::new()).await, good);
+        assert_eq!(disk.execute(&verify_16(4, 2, 1), blocks(2, 3)).await, good);
+        assert_eq!(disk.execute(&verify_16(4, 2, 3), blocks(1, 3)).await, good);
+        let miscompare = Completion::Check(Sense::MISCOMPARE_DURING_VERIFY);
+        assert_eq!(
+            disk.execute(&verify_16(4, 2, 1), blocks(2, 4)).await,
+            miscompare
+        );
+        assert_eq!(
+            disk.execute(&verify_16(3, 2, 3), blocks(1, 3)).await,
+            miscompare
+        );
+        let invalid = Completion::Check(Sense::INVALID_FIELD_IN_CDB);
+        assert_eq!(
+            disk.execute(&verify_16(4, 2, 2), Bytes::new()).await,
+            invalid
+        );
+        assert_eq!(
+            disk.execute(&verify_16(4, 2, 1), blocks(1, 3)).await,
+            invalid
+        );
+        let beyond = Completion::Check(Sense::LBA_OUT_OF_RANGE);
+        assert_eq!(
+            disk.execute(&verify_16(15, 2, 0), Bytes::new()).await,
+            beyond
+        );
+    }
+}
