@@ -10,7 +10,6 @@ use std::time::Duration;
 use crate::protocol::Stamped;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, info, info_span};
 
 use super::control::{self, Control};
@@ -81,8 +80,7 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
 /// can take over a mounted device.
 fn serves_attachment(ctx: &Context, engine: &Engine) -> bool {
     let spec = &engine.spec.instance;
-    let key = ObjectRef::new(&spec.volume_name).within(&ctx.ds.namespace);
-    ctx.ds.volumes.store.get(&key).is_some_and(|volume| {
+    ctx.cached_volume(&spec.volume_name).is_some_and(|volume| {
         spec.desire_state == DesireState::Running
             && !spec.node_id.is_empty()
             && volume.spec.node_id == spec.node_id

@@ -244,6 +244,12 @@ impl Context {
         }
     }
 
+    /// The volume `name` as the cache has it.
+    pub fn cached_volume(&self, name: &str) -> Option<Arc<Volume>> {
+        let key = ObjectRef::new(name).within(&self.ds.namespace);
+        self.ds.volumes.store.get(&key)
+    }
+
     /// The settings in effect now.
     pub fn settings(&self) -> Settings {
         Settings::read(&self.ds.settings.store, &self.ds.namespace)

@@ -9,13 +9,12 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::process::{announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::instance::{InstanceKind, InstanceRequest};
-use crate::types::{DesireState, InstanceState, InstanceStatus, Replica, Volume};
+use crate::types::{DesireState, InstanceState, InstanceStatus, Replica};
 
 /// How often a replica whose deletion is held looks at its volume again.
 const HELD_RECHECK: Duration = Duration::from_secs(2);
@@ -48,7 +47,9 @@ pub async fn reconcile(
         let going = replica.metadata.deletion_timestamp.is_some();
         // A foreground cascade deletes the replicas with their volume: while
         // the volume's deletion is held, theirs is too, and they serve on.
-        let held_by = volume_of(&ctx, &replica).filter(|volume| going && volume.deletion_held());
+        let held_by = ctx
+            .cached_volume(&replica.spec.instance.volume_name)
+            .filter(|volume| going && volume.deletion_held());
         if going && held_by.is_none() {
             return clean_up(&ctx, &replica).await;
         }
@@ -77,11 +78,6 @@ pub async fn reconcile(
     }
     .instrument(span)
     .await
-}
-
-fn volume_of(ctx: &Context, replica: &Replica) -> Option<Arc<Volume>> {
-    let key = ObjectRef::new(&replica.spec.instance.volume_name).within(&ctx.ds.namespace);
-    ctx.ds.volumes.store.get(&key)
 }
 
 /// Nothing to run, stop, report or clean up: a replica not placed yet, or

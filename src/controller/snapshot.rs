@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use tracing::{Instrument, info, info_span};
 
 use super::{Context, ControllerError, release, update_status};
@@ -52,8 +51,7 @@ pub async fn reconcile(
 /// Whether the volume exists: in the cache, or, since a snapshot is often
 /// created right after its volume, on the API server.
 async fn volume_exists(ctx: &Context, name: &str) -> Result<bool, ControllerError> {
-    let cached = ObjectRef::new(name).within(&ctx.ds.namespace);
-    if ctx.ds.volumes.store.get(&cached).is_some() {
+    if ctx.cached_volume(name).is_some() {
         return Ok(true);
     }
     Ok(ctx.api::<Volume>().get_opt(name).await?.is_some())
