@@ -45,6 +45,7 @@ apt_packages=(
 	containernetworking-plugins  # a CNI configuration containerd accepts
 	busybox-static umoci         # the test images, built locally
 	buildah mmdebstrap           # hack/build-image.sh: the product and sidecar images, and their Debian base
+	libiscsi-bin tgt             # sanity-tests/ and bench/: libiscsi's conformance suite and tools, and tgtd to compare with
 )
 
 install_apt() {

@@ -14,7 +14,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tracing::{Instrument, info, info_span, warn};
 
+use tokio_util::sync::CancellationToken;
+
 use super::{Engine, EngineControlService, EngineError};
+use crate::frontend::iscsi::{Target, TargetConfig};
+use crate::frontend::scsi::luns::DISK_LUN;
 use crate::frontend::{FuseFrontend, FuseOptions};
 use crate::names;
 use crate::protocol::{Access, Guard, Key};
@@ -32,6 +36,8 @@ use crate::protocol::control::engine_control_server::EngineControlServer;
 pub enum FrontendKind {
     /// A file in a FUSE mount behind a loop device.
     Fuse,
+    /// An iSCSI target serving the volume as LUN 1, on `--iscsi-listen`.
+    Iscsi,
     /// No block device: only the control API (tests, rebuild-only engines).
     None,
 }
@@ -61,6 +67,9 @@ pub struct EngineConfig {
     /// Control API address.
     #[arg(long)]
     pub listen: SocketAddr,
+    /// The iSCSI portal's address, for `--frontend iscsi`.
+    #[arg(long, required_if_eq("frontend", "iscsi"))]
+    pub iscsi_listen: Option<SocketAddr>,
     /// Where the FUSE mount lives.
     #[arg(long, default_value = "/var/run/oxhorn")]
     pub run_dir: PathBuf,
@@ -84,6 +93,29 @@ async fn start_fuse(
     })
     .await??;
     Ok(frontend)
+}
+
+/// Serves the volume as an iSCSI target until `stop`; returns its
+/// endpoint, `iscsi://<ip>:<port>/<iqn>/1`, and the task serving it.
+async fn start_iscsi(
+    engine: &Arc<Engine>,
+    config: &EngineConfig,
+    stop: CancellationToken,
+) -> Result<(String, tokio::task::JoinHandle<()>), EngineError> {
+    let address = config
+        .iscsi_listen
+        .ok_or_else(|| EngineError::Config("--frontend iscsi needs --iscsi-listen".to_owned()))?;
+    let listen_error = |source| EngineError::Listen { address, source };
+    let listener = bind(address)
+        .and_then(|socket| socket.listen(LISTEN_BACKLOG))
+        .map_err(listen_error)?;
+    let target_config = TargetConfig::new(&config.volume);
+    let endpoint = format!(
+        "iscsi://{address}/{}/{DISK_LUN}",
+        target_config.target_name()
+    );
+    let target = Target::new(target_config, Arc::clone(engine));
+    Ok((endpoint, tokio::spawn(target.serve(listener, stop))))
 }
 
 /// Shows the volume's new size on the block device each time it grows.
@@ -168,12 +200,18 @@ pub async fn run(
         };
         let frontend = match config.frontend {
             FrontendKind::Fuse => Some(Arc::new(start_fuse(&engine, &config).await?)),
-            FrontendKind::None => None,
+            FrontendKind::Iscsi | FrontendKind::None => None,
         };
-        let endpoint = frontend
-            .as_ref()
-            .map(|f| f.link_path().display().to_string())
-            .unwrap_or_default();
+        let stop_target = CancellationToken::new();
+        let target = match config.frontend {
+            FrontendKind::Iscsi => Some(start_iscsi(&engine, &config, stop_target.clone()).await?),
+            FrontendKind::Fuse | FrontendKind::None => None,
+        };
+        let endpoint = match (&frontend, &target) {
+            (Some(fuse), _) => fuse.link_path().display().to_string(),
+            (None, Some((endpoint, _))) => endpoint.clone(),
+            (None, None) => String::new(),
+        };
         let resizer = frontend
             .clone()
             .map(|f| tokio::spawn(follow_size(engine.watch_size(), f)));
@@ -187,6 +225,11 @@ pub async fn run(
             ))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), &mut shutdown)
             .await?;
+        if let Some((_, serving)) = target {
+            // The commands in flight finish before the replicas are let go.
+            stop_target.cancel();
+            let _ = serving.await;
+        }
         if let Some(resizer) = resizer {
             resizer.abort();
             let _ = resizer.await;

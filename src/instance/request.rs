@@ -39,10 +39,15 @@ pub enum InstanceKind {
 
 impl InstanceKind {
     /// How many consecutive ports the process listens on: a replica's data
-    /// port and its control port next to it, or an engine's control port.
+    /// port and its control port next to it, or an engine's control port
+    /// and, with the iSCSI frontend, its iSCSI portal next to it.
     pub(super) fn port_count(&self) -> u16 {
         match self {
             InstanceKind::Replica { .. } => 2,
+            InstanceKind::Engine {
+                frontend: FrontendKind::Iscsi,
+                ..
+            } => 2,
             InstanceKind::Engine { .. } => 1,
         }
     }
@@ -131,6 +136,10 @@ impl InstanceRequest {
                 }
                 push("--frontend", &frontend_serde::name(*frontend));
                 push("--listen", &listen);
+                if *frontend == FrontendKind::Iscsi {
+                    let portal = SocketAddr::new(ip, port + 1).to_string();
+                    push("--iscsi-listen", &portal);
+                }
                 push("--run-dir", &run_dir);
                 push("--dev-dir", &dev_dir);
             }
@@ -152,6 +161,7 @@ mod frontend_serde {
     pub fn name(kind: FrontendKind) -> &'static str {
         match kind {
             FrontendKind::Fuse => "fuse",
+            FrontendKind::Iscsi => "iscsi",
             FrontendKind::None => "none",
         }
     }
@@ -166,8 +176,12 @@ mod frontend_serde {
         let value = String::deserialize(deserializer)?;
         match value.as_str() {
             "fuse" => Ok(FrontendKind::Fuse),
+            "iscsi" => Ok(FrontendKind::Iscsi),
             "none" => Ok(FrontendKind::None),
-            other => Err(de::Error::unknown_variant(other, &["fuse", "none"])),
+            other => Err(de::Error::unknown_variant(
+                other,
+                &["fuse", "iscsi", "none"],
+            )),
         }
     }
 }
@@ -205,6 +219,30 @@ mod tests {
             "engine --volume vol --generation 3 --size 8192 --replica 10.0.0.1:1000 --replica 10.0.0.2:1000 \
              --frontend none --listen 10.0.0.3:2000 --run-dir /run/ox --dev-dir /dev/ox"
         );
+    }
+
+    #[test]
+    fn an_iscsi_engine_takes_the_port_after_its_control_port_for_its_portal() {
+        let mut request = engine();
+        if let InstanceKind::Engine { frontend, .. } = &mut request.kind {
+            *frontend = FrontendKind::Iscsi;
+        }
+        assert_eq!(request.kind.port_count(), 2);
+        assert_eq!(engine().kind.port_count(), 1);
+        let args = request.args(
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3)),
+            2000,
+            Path::new("/run/ox"),
+            Path::new("/dev/ox"),
+        );
+        let args: Vec<_> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        let line = args.join(" ");
+        assert!(
+            line.contains("--frontend iscsi --listen 10.0.0.3:2000 --iscsi-listen 10.0.0.3:2001"),
+            "{line}"
+        );
+        let json = serde_json::to_string(&request).expect("serialize");
+        assert!(json.contains(r#""frontend":"iscsi""#), "{json}");
     }
 
     #[test]

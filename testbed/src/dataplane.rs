@@ -251,18 +251,49 @@ impl EngineProcess {
         size: u64,
         replicas: &[String],
     ) -> Result<Self> {
+        Self::spawn_with(binary, dir, access, size, replicas, |_| {
+            vec!["--frontend=fuse".into()]
+        })
+    }
+
+    /// Like [`spawn`](Self::spawn), serving the volume as an iSCSI target
+    /// on 127.0.0.1 at the port after the control port.
+    pub fn spawn_iscsi(
+        binary: &Path,
+        dir: &Path,
+        access: &Access,
+        size: u64,
+        replicas: &[String],
+    ) -> Result<Self> {
+        Self::spawn_with(binary, dir, access, size, replicas, |control_port| {
+            vec![
+                "--frontend=iscsi".into(),
+                format!("--iscsi-listen=127.0.0.1:{}", control_port + 1),
+            ]
+        })
+    }
+
+    fn spawn_with(
+        binary: &Path,
+        dir: &Path,
+        access: &Access,
+        size: u64,
+        replicas: &[String],
+        frontend: impl FnOnce(u16) -> Vec<String>,
+    ) -> Result<Self> {
         let volume = &access.volume;
-        let control = format!("127.0.0.1:{}", free_port_pair()?);
+        let port = free_port_pair()?;
+        let control = format!("127.0.0.1:{port}");
         let mut args = vec![
             "engine".to_string(),
             format!("--volume={volume}"),
             format!("--generation={}", access.generation),
             format!("--size={size}"),
-            "--frontend=fuse".to_string(),
             format!("--listen={control}"),
             format!("--run-dir={}", dir.join("run").display()),
             format!("--dev-dir={}", dir.join("dev").display()),
         ];
+        args.extend(frontend(port));
         args.extend(replicas.iter().map(|r| format!("--replica={r}")));
         let log = dir.join(format!("engine-{volume}.log"));
         let mut frontend = FuseOptions::new(dir.join("run"));
@@ -291,6 +322,15 @@ impl EngineProcess {
             .wait_for(timeout, async || endpoint(&control, &access).await)
             .await?;
         std::fs::canonicalize(&endpoint).map_err(|e| Error::io(endpoint, e))
+    }
+
+    /// Waits until the engine's control API reports its endpoint (an
+    /// iSCSI engine's `iscsi://...` URL) and returns it.
+    pub async fn wait_endpoint(&mut self, timeout: Duration) -> Result<String> {
+        let (control, access) = (self.control.clone(), self.access.clone());
+        self.process
+            .wait_for(timeout, async || endpoint(&control, &access).await)
+            .await
     }
 
     /// Kills the process with SIGKILL, as a crash would.

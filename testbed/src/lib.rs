@@ -27,6 +27,7 @@ mod namespace;
 pub mod netns;
 mod process;
 pub mod sidecars;
+mod tgtd;
 pub mod writer;
 
 pub use controlplane::ControlPlane;
@@ -38,6 +39,7 @@ pub use manager::{
 };
 pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
+pub use tgtd::Tgtd;
 pub use writer::{Verdict, Writer, WriterOptions};
 
 use std::path::PathBuf;

@@ -20,6 +20,7 @@ mod identity;
 mod install;
 mod installed;
 mod instance;
+mod iscsi;
 mod kubelet_node;
 mod layout;
 mod local_cluster;

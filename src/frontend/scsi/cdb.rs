@@ -72,6 +72,11 @@ pub fn block_range(cdb: &[u8]) -> Result<Transfer, Sense> {
     if cdb.len() < needed {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
+    // RDPROTECT, WRPROTECT or VRPROTECT: the volume keeps no protection
+    // information, so any but 0 is refused (SBC-4 §5.16.2).
+    if needed > 6 && cdb[1] & 0xe0 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
     let (lba, blocks) = match needed {
         // A length of 0 means 256 blocks in the 6-byte commands.
         6 => (
@@ -148,6 +153,8 @@ mod tests {
         );
         assert_eq!(transfer(&[0x12, 0, 0, 0, 0, 0]), Err(Sense::INVALID_OPCODE));
         assert_eq!(transfer(&[0xc0; 16]), Err(Sense::INVALID_OPCODE));
+        let protected = [opcode::READ_10, 0x20, 0, 0, 0, 0, 0, 0, 1, 0];
+        assert_eq!(transfer(&protected), Err(Sense::INVALID_FIELD_IN_CDB));
         let at = |lba, blocks| Transfer {
             lba,
             blocks,

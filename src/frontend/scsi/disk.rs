@@ -89,6 +89,36 @@ impl<D: BlockDevice> Disk<D> {
         }
     }
 
+    /// The bytes a command takes from the initiator, known from its CDB
+    /// alone, so that the transport asks for no more; a transfer above
+    /// the block limits is refused before any data moves.
+    pub fn data_out_len(&self, cdb: &[u8]) -> Result<u32, Sense> {
+        let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+        let bytes_of = |transfer: Transfer| {
+            if transfer.blocks > MAX_TRANSFER_BLOCKS {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            // At most 4096 blocks of 4 KiB: fits in 32 bits.
+            Ok(transfer.blocks * BLOCK_SIZE as u32)
+        };
+        match code {
+            opcode::WRITE_6 | opcode::WRITE_10 | opcode::WRITE_12 | opcode::WRITE_16 => {
+                bytes_of(cdb::transfer(cdb)?)
+            }
+            VERIFY_10 | VERIFY_16 => match (cdb.get(1).ok_or(Sense::INVALID_OPCODE)? >> 1) & 3 {
+                1 => bytes_of(cdb::block_range(cdb)?),
+                3 => Ok(BLOCK_SIZE as u32),
+                _ => Ok(0),
+            },
+            UNMAP => match cdb.get(7..9) {
+                Some(length) => Ok(u32::from(u16::from_be_bytes([length[0], length[1]]))),
+                None => Err(Sense::INVALID_FIELD_IN_CDB),
+            },
+            WRITE_SAME_10 | WRITE_SAME_16 => Ok(BLOCK_SIZE as u32),
+            _ => Ok(0),
+        }
+    }
+
     /// The number of logical blocks.
     pub(super) fn blocks(&self) -> u64 {
         self.device.size() / BLOCK_SIZE
@@ -115,14 +145,21 @@ impl<D: BlockDevice> Disk<D> {
             .map_err(|_| Sense::UNRECOVERED_READ)
     }
 
-    /// Writes the data the transport gathered for the command, which must
-    /// be exactly the blocks the CDB names; with FUA, durable before GOOD.
+    /// Writes the data the transport gathered for the command: the blocks
+    /// the CDB names, or fewer whole blocks when the initiator expected to
+    /// send fewer (its Expected Data Transfer Length below the CDB's, which
+    /// the transport reports as an overflow): those are written, the rest
+    /// untouched. With FUA, durable before GOOD.
     async fn write(&self, transfer: Transfer, data: Bytes) -> Result<Bytes, Sense> {
         self.admit(&transfer)?;
-        if data.len() as u64 != u64::from(transfer.blocks) * BLOCK_SIZE {
+        let len = data.len() as u64;
+        if len > u64::from(transfer.blocks) * BLOCK_SIZE {
             return Err(Sense::INVALID_FIELD_IN_CDB);
         }
-        if transfer.blocks == 0 {
+        if !len.is_multiple_of(BLOCK_SIZE) {
+            return Err(Sense::INVALID_FIELD_IN_INFORMATION_UNIT);
+        }
+        if len == 0 {
             return Ok(Bytes::new());
         }
         let offset = transfer.lba * BLOCK_SIZE;
@@ -262,6 +299,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_write_given_fewer_whole_blocks_than_it_names_writes_only_those() {
+        let memory = Memory::new(8);
+        let disk = Disk::new(Arc::clone(&memory), "vol");
+        let command = write_16(2, 3, false);
+        assert_eq!(
+            disk.execute(&command, blocks(1, 0xbb)).await,
+            Completion::Good(Bytes::new())
+        );
+        let data = memory.data.lock().unwrap();
+        assert!(data[2 * 4096..3 * 4096].iter().all(|b| *b == 0xbb));
+        assert!(data[3 * 4096..].iter().all(|b| *b == 0));
+    }
+
+    #[tokio::test]
     async fn transfers_past_the_end_or_with_wrong_data_touch_nothing() {
         let memory = Memory::new(64);
         let disk = Disk::new(Arc::clone(&memory), "vol");
@@ -272,9 +323,14 @@ mod tests {
                 Sense::LBA_OUT_OF_RANGE,
             ),
             (
-                write_16(0, 2, false).to_vec(),
-                blocks(1, 1),
+                write_16(0, 1, false).to_vec(),
+                blocks(2, 1),
                 Sense::INVALID_FIELD_IN_CDB,
+            ),
+            (
+                write_16(0, 2, false).to_vec(),
+                Bytes::from(vec![1; 4096 + 512]),
+                Sense::INVALID_FIELD_IN_INFORMATION_UNIT,
             ),
             (
                 read_10(64, 1).to_vec(),

@@ -14,25 +14,52 @@ pub const MAX_UNMAP_BLOCKS: u32 = 1 << 18;
 /// Most descriptors one UNMAP carries.
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 
-/// The VPD pages served, in order (page 0 lists them).
+/// The VPD pages served, in order (page 0 lists them): a disk's, and a
+/// controller's, which has no blocks to describe.
 const PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+const CONTROLLER_PAGES: [u8; 3] = [0x00, 0x80, 0x83];
+
+/// Peripheral device types (SPC-5 §6.7.2).
+const DIRECT_ACCESS: u8 = 0x00;
+const STORAGE_ARRAY_CONTROLLER: u8 = 0x0c;
 
 /// Who the logical unit is: stable for a volume across engines and nodes,
 /// so that multipath and udev name the same disk the same way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitIdentity {
     volume: String,
+    /// The peripheral device type.
+    kind: u8,
     /// An NAA "locally assigned" identifier (NAA 3): 60 bits from the
     /// volume's name.
     naa: u64,
 }
 
 impl UnitIdentity {
+    /// The disk serving `volume`.
     pub fn new(volume: &str) -> Self {
-        let hash = xxhash_rust::xxh3::xxh3_64(volume.as_bytes());
+        Self::of(volume, DIRECT_ACCESS)
+    }
+
+    /// The controller in front of `volume`'s disk, with an identity of its
+    /// own.
+    pub fn controller(volume: &str) -> Self {
+        Self::of(&format!("{volume}/controller"), STORAGE_ARRAY_CONTROLLER)
+    }
+
+    fn of(name: &str, kind: u8) -> Self {
+        let hash = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
         Self {
-            volume: volume.to_owned(),
+            volume: name.to_owned(),
+            kind,
             naa: (3 << 60) | (hash & ((1 << 60) - 1)),
+        }
+    }
+
+    fn pages(&self) -> &'static [u8] {
+        match self.kind {
+            DIRECT_ACCESS => &PAGES,
+            _ => &CONTROLLER_PAGES,
         }
     }
 
@@ -51,7 +78,7 @@ pub fn inquiry(cdb: &[u8], unit: &UnitIdentity) -> Result<Vec<u8>, Sense> {
     let page = cdb[2];
     let allocation = usize::from(u16::from_be_bytes([cdb[3], cdb[4]]));
     let mut data = match (evpd, page) {
-        (false, 0) => standard(),
+        (false, 0) => standard(unit.kind),
         (false, _) => return Err(Sense::INVALID_FIELD_IN_CDB),
         (true, page) => vpd(page, unit)?,
     };
@@ -59,9 +86,10 @@ pub fn inquiry(cdb: &[u8], unit: &UnitIdentity) -> Result<Vec<u8>, Sense> {
     Ok(data)
 }
 
-fn standard() -> Vec<u8> {
+fn standard(kind: u8) -> Vec<u8> {
     let mut data = vec![0; 96];
-    // Byte 0: a connected direct-access block device.
+    // Byte 0: a connected device of its type.
+    data[0] = kind;
     data[2] = 0x06; // SPC-4
     data[3] = 0x12; // HiSup, response data format 2
     data[4] = (data.len() - 5) as u8;
@@ -77,8 +105,11 @@ fn standard() -> Vec<u8> {
 }
 
 fn vpd(page: u8, unit: &UnitIdentity) -> Result<Vec<u8>, Sense> {
+    if !unit.pages().contains(&page) {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
     let body = match page {
-        0x00 => PAGES.to_vec(),
+        0x00 => unit.pages().to_vec(),
         0x80 => unit.serial().into_bytes(),
         0x83 => identifiers(unit),
         0xb0 => block_limits(),
@@ -86,7 +117,7 @@ fn vpd(page: u8, unit: &UnitIdentity) -> Result<Vec<u8>, Sense> {
         0xb2 => provisioning(),
         _ => return Err(Sense::INVALID_FIELD_IN_CDB),
     };
-    let mut data = vec![0, page];
+    let mut data = vec![unit.kind, page];
     // Every body here is far below 64 KiB.
     data.extend_from_slice(&(body.len() as u16).to_be_bytes());
     data.extend(body);

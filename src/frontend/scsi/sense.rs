@@ -33,6 +33,10 @@ impl Sense {
     pub const INVALID_FIELD_IN_CDB: Self = Self::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
     pub const LUN_NOT_SUPPORTED: Self = Self::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
     pub const PARAMETER_LIST_LENGTH: Self = Self::new(key::ILLEGAL_REQUEST, 0x1a, 0x00);
+    /// The data sent does not fit the command: part of a block.
+    pub const INVALID_FIELD_IN_INFORMATION_UNIT: Self = Self::new(key::ILLEGAL_REQUEST, 0x0e, 0x03);
+    /// The transport delivered a command's data against its rules.
+    pub const DATA_PHASE_ERROR: Self = Self::new(key::ABORTED_COMMAND, 0x4b, 0x00);
     pub const INVALID_FIELD_IN_PARAMETERS: Self = Self::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
     pub const SAVING_NOT_SUPPORTED: Self = Self::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
     pub const POWER_ON_RESET: Self = Self::new(key::UNIT_ATTENTION, 0x29, 0x00);

@@ -27,6 +27,10 @@ impl<D: BlockDevice> Disk<D> {
         if cdb.len() < 10 {
             return Err(Sense::INVALID_FIELD_IN_CDB);
         }
+        // ANCHOR: anchored blocks are not supported (ANC_SUP is 0).
+        if cdb[1] & 0x01 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
         let declared = usize::from(u16::from_be_bytes([cdb[7], cdb[8]]));
         if declared == 0 {
             return Ok(Bytes::new());
@@ -53,6 +57,10 @@ impl<D: BlockDevice> Disk<D> {
     /// the UNMAP bit asks and the block is zeros.
     pub(super) async fn write_same(&self, cdb: &[u8], block: Bytes) -> Result<Bytes, Sense> {
         let range = cdb::block_range(cdb)?;
+        // ANCHOR: anchored blocks are not supported (ANC_SUP is 0).
+        if cdb[1] & 0x10 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
         // WSNZ is set: zero blocks is not "to the end of the device".
         if range.blocks == 0 || range.blocks > MAX_UNMAP_BLOCKS {
             return Err(Sense::INVALID_FIELD_IN_CDB);
@@ -207,6 +215,10 @@ mod tests {
 
     #[tokio::test]
     async fn write_same_fills_with_its_block_or_frees_zeros_when_asked() {
+        let anchored = |mut cdb: Vec<u8>| {
+            cdb[1] |= 0x10;
+            cdb
+        };
         let memory = Memory::new(16);
         let disk = Disk::new(Arc::clone(&memory), "vol");
         let block = Bytes::from(vec![7; BLOCK]);
@@ -224,6 +236,10 @@ mod tests {
             (write_same_16(0, 0, false), Bytes::from(vec![1; BLOCK])),
             (write_same_16(16, 1, false), Bytes::from(vec![1; BLOCK])),
             (write_same_16(0, 1, false), Bytes::from(vec![1; 512])),
+            (
+                anchored(write_same_16(0, 1, true)),
+                Bytes::from(vec![0; BLOCK]),
+            ),
         ] {
             assert!(matches!(
                 disk.execute(&cdb, data).await,
