@@ -22,8 +22,8 @@ use crate::protocol::control::{
     self as protocol, AddReplicaRequest, ExpandRequest, RemoveReplicaRequest,
 };
 use crate::types::{
-    Condition, ConditionStatus, DesireState, Engine, EngineStatus, Frontend, InstanceState,
-    RebuildStatus, ReplicaMode, SnapshotInfo,
+    DesireState, Engine, EngineStatus, Frontend, InstanceState, RebuildStatus, ReplicaMode,
+    SnapshotInfo,
 };
 
 /// How often a running engine is polled into its status.
@@ -116,18 +116,6 @@ async fn run_here(
         status.instance.started = false;
         return Ok(Action::await_change());
     }
-    if engine.spec.frontend == Frontend::Iscsi {
-        // Not built yet: say so rather than expose the volume another way.
-        status.instance.current_state = InstanceState::Error;
-        Condition::set(
-            &mut status.instance.conditions,
-            "FrontendReady",
-            ConditionStatus::False,
-            "FrontendUnsupported",
-            "the iscsi frontend is not available yet; use fuse",
-        );
-        return Ok(Action::await_change());
-    }
     let request = InstanceRequest {
         name,
         kind: InstanceKind::Engine {
@@ -135,7 +123,10 @@ async fn run_here(
             generation: engine.spec.generation,
             size: engine.spec.instance.volume_size.unsigned_abs(),
             replicas: engine.spec.replica_address_map.values().cloned().collect(),
-            frontend: FrontendKind::Fuse,
+            frontend: match engine.spec.frontend {
+                Frontend::Fuse => FrontendKind::Fuse,
+                Frontend::Iscsi => FrontendKind::Iscsi,
+            },
             salvage: engine.spec.salvage,
         },
     };

@@ -144,7 +144,7 @@ pub fn fs_type(value: &str) -> Result<FsType, String> {
 fn frontend(value: &str) -> Result<Frontend, String> {
     match value {
         "" | "fuse" => Ok(Frontend::Fuse),
-        "iscsi" => Err("the iscsi frontend is not available yet; use fuse".into()),
+        "iscsi" => Ok(Frontend::Iscsi),
         _ => Err("must be fuse or iscsi".into()),
     }
 }
@@ -243,6 +243,8 @@ mod tests {
         assert_eq!(parsed.replica_auto_balance, ReplicaAutoBalance::Disabled);
         assert_eq!(parsed.fs_type, Some(FsType::Xfs));
         assert_eq!(parsed.volume_context()["fsType"], "xfs");
+        let iscsi = VolumeParameters::parse(&params(&[("frontend", "iscsi")])).unwrap();
+        assert_eq!(iscsi.frontend, Frontend::Iscsi);
         assert_eq!(
             VolumeParameters::parse(&params(&[])).unwrap(),
             VolumeParameters::default()
@@ -259,7 +261,7 @@ mod tests {
             ("fsType", "btrfs", "ext4 or xfs"),
             ("diskSelector", "a b", "tag \"a b\""),
             ("dataLocality", "strict-local", "not available yet"),
-            ("frontend", "iscsi", "not available yet"),
+            ("frontend", "nbd", "fuse or iscsi"),
             ("fromBackup", "s3://bucket/backup", "not available yet"),
         ] {
             let error = VolumeParameters::parse(&params(&[(key, value)]))

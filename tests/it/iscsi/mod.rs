@@ -2,6 +2,7 @@
 //! `oxhorn engine --frontend iscsi` over three `oxhorn replica` processes,
 //! with tgtd (Debian `tgt`) serving a plain file as the reference.
 
+mod attach;
 mod conformance;
 
 use std::path::Path;
