@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the build and the tests need, idempotently.
 #
-# Debian packages go through apt; Go programs (kube-apiserver, kubelet,
+# Debian packages go through apt; hack/iscsi-pattern.c is compiled; Go programs (kube-apiserver, kubelet,
 # kube-scheduler, kube-controller-manager, kubectl, csi-sanity, the CSI sidecars and
 # snapshot-controller) are built from the Go module proxy into a cache
 # directory and stamped with their version, so a second run does nothing. The VolumeSnapshot CRDs go to $cache/crds/snapshot.
@@ -45,7 +45,8 @@ apt_packages=(
 	containernetworking-plugins  # a CNI configuration containerd accepts
 	busybox-static umoci         # the test images, built locally
 	buildah mmdebstrap           # hack/build-image.sh: the product and sidecar images, and their Debian base
-	libiscsi-bin tgt             # sanity-tests/ and bench/: libiscsi's conformance suite and tools, and tgtd to compare with
+	libiscsi-bin tgt             # tests/it/iscsi and bench/: libiscsi's conformance suite and tools, and tgtd to compare with
+	libiscsi-dev gcc libc6-dev   # hack/iscsi-pattern.c, the iSCSI integrity tests' client
 )
 
 install_apt() {
@@ -192,8 +193,20 @@ install_cargo_afl() {
 	PATH=$bin:$PATH cargo afl config --build --force >/dev/null
 }
 
+# The iSCSI integrity tests' libiscsi client, rebuilt when its source
+# changes.
+build_iscsi_pattern() {
+	local source=$here/iscsi-pattern.c sum
+	sum=$(sha256sum "$source" | cut -c1-16)
+	stamped iscsi-pattern "$sum" && return
+	log "building iscsi-pattern"
+	gcc -O2 -Wall -Werror -o "$bin/iscsi-pattern" "$source" -liscsi
+	stamp iscsi-pattern "$sum"
+}
+
 install_apt
 quiet_system_etcd
+build_iscsi_pattern
 build_kube
 build_csi_sanity
 build_sidecars

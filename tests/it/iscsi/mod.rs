@@ -4,6 +4,7 @@
 
 mod attach;
 mod conformance;
+mod integrity;
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,7 +22,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// A volume served over iSCSI: its replicas and its engine, killed (and
 /// their directories removed) when dropped.
 pub(crate) struct IscsiVolume {
-    _replicas: Vec<ReplicaProcess>,
+    pub(crate) replicas: Vec<ReplicaProcess>,
     pub(crate) engine: EngineProcess,
     /// The LUN's URL, `iscsi://127.0.0.1:<port>/<iqn>/1`.
     pub(crate) url: String,
@@ -50,7 +51,7 @@ impl IscsiVolume {
                 .unwrap();
         let url = engine.wait_endpoint(PATIENCE).await.unwrap();
         Self {
-            _replicas: processes,
+            replicas: processes,
             engine,
             url,
             _dir: dir,
