@@ -16,6 +16,8 @@ pub mod pdu;
 mod scsi_task;
 pub mod target;
 mod task_management;
+#[cfg(test)]
+mod tests;
 pub mod text;
 
 pub use target::{IQN_PREFIX, Target, TargetConfig};
