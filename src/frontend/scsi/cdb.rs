@@ -3,15 +3,63 @@
 
 use super::sense::Sense;
 
+/// The operation codes of the disk's commands (SPC-5 and SBC-4), but for
+/// MODE SENSE/SELECT ([`super::mode`]), UNMAP and WRITE SAME
+/// ([`super::unmap`]) and REPORT LUNS ([`super::luns`]).
 pub mod opcode {
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    pub const REQUEST_SENSE: u8 = 0x03;
     pub const READ_6: u8 = 0x08;
     pub const WRITE_6: u8 = 0x0a;
+    pub const INQUIRY: u8 = 0x12;
+    pub const READ_CAPACITY_10: u8 = 0x25;
     pub const READ_10: u8 = 0x28;
     pub const WRITE_10: u8 = 0x2a;
-    pub const READ_12: u8 = 0xa8;
-    pub const WRITE_12: u8 = 0xaa;
+    pub const WRITE_AND_VERIFY_10: u8 = 0x2e;
+    pub const VERIFY_10: u8 = 0x2f;
+    pub const PRE_FETCH_10: u8 = 0x34;
+    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
     pub const READ_16: u8 = 0x88;
     pub const WRITE_16: u8 = 0x8a;
+    pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
+    pub const VERIFY_16: u8 = 0x8f;
+    pub const PRE_FETCH_16: u8 = 0x90;
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    /// SERVICE ACTION IN (16): READ CAPACITY (16), GET LBA STATUS.
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
+    /// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES.
+    pub const MAINTENANCE_IN: u8 = 0xa3;
+    pub const READ_12: u8 = 0xa8;
+    pub const WRITE_12: u8 = 0xaa;
+    pub const WRITE_AND_VERIFY_12: u8 = 0xae;
+    pub const VERIFY_12: u8 = 0xaf;
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
+}
+
+/// Service actions of SERVICE ACTION IN (16) and MAINTENANCE IN.
+pub mod action {
+    pub const READ_CAPACITY_16: u16 = 0x10;
+    pub const GET_LBA_STATUS: u16 = 0x12;
+    pub const REPORT_SUPPORTED_OPERATION_CODES: u16 = 0x0c;
+}
+
+/// The service action of a CDB that has one (in byte 1, bits 4-0).
+pub fn service_action(cdb: &[u8]) -> Result<u16, Sense> {
+    cdb.get(1)
+        .map(|byte| u16::from(byte & 0x1f))
+        .ok_or(Sense::INVALID_FIELD_IN_CDB)
+}
+
+/// A service action this device does not serve: the field at fault is
+/// the action (SPC-5 §4.2.5.2).
+pub const UNKNOWN_SERVICE_ACTION: Sense = Sense::INVALID_FIELD_IN_CDB.at(1, Some(4));
+
+/// A CDB cut to the length of its opcode's group, or refused when shorter.
+pub fn whole(cdb: &[u8]) -> Result<&[u8], Sense> {
+    let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+    let needed = length(code).ok_or(Sense::INVALID_OPCODE)?;
+    cdb.get(..needed).ok_or(Sense::INVALID_FIELD_IN_CDB)
 }
 
 /// A read or write of `blocks` logical blocks from `lba`.
@@ -98,7 +146,8 @@ pub fn block_range(cdb: &[u8]) -> Result<Transfer, Sense> {
     })
 }
 
-fn big_endian(bytes: &[u8]) -> u64 {
+/// A big-endian field of at most 8 bytes.
+pub fn big_endian(bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .fold(0, |value, byte| (value << 8) | u64::from(*byte))

@@ -10,25 +10,16 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::cdb::{self, Transfer, opcode};
+use super::blocks::defect_data;
+use super::cdb::opcode::*;
+use super::cdb::{self, Transfer, action};
 use super::inquiry::{self, MAX_TRANSFER_BLOCKS, UnitIdentity};
-use super::mode::{self, MODE_SENSE_6, MODE_SENSE_10};
+use super::mode::{self, MODE_SELECT_6, MODE_SELECT_10, MODE_SENSE_6, MODE_SENSE_10};
+use super::opcodes;
 use super::sense::Sense;
 use super::unmap::{UNMAP, WRITE_SAME_10, WRITE_SAME_16};
+use super::verify;
 use crate::frontend::{BLOCK_SIZE, BlockDevice};
-
-/// Opcodes served besides the reads and writes of [`cdb`].
-const TEST_UNIT_READY: u8 = 0x00;
-const REQUEST_SENSE: u8 = 0x03;
-const INQUIRY: u8 = 0x12;
-const READ_CAPACITY_10: u8 = 0x25;
-const SYNCHRONIZE_CACHE_10: u8 = 0x35;
-const SYNCHRONIZE_CACHE_16: u8 = 0x91;
-/// SERVICE ACTION IN (16), whose action 0x10 is READ CAPACITY (16).
-const SERVICE_ACTION_IN_16: u8 = 0x9e;
-const READ_CAPACITY_16: u8 = 0x10;
-const VERIFY_10: u8 = 0x2f;
-const VERIFY_16: u8 = 0x8f;
 
 /// How a command ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -69,16 +60,28 @@ impl<D: BlockDevice> Disk<D> {
             INQUIRY => inquiry::inquiry(cdb, &self.identity).map(Bytes::from),
             READ_CAPACITY_10 => Ok(self.capacity_10()),
             MODE_SENSE_6 | MODE_SENSE_10 => mode::mode_sense(cdb, self.blocks()).map(Bytes::from),
-            SERVICE_ACTION_IN_16 if cdb.get(1).map(|b| b & 0x1f) == Some(READ_CAPACITY_16) => {
-                self.capacity_16(cdb)
+            MODE_SELECT_6 | MODE_SELECT_10 => {
+                mode::mode_select(cdb, &data_out, self.blocks()).map(|()| Bytes::new())
             }
-            opcode::READ_6 | opcode::READ_10 | opcode::READ_12 | opcode::READ_16 => {
-                self.read(cdb::transfer(cdb)?).await
-            }
-            opcode::WRITE_6 | opcode::WRITE_10 | opcode::WRITE_12 | opcode::WRITE_16 => {
+            SERVICE_ACTION_IN_16 => match cdb::service_action(cdb)? {
+                action::READ_CAPACITY_16 => self.capacity_16(cdb),
+                action::GET_LBA_STATUS => self.lba_status(cdb),
+                _ => Err(cdb::UNKNOWN_SERVICE_ACTION),
+            },
+            MAINTENANCE_IN => match cdb::service_action(cdb)? {
+                action::REPORT_SUPPORTED_OPERATION_CODES => opcodes::report(cdb).map(Bytes::from),
+                _ => Err(cdb::UNKNOWN_SERVICE_ACTION),
+            },
+            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cdb::transfer(cdb)?).await,
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
                 self.write(cdb::transfer(cdb)?, data_out).await
             }
-            VERIFY_10 | VERIFY_16 => self.verify(cdb, data_out).await,
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, data_out).await,
+            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
+                self.write_and_verify(cdb, data_out).await
+            }
+            PRE_FETCH_10 | PRE_FETCH_16 => self.prefetch(cdb),
+            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => defect_data(cdb).map(Bytes::from),
             UNMAP => self.unmap(cdb, data_out).await,
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, data_out).await,
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => {
@@ -102,14 +105,16 @@ impl<D: BlockDevice> Disk<D> {
             Ok(transfer.blocks * BLOCK_SIZE as u32)
         };
         match code {
-            opcode::WRITE_6 | opcode::WRITE_10 | opcode::WRITE_12 | opcode::WRITE_16 => {
-                bytes_of(cdb::transfer(cdb)?)
-            }
-            VERIFY_10 | VERIFY_16 => match (cdb.get(1).ok_or(Sense::INVALID_OPCODE)? >> 1) & 3 {
-                1 => bytes_of(cdb::block_range(cdb)?),
-                3 => Ok(BLOCK_SIZE as u32),
-                _ => Ok(0),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => bytes_of(cdb::transfer(cdb)?),
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => match verify::byte_check(cdb)? {
+                verify::ByteCheck::Each => bytes_of(cdb::block_range(cdb)?),
+                verify::ByteCheck::One => Ok(BLOCK_SIZE as u32),
+                verify::ByteCheck::None => Ok(0),
             },
+            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
+                bytes_of(verify::write_and_verify_range(cdb)?.0)
+            }
+            MODE_SELECT_6 | MODE_SELECT_10 => mode::parameter_list_length(cdb),
             UNMAP => match cdb.get(7..9) {
                 Some(length) => Ok(u32::from(u16::from_be_bytes([length[0], length[1]]))),
                 None => Err(Sense::INVALID_FIELD_IN_CDB),
@@ -125,14 +130,14 @@ impl<D: BlockDevice> Disk<D> {
     }
 
     /// Checks a transfer against the volume and the block limits page.
-    fn admit(&self, transfer: &Transfer) -> Result<(), Sense> {
+    pub(super) fn admit(&self, transfer: &Transfer) -> Result<(), Sense> {
         if transfer.blocks > MAX_TRANSFER_BLOCKS {
             return Err(Sense::INVALID_FIELD_IN_CDB);
         }
         transfer.within(self.blocks())
     }
 
-    async fn read(&self, transfer: Transfer) -> Result<Bytes, Sense> {
+    pub(super) async fn read(&self, transfer: Transfer) -> Result<Bytes, Sense> {
         self.admit(&transfer)?;
         if transfer.blocks == 0 {
             return Ok(Bytes::new());
@@ -150,7 +155,7 @@ impl<D: BlockDevice> Disk<D> {
     /// send fewer (its Expected Data Transfer Length below the CDB's, which
     /// the transport reports as an overflow): those are written, the rest
     /// untouched. With FUA, durable before GOOD.
-    async fn write(&self, transfer: Transfer, data: Bytes) -> Result<Bytes, Sense> {
+    pub(super) async fn write(&self, transfer: Transfer, data: Bytes) -> Result<Bytes, Sense> {
         self.admit(&transfer)?;
         let len = data.len() as u64;
         if len > u64::from(transfer.blocks) * BLOCK_SIZE {
@@ -168,36 +173,6 @@ impl<D: BlockDevice> Disk<D> {
             self.device.flush().await.map_err(write_error)?;
         }
         Ok(Bytes::new())
-    }
-
-    /// VERIFY (10) or (16): the blocks are read (BYTCHK 0), or compared
-    /// with the data sent, block for block (1) or one block for all (3).
-    async fn verify(&self, cdb: &[u8], data: Bytes) -> Result<Bytes, Sense> {
-        let transfer = cdb::block_range(cdb)?;
-        self.admit(&transfer)?;
-        let expected_len = match (cdb[1] >> 1) & 3 {
-            0 => 0,
-            1 => u64::from(transfer.blocks) * BLOCK_SIZE,
-            3 => BLOCK_SIZE,
-            _ => return Err(Sense::INVALID_FIELD_IN_CDB),
-        };
-        if data.len() as u64 != expected_len {
-            return Err(Sense::INVALID_FIELD_IN_CDB);
-        }
-        if transfer.blocks == 0 {
-            return Ok(Bytes::new());
-        }
-        let stored = self.read(transfer).await?;
-        let same = match expected_len {
-            0 => true,
-            BLOCK_SIZE => stored.chunks(BLOCK_SIZE as usize).all(|b| *b == data[..]),
-            _ => stored == data,
-        };
-        if same {
-            Ok(Bytes::new())
-        } else {
-            Err(Sense::MISCOMPARE_DURING_VERIFY)
-        }
     }
 
     /// READ CAPACITY (10): the last block (all ones when it does not fit
@@ -258,7 +233,7 @@ mod tests {
 
     fn write_16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
         let mut cdb = [0; 16];
-        cdb[0] = opcode::WRITE_16;
+        cdb[0] = WRITE_16;
         cdb[1] = if fua { 0x08 } else { 0 };
         cdb[2..10].copy_from_slice(&lba.to_be_bytes());
         cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
@@ -267,7 +242,7 @@ mod tests {
 
     fn read_10(lba: u32, blocks: u16) -> [u8; 10] {
         let mut cdb = [0; 10];
-        cdb[0] = opcode::READ_10;
+        cdb[0] = READ_10;
         cdb[2..6].copy_from_slice(&lba.to_be_bytes());
         cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
         cdb
@@ -390,7 +365,7 @@ mod tests {
         assert_eq!(&data[..], &[0, 0, 0, 63, 0, 0, 0x10, 0]);
         let mut cdb = [0; 16];
         cdb[0] = SERVICE_ACTION_IN_16;
-        cdb[1] = READ_CAPACITY_16;
+        cdb[1] = action::READ_CAPACITY_16 as u8;
         cdb[13] = 32;
         let Completion::Good(data) = disk.execute(&cdb, Bytes::new()).await else {
             panic!("READ CAPACITY (16) failed");
@@ -411,45 +386,32 @@ mod tests {
         assert_eq!(ready, Completion::Good(Bytes::new()));
     }
 
-    fn verify_16(lba: u64, blocks: u32, bytchk: u8) -> [u8; 16] {
-        let mut cdb = [0; 16];
-        cdb[0] = VERIFY_16;
-        cdb[1] = bytchk << 1;
-        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
-        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
-        cdb
-    }
-
     #[tokio::test]
-    async fn verify_compares_what_is_stored_with_what_is_sent() {
-        let disk = Disk::new(Memory::new(16), "vol");
-        disk.execute(&write_16(4, 2, false), blocks(2, 3)).await;
-        let good = Completion::Good(Bytes::new());
-        assert_eq!(disk.execute(&verify_16(4, 2, 0), Bytes::new()).await, good);
-        assert_eq!(disk.execute(&verify_16(4, 2, 1), blocks(2, 3)).await, good);
-        assert_eq!(disk.execute(&verify_16(4, 2, 3), blocks(1, 3)).await, good);
-        let miscompare = Completion::Check(Sense::MISCOMPARE_DURING_VERIFY);
+    async fn mode_select_data_is_asked_for_and_what_mode_sense_gave_is_taken_back() {
+        let disk = Disk::new(Memory::new(64), "vol");
+        let sense_6 = [MODE_SENSE_6, 0, 0x3f, 0, 255, 0];
+        let Completion::Good(sensed) = disk.execute(&sense_6, Bytes::new()).await else {
+            panic!("MODE SENSE (6) failed");
+        };
+        let mut list = sensed.to_vec();
+        list[0] = 0;
+        let select_6 = [MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
+        assert_eq!(disk.data_out_len(&select_6), Ok(list.len() as u32));
+        let taken = disk.execute(&select_6, Bytes::from(list.clone())).await;
+        assert_eq!(taken, Completion::Good(Bytes::new()));
+        // Clearing WCE in the caching page, after the block descriptor.
+        list[4 + 8 + 2] &= !0x04;
         assert_eq!(
-            disk.execute(&verify_16(4, 2, 1), blocks(2, 4)).await,
-            miscompare
+            disk.execute(&select_6, Bytes::from(list)).await,
+            Completion::Check(Sense::INVALID_FIELD_IN_PARAMETERS)
         );
+        let select_10 = [MODE_SELECT_10, 0x10, 0, 0, 0, 0, 0, 0x01, 0x2c, 0];
+        assert_eq!(disk.data_out_len(&select_10), Ok(300));
+        let mut saving = select_10;
+        saving[1] |= 0x01;
         assert_eq!(
-            disk.execute(&verify_16(3, 2, 3), blocks(1, 3)).await,
-            miscompare
-        );
-        let invalid = Completion::Check(Sense::INVALID_FIELD_IN_CDB);
-        assert_eq!(
-            disk.execute(&verify_16(4, 2, 2), Bytes::new()).await,
-            invalid
-        );
-        assert_eq!(
-            disk.execute(&verify_16(4, 2, 1), blocks(1, 3)).await,
-            invalid
-        );
-        let beyond = Completion::Check(Sense::LBA_OUT_OF_RANGE);
-        assert_eq!(
-            disk.execute(&verify_16(15, 2, 0), Bytes::new()).await,
-            beyond
+            disk.execute(&saving, Bytes::new()).await,
+            Completion::Check(Sense::INVALID_FIELD_IN_CDB.at(1, Some(0)))
         );
     }
 }

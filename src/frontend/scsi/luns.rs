@@ -16,7 +16,7 @@ use crate::frontend::BlockDevice;
 pub const DISK_LUN: u16 = 1;
 const CONTROLLER_LUN: u16 = 0;
 
-const REPORT_LUNS: u8 = 0xa0;
+pub const REPORT_LUNS: u8 = 0xa0;
 const INQUIRY: u8 = 0x12;
 const REQUEST_SENSE: u8 = 0x03;
 const TEST_UNIT_READY: u8 = 0x00;

@@ -1,13 +1,17 @@
 //! MODE SENSE (6) and (10) (SPC-5 §6.13, §6.14): the caching page (a
 //! write cache that SYNCHRONIZE CACHE and FUA empty, so the initiator's
 //! kernel sends them), the control page and the informational exceptions
-//! page, none of them changeable.
+//! page, none of them changeable; and MODE SELECT (6) and (10) (§6.11,
+//! §6.12), which therefore takes only what changes nothing.
 
+use super::cdb;
 use super::sense::Sense;
 use crate::frontend::BLOCK_SIZE;
 
 pub const MODE_SENSE_6: u8 = 0x1a;
 pub const MODE_SENSE_10: u8 = 0x5a;
+pub const MODE_SELECT_6: u8 = 0x15;
+pub const MODE_SELECT_10: u8 = 0x55;
 
 const CACHING: u8 = 0x08;
 const CONTROL: u8 = 0x0a;
@@ -130,6 +134,83 @@ fn header_10(descriptor: &[u8], pages: &[u8], long: bool) -> Vec<u8> {
     header
 }
 
+/// The bytes a MODE SELECT CDB of either size sends: its parameter list
+/// length.
+pub fn parameter_list_length(cdb: &[u8]) -> Result<u32, Sense> {
+    let cdb = cdb::whole(cdb)?;
+    Ok(if cdb[0] == MODE_SELECT_10 {
+        u32::from(u16::from_be_bytes([cdb[7], cdb[8]]))
+    } else {
+        u32::from(cdb[4])
+    })
+}
+
+/// MODE SELECT of either size with its parameter list, for a device of
+/// `blocks` blocks: accepted when every value it carries is the current
+/// one (nothing is changeable), refused with INVALID FIELD IN PARAMETER
+/// LIST otherwise, and with PARAMETER LIST LENGTH ERROR when the list ends
+/// inside a header, descriptor or page. PF is not looked at: the pages are
+/// read in the standard's format either way.
+pub fn mode_select(cdb: &[u8], list: &[u8], blocks: u64) -> Result<(), Sense> {
+    let declared = parameter_list_length(cdb)? as usize;
+    // SP: there are no saved pages to save to (SPC-5 §6.11).
+    if cdb[1] & 0x01 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB.at(1, Some(0)));
+    }
+    if declared == 0 {
+        return Ok(());
+    }
+    let list = list.get(..declared).ok_or(Sense::PARAMETER_LIST_LENGTH)?;
+    let ten = cdb[0] == MODE_SELECT_10;
+    let header = if ten { 8 } else { 4 };
+    if list.len() < header {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    // The mode data length is reserved here, and so, for a block device,
+    // are the device-specific parameter's WP and DPOFUA bits.
+    let (medium, long, descriptors) = if ten {
+        let length = u16::from_be_bytes([list[6], list[7]]);
+        (list[2], list[4] & 0x01 != 0, usize::from(length))
+    } else {
+        (list[1], false, usize::from(list[3]))
+    };
+    if medium != 0 {
+        return Err(Sense::INVALID_FIELD_IN_PARAMETERS);
+    }
+    let pages_at = header + descriptors;
+    let descriptor = list
+        .get(header..pages_at)
+        .ok_or(Sense::PARAMETER_LIST_LENGTH)?;
+    if !descriptor.is_empty() && !changes_nothing(descriptor, blocks, long) {
+        return Err(Sense::INVALID_FIELD_IN_PARAMETERS);
+    }
+    let mut pages = &list[pages_at..];
+    while !pages.is_empty() {
+        let length = usize::from(*pages.get(1).ok_or(Sense::PARAMETER_LIST_LENGTH)?) + 2;
+        let page = pages.get(..length).ok_or(Sense::PARAMETER_LIST_LENGTH)?;
+        // SPF: no page here has subpages. PS is reserved in MODE SELECT.
+        let code = page[0] & 0x7f;
+        if !matches!(code, CACHING | CONTROL | INFORMATIONAL_EXCEPTIONS)
+            || page[1..] != one_page(code, Values::Current)[1..]
+        {
+            return Err(Sense::INVALID_FIELD_IN_PARAMETERS);
+        }
+        pages = &pages[length..];
+    }
+    Ok(())
+}
+
+/// Whether a block descriptor sent keeps the block size and the block
+/// count (a count of 0 means "unchanged"): one descriptor at most, of the
+/// size LONGLBA says.
+fn changes_nothing(sent: &[u8], blocks: u64, long: bool) -> bool {
+    let ours = block_descriptor(blocks, long);
+    let count = if long { 8 } else { 4 };
+    sent.len() == ours.len()
+        && (sent[..count] == ours[..count] || sent[..count].iter().all(|b| *b == 0))
+        && sent[count..] == ours[count..]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +271,104 @@ mod tests {
                 .unwrap()
                 .len(),
             4
+        );
+    }
+
+    /// What MODE SENSE returns for all pages, as MODE SELECT sends it back.
+    fn sensed(ten: bool) -> Vec<u8> {
+        let cdb = if ten {
+            vec![MODE_SENSE_10, 0, ALL_PAGES, 0, 0, 0, 0, 0x10, 0, 0]
+        } else {
+            vec![MODE_SENSE_6, 0, ALL_PAGES, 0, 255, 0]
+        };
+        let mut data = mode_sense(&cdb, 64).unwrap();
+        // The mode data length is reserved in MODE SELECT.
+        data[0] = 0;
+        if ten {
+            data[1] = 0;
+        }
+        data
+    }
+
+    fn select(ten: bool, flags: u8, list: &[u8]) -> Result<(), Sense> {
+        let cdb = if ten {
+            let [high, low] = (list.len() as u16).to_be_bytes();
+            vec![MODE_SELECT_10, flags, 0, 0, 0, 0, 0, high, low, 0]
+        } else {
+            vec![MODE_SELECT_6, flags, 0, 0, list.len() as u8, 0]
+        };
+        assert_eq!(parameter_list_length(&cdb), Ok(list.len() as u32));
+        mode_select(&cdb, list, 64)
+    }
+
+    #[test]
+    fn mode_select_takes_back_what_mode_sense_gave() {
+        for ten in [false, true] {
+            let mut list = sensed(ten);
+            assert_eq!(select(ten, 0x10, &list), Ok(()));
+            // Without the block descriptor, with PS set as sensed pages
+            // carry it, and with a count of 0 ("unchanged").
+            let header = if ten { 8 } else { 4 };
+            let mut without = list[..header].to_vec();
+            without[header - 1] = 0;
+            without.extend_from_slice(&list[header + 8..]);
+            assert_eq!(select(ten, 0x10, &without), Ok(()));
+            assert_eq!(select(ten, 0x10, &without[..header]), Ok(()));
+            list[header + 8] |= 0x80;
+            list[header..header + 4].fill(0);
+            assert_eq!(select(ten, 0x10, &list), Ok(()));
+        }
+        assert_eq!(
+            mode_select(&[MODE_SELECT_6, 0x10, 0, 0, 0, 0], &[], 64),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn mode_select_refuses_any_change_and_saving() {
+        let list = sensed(false);
+        let refused = |at: usize, value: u8| {
+            let mut changed = list.clone();
+            changed[at] ^= value;
+            select(false, 0x10, &changed)
+        };
+        let invalid = Err(Sense::INVALID_FIELD_IN_PARAMETERS);
+        // Medium type, block count, block size.
+        assert_eq!(refused(1, 0x01), invalid);
+        assert_eq!(refused(7, 0x01), invalid);
+        assert_eq!(refused(10, 0x01), invalid);
+        // The caching page's WCE; the control page's SWP (byte 4 bit 3).
+        let caching = 12;
+        assert_eq!(refused(caching + 2, 0x04), invalid);
+        let control = caching + 20;
+        assert_eq!(refused(control + 4, 0x08), invalid);
+        // A page with subpages, an unknown page, a page of another length.
+        assert_eq!(refused(control, 0x40), invalid);
+        assert_eq!(refused(control, 0x01), invalid);
+        assert_eq!(refused(control + 1, 0x02), invalid);
+        // A list that ends inside its header or a page.
+        assert_eq!(
+            select(false, 0x10, &list[..3]),
+            Err(Sense::PARAMETER_LIST_LENGTH)
+        );
+        assert_eq!(
+            select(false, 0x10, &list[..list.len() - 1]),
+            Err(Sense::PARAMETER_LIST_LENGTH)
+        );
+        // Fewer bytes than the CDB declares.
+        let cdb = [MODE_SELECT_6, 0x10, 0, 0, list.len() as u8 + 1, 0];
+        assert_eq!(
+            mode_select(&cdb, &list, 64),
+            Err(Sense::PARAMETER_LIST_LENGTH)
+        );
+        // SP: nothing is saved.
+        assert_eq!(
+            select(false, 0x11, &list),
+            Err(Sense::INVALID_FIELD_IN_CDB.at(1, Some(0)))
+        );
+        assert_eq!(
+            mode_select(&[MODE_SELECT_10, 0, 0], &[], 64),
+            Err(Sense::INVALID_FIELD_IN_CDB)
         );
     }
 }

@@ -1,7 +1,7 @@
 //! SCSI sense data (SPC-5 §4.4): why a command ended in CHECK CONDITION,
 //! as a sense key and an additional sense code, in the fixed format or the
 //! descriptor format the initiator asked for (the D_SENSE bit of the
-//! control mode page).
+//! control mode page), with a pointer to the field at fault when known.
 
 /// A sense key, additional sense code and qualifier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -9,6 +9,30 @@ pub struct Sense {
     pub key: u8,
     pub asc: u8,
     pub ascq: u8,
+    /// The CDB field at fault (the sense-key specific field pointer of
+    /// SPC-5 §4.4.2.4.2), when the error names one.
+    pub field: Option<FieldPointer>,
+}
+
+/// A field of the CDB: its first byte and, if it does not start a byte,
+/// its most significant bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldPointer {
+    pub byte: u16,
+    pub bit: Option<u8>,
+}
+
+impl FieldPointer {
+    /// The three sense-key specific bytes: SKSV, C/D (a CDB field), BPV
+    /// and the bit pointer, then the byte.
+    fn encode(&self) -> [u8; 3] {
+        let bit = match self.bit {
+            Some(bit) => 0x08 | (bit & 0x07),
+            None => 0,
+        };
+        let [high, low] = self.byte.to_be_bytes();
+        [0x80 | 0x40 | bit, high, low]
+    }
 }
 
 /// Sense keys (SPC-5 table 49).
@@ -25,7 +49,23 @@ pub mod key {
 
 impl Sense {
     pub const fn new(key: u8, asc: u8, ascq: u8) -> Self {
-        Self { key, asc, ascq }
+        Self {
+            key,
+            asc,
+            ascq,
+            field: None,
+        }
+    }
+
+    /// This sense, naming the CDB field at `byte` (and `bit`) as the
+    /// cause. Initiators that probe a command through a service action
+    /// read a pointer to byte 1, or none, as "not implemented" (libiscsi
+    /// does), so errors in a served command name their field.
+    pub const fn at(self, byte: u16, bit: Option<u8>) -> Self {
+        Self {
+            field: Some(FieldPointer { byte, bit }),
+            ..self
+        }
     }
 
     pub const INVALID_OPCODE: Self = Self::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
@@ -62,19 +102,29 @@ impl Sense {
         data[7] = 10;
         data[12] = self.asc;
         data[13] = self.ascq;
+        if let Some(field) = self.field {
+            data[15..18].copy_from_slice(&field.encode());
+        }
         data
     }
 
-    /// Descriptor-format sense data (SPC-5 §4.4.2): 8 bytes, no
-    /// descriptors, current error.
-    pub fn descriptor(&self) -> [u8; 8] {
-        [0x72, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0]
+    /// Descriptor-format sense data (SPC-5 §4.4.2): 8 bytes, current
+    /// error, and a sense-key specific descriptor when a field is named.
+    pub fn descriptor(&self) -> Vec<u8> {
+        let mut data = vec![0x72, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0];
+        if let Some(field) = self.field {
+            data.extend_from_slice(&[0x02, 0x06, 0, 0]);
+            data.extend_from_slice(&field.encode());
+            data.push(0);
+            data[7] = 8;
+        }
+        data
     }
 
     /// The sense data in the format asked for.
     pub fn encode(&self, descriptor: bool) -> Vec<u8> {
         if descriptor {
-            self.descriptor().to_vec()
+            self.descriptor()
         } else {
             self.fixed().to_vec()
         }
@@ -96,5 +146,21 @@ mod tests {
         assert_eq!(descriptor, [0x72, 0x06, 0x2a, 0x09, 0, 0, 0, 0]);
         assert_eq!(Sense::WRITE_ERROR.encode(true).len(), 8);
         assert_eq!(Sense::WRITE_ERROR.encode(false).len(), 18);
+    }
+
+    #[test]
+    fn a_named_field_is_pointed_at_in_both_formats() {
+        let sense = Sense::INVALID_FIELD_IN_CDB.at(2, Some(2));
+        let fixed = sense.fixed();
+        assert_eq!((fixed[12], fixed[13]), (0x24, 0x00));
+        // SKSV, C/D (in the CDB), BPV with bit 2; byte 2.
+        assert_eq!(&fixed[15..18], &[0x80 | 0x40 | 0x08 | 2, 0, 2]);
+        assert_eq!(Sense::INVALID_FIELD_IN_CDB.fixed()[15], 0, "no SKSV");
+        let descriptor = sense.descriptor();
+        assert_eq!(usize::from(descriptor[7]) + 8, descriptor.len());
+        assert_eq!(&descriptor[8..12], &[0x02, 0x06, 0, 0]);
+        assert_eq!(&descriptor[12..15], &fixed[15..18]);
+        let whole_byte = Sense::INVALID_FIELD_IN_CDB.at(0x0103, None).fixed();
+        assert_eq!(&whole_byte[15..18], &[0xc0, 0x01, 0x03]);
     }
 }
