@@ -1,7 +1,9 @@
 //! The `iscsi` target: bytes from an initiator through the iSCSI target's
 //! PDU decoder, as tokio's `FramedRead` drives it, the data of each Login
 //! and Text PDU through the text parser, and the PDUs through a login, as
-//! a connection would until its login fails or completes.
+//! a connection would until its login fails or completes; after a login
+//! that completes, the Data-Out PDUs through the gathering of one write's
+//! data with the negotiated values, as the full feature phase would.
 //!
 //! Input: the first byte picks the digests (bit 0: header, bit 1: data),
 //! the declared MaxRecvDataSegmentLength (bits 2-3) and how many bytes each
@@ -13,10 +15,14 @@
 //! than declared; a parsed text that does not parse back to itself from its
 //! encoding; a decoder that consumes bytes without yielding a PDU or
 //! reserves room for more than one PDU; a login answering with anything
-//! but a Login Response, or with more than 8192 bytes of text.
+//! but a Login Response, or with more than 8192 bytes of text; a write
+//! keeping more than its command takes, asking for data past it, or
+//! complete with another length.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use oxhorn::frontend::iscsi::data_out::{DataOutPdu, Gathering};
 use oxhorn::frontend::iscsi::login::{Login, Step, TargetIdentity};
+use oxhorn::frontend::iscsi::negotiate::Parameters;
 use oxhorn::frontend::iscsi::pdu::{BHS_LEN, DEFAULT_MAX_RECV_DATA, Opcode, Pdu, PduCodec};
 use oxhorn::frontend::iscsi::text::Text;
 use tokio_util::codec::{Decoder, Encoder};
@@ -47,28 +53,91 @@ pub fn iscsi(data: &[u8]) {
     let target = TargetIdentity {
         name: "iqn.2026-01.io.oxhorn:vol".into(),
     };
-    // Until its login ends, the connection hands every PDU to the login.
+    // Until its login ends, the connection hands every PDU to the login;
+    // then Data-Out PDUs go to a write of 64 KiB taking 40 KiB.
     let mut login = Some(Login::new(target, 1, 0));
+    let mut write = None;
     drive(codec, stream, read, frame, |pdu, wire| {
         check(&checker, pdu.clone(), wire);
-        if let Some(running) = &mut login
-            && !log_in(running, &pdu)
+        if let Some(running) = &mut login {
+            match log_in(running, &pdu) {
+                Phase::LoggingIn => {}
+                Phase::Failed => login = None,
+                Phase::Done(parameters) => {
+                    login = None;
+                    write = Gathering::new(
+                        &parameters,
+                        EXPECTED,
+                        WANTED,
+                        Bytes::new(),
+                        first & 0x80 != 0,
+                    )
+                    .ok();
+                }
+            }
+        } else if let Some(gathering) = &mut write
+            && pdu.bhs.opcode() == Some(Opcode::DataOut)
         {
-            login = None;
+            gather(gathering, pdu);
         }
     });
 }
 
-/// One step of the login; false once it has ended.
-fn log_in(login: &mut Login, pdu: &Pdu) -> bool {
-    let (response, going) = match login.step(pdu) {
-        Step::Continue(response) => (response, true),
-        Step::Complete { response, .. } => (response, false),
-        Step::Fail(response, _) => (response, false),
+const EXPECTED: u32 = 64 << 10;
+const WANTED: u32 = 40 << 10;
+
+enum Phase {
+    LoggingIn,
+    Failed,
+    Done(Box<Parameters>),
+}
+
+/// One step of the login.
+fn log_in(login: &mut Login, pdu: &Pdu) -> Phase {
+    let (response, phase) = match login.step(pdu) {
+        Step::Continue(response) => (response, Phase::LoggingIn),
+        Step::Complete {
+            response,
+            parameters,
+            ..
+        } => (response, Phase::Done(parameters)),
+        Step::Fail(response, _) => (response, Phase::Failed),
     };
     assert_eq!(response.bhs.opcode(), Some(Opcode::LoginResponse));
     assert!(response.data.len() <= DEFAULT_MAX_RECV_DATA as usize);
-    going
+    phase
+}
+
+/// One Data-Out PDU into a write's gathering, which must never ask for
+/// data past what the command takes.
+fn gather(gathering: &mut Gathering, pdu: Pdu) {
+    let received = gathering.receive(DataOutPdu {
+        ttt: pdu.bhs.u32_at(20),
+        data_sn: pdu.bhs.u32_at(36),
+        offset: pdu.bhs.u32_at(40),
+        final_bit: pdu.bhs.final_bit(),
+        data: pdu.data,
+    });
+    if received.is_err() {
+        return;
+    }
+    let mut ttt = 0;
+    for r2t in gathering.r2ts(|| {
+        ttt += 1;
+        ttt
+    }) {
+        assert!(
+            r2t.length > 0 && r2t.offset + r2t.length <= WANTED,
+            "{r2t:?}"
+        );
+    }
+    if gathering.complete() {
+        let taken = std::mem::replace(
+            gathering,
+            Gathering::new(&Parameters::default(), 0, 0, Bytes::new(), true).unwrap(),
+        );
+        assert_eq!(taken.into_data().len(), WANTED as usize);
+    }
 }
 
 fn check(codec: &PduCodec, pdu: Pdu, wire: &[u8]) {
