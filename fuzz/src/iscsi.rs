@@ -52,6 +52,7 @@ pub fn iscsi(data: &[u8]) {
     let checker = codec.clone();
     let target = TargetIdentity {
         name: "iqn.2026-01.io.oxhorn:vol".into(),
+        chap: None,
     };
     // Until its login ends, the connection hands every PDU to the login;
     // then Data-Out PDUs go to a write of 64 KiB taking 40 KiB.

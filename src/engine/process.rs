@@ -17,6 +17,7 @@ use tracing::{Instrument, info, info_span, warn};
 use tokio_util::sync::CancellationToken;
 
 use super::{Engine, EngineControlService, EngineError};
+use crate::frontend::iscsi::chap::{ChapSecrets, Credential};
 use crate::frontend::iscsi::{Target, TargetConfig};
 use crate::frontend::scsi::luns::DISK_LUN;
 use crate::frontend::{FuseFrontend, FuseOptions};
@@ -109,7 +110,8 @@ async fn start_iscsi(
     let listener = bind(address)
         .and_then(|socket| socket.listen(LISTEN_BACKLOG))
         .map_err(listen_error)?;
-    let target_config = TargetConfig::new(&config.volume);
+    let mut target_config = TargetConfig::new(&config.volume);
+    target_config.chap = chap_from_env().map_err(EngineError::Config)?;
     let endpoint = format!(
         "iscsi://{address}/{}/{DISK_LUN}",
         target_config.target_name()
@@ -117,6 +119,40 @@ async fn start_iscsi(
     let target = Target::new(target_config, Arc::clone(engine));
     Ok((endpoint, tokio::spawn(target.serve(listener, stop))))
 }
+
+/// The CHAP secrets of the iSCSI target, from the environment (never the
+/// command line): `OXHORN_ISCSI_CHAP_USER` and `_SECRET` that initiators
+/// prove, and for mutual CHAP `OXHORN_ISCSI_CHAP_TARGET_USER` and
+/// `_SECRET` that the target proves. None set: no authentication.
+fn chap_from_env() -> Result<Option<ChapSecrets>, String> {
+    let credential = |prefix: &str| -> Result<Option<Credential>, String> {
+        let user = std::env::var(format!("{prefix}_USER")).ok();
+        let secret = std::env::var(format!("{prefix}_SECRET")).ok();
+        match (user, secret) {
+            (None, None) => Ok(None),
+            (Some(user), Some(secret)) if !user.is_empty() && secret.len() >= CHAP_MIN_SECRET => {
+                Ok(Some(Credential {
+                    user,
+                    secret: secret.into_bytes(),
+                }))
+            }
+            _ => Err(format!(
+                "{prefix}_USER and {prefix}_SECRET go together, the secret at least \
+                 {CHAP_MIN_SECRET} bytes (RFC 7143 §12.1.3)"
+            )),
+        }
+    };
+    let initiator = credential("OXHORN_ISCSI_CHAP")?;
+    let target = credential("OXHORN_ISCSI_CHAP_TARGET")?;
+    match (initiator, target) {
+        (None, None) => Ok(None),
+        (Some(initiator), target) => Ok(Some(ChapSecrets { initiator, target })),
+        (None, Some(_)) => Err("mutual CHAP needs OXHORN_ISCSI_CHAP_USER and _SECRET too".into()),
+    }
+}
+
+/// RFC 7143's shortest CHAP secret without IPsec: 96 bits.
+const CHAP_MIN_SECRET: usize = 12;
 
 /// Shows the volume's new size on the block device each time it grows.
 async fn follow_size(mut size: tokio::sync::watch::Receiver<u64>, frontend: Arc<FuseFrontend>) {

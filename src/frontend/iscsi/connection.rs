@@ -177,6 +177,7 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
         let tsih = self.target.next_tsih();
         let identity = TargetIdentity {
             name: self.target.config.target_name(),
+            chap: self.target.config.chap.clone(),
         };
         let mut login = Login::new(identity, tsih, 0);
         while let Some(request) = self.reader.next().await {

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 
 use bytes::Bytes;
 
+use super::chap::{Chap, ChapSecrets};
 use super::negotiate::{Parameters, SessionType};
 use super::pdu::{Bhs, DEFAULT_MAX_RECV_DATA, Opcode, Pdu};
 use super::text::{MAX_TEXT_LEN, Text};
@@ -60,11 +61,13 @@ fn initiator_error(why: impl Into<String>) -> Refusal {
     (Status::InitiatorError, why.into())
 }
 
-/// What the target serves: the name it answers to.
+/// What the target serves: the name it answers to, and the CHAP secrets
+/// an initiator must prove, if any.
 #[derive(Clone, Debug)]
 pub struct TargetIdentity {
     /// `iqn.2026-01.io.oxhorn:<volume>`.
     pub name: String,
+    pub chap: Option<ChapSecrets>,
 }
 
 /// The outcome of one Login Request.
@@ -121,6 +124,8 @@ pub struct Login {
     stat_sn: u32,
     /// The session's TSIH, handed out when the login completes.
     tsih: u16,
+    /// The CHAP exchange, once AuthMethod=CHAP is agreed.
+    chap: Option<Chap>,
 }
 
 impl Login {
@@ -136,6 +141,7 @@ impl Login {
             offered: BTreeSet::new(),
             stat_sn,
             tsih,
+            chap: None,
         }
     }
 
@@ -178,6 +184,13 @@ impl Login {
             return Err(initiator_error(format!(
                 "no transition from stage {csg} to {nsg}"
             )));
+        }
+        // The target holds the login in the security stage until CHAP is
+        // done (a response without T asks for more, RFC 7143 §6.3).
+        let transit = transit && (csg != SECURITY || self.authenticated());
+        if csg != SECURITY && !self.authenticated() {
+            let why = "this target requires CHAP, which happens in the security stage";
+            return Err((Status::AuthenticationFailed, why.into()));
         }
         let data = answer.encode();
         // The initiator takes 8192 bytes until the login completes.
@@ -281,17 +294,37 @@ impl Login {
         Ok(())
     }
 
-    /// The security stage: no authentication is asked for, so AuthMethod
-    /// must offer None. Any other key is operational, taken as there.
+    /// Whether the initiator may go past the security stage: it proved
+    /// its CHAP secret, or the target asks for none.
+    fn authenticated(&self) -> bool {
+        self.target.chap.is_none() || self.chap.as_ref().is_some_and(Chap::authenticated)
+    }
+
+    /// The security stage: AuthMethod agreed (CHAP when the target has
+    /// secrets, else None), then the CHAP exchange. Any other key is
+    /// operational, taken as there.
     fn security(&mut self, text: &Text, answer: &mut Text) -> Result<(), Refusal> {
         if let Some(methods) = text.get("AuthMethod") {
-            if !methods.split(',').any(|m| m == "None") {
-                let why = format!("AuthMethod {methods}: this target authenticates with None");
+            let wanted = if self.target.chap.is_some() {
+                "CHAP"
+            } else {
+                "None"
+            };
+            if !methods.split(',').any(|m| m == wanted) {
+                let why = format!("AuthMethod {methods}: this target authenticates with {wanted}");
                 return Err((Status::AuthenticationFailed, why));
             }
-            answer.push("AuthMethod", "None");
+            answer.push("AuthMethod", wanted);
+            self.chap = self.target.chap.clone().map(Chap::new);
         }
-        let rest = text.0.iter().filter(|(key, _)| key != "AuthMethod");
+        if let Some(chap) = &mut self.chap {
+            chap.step(text, answer)
+                .map_err(|e| (Status::AuthenticationFailed, e.to_string()))?;
+        }
+        let rest = text
+            .0
+            .iter()
+            .filter(|(key, _)| key != "AuthMethod" && !key.starts_with("CHAP_"));
         self.operational(&Text(rest.cloned().collect()), answer)
     }
 
@@ -332,12 +365,14 @@ impl Login {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frontend::iscsi::chap::Credential;
 
     const TARGET: &str = "iqn.2026-01.io.oxhorn:vol";
 
     fn login() -> Login {
         let target = TargetIdentity {
             name: TARGET.into(),
+            chap: None,
         };
         Login::new(target, 7, 100)
     }
@@ -362,6 +397,99 @@ mod tests {
 
     fn answer(pdu: &Pdu) -> Text {
         Text::parse(&pdu.data).unwrap()
+    }
+
+    fn chap_login() -> Login {
+        let secrets = ChapSecrets {
+            initiator: Credential {
+                user: "node".into(),
+                secret: b"initiator-secret".to_vec(),
+            },
+            target: None,
+        };
+        let target = TargetIdentity {
+            name: TARGET.into(),
+            chap: Some(secrets),
+        };
+        Login::new(target, 7, 100)
+    }
+
+    const LEADING: [(&str, &str); 3] = [
+        ("InitiatorName", "iqn.2026-01.io.test:host"),
+        ("SessionType", "Normal"),
+        ("TargetName", TARGET),
+    ];
+
+    #[test]
+    fn a_target_with_chap_holds_the_login_in_security_until_the_secret_is_proven() {
+        let mut login = chap_login();
+        let first = [&LEADING[..], &[("AuthMethod", "CHAP,None")]].concat();
+        let Step::Continue(response) = login.step(&request(SECURITY, OPERATIONAL, true, &first))
+        else {
+            panic!("the first request failed");
+        };
+        assert_eq!(answer(&response).get("AuthMethod"), Some("CHAP"));
+        assert_eq!(response.bhs.0[FLAGS], 0, "no transit before CHAP");
+        let Step::Continue(response) =
+            login.step(&request(SECURITY, OPERATIONAL, true, &[("CHAP_A", "5")]))
+        else {
+            panic!("CHAP_A failed");
+        };
+        let challenge = answer(&response);
+        assert_eq!(response.bhs.0[FLAGS], 0, "no transit before CHAP");
+        let id: u8 = challenge.get("CHAP_I").unwrap().parse().unwrap();
+        let bytes = challenge.get("CHAP_C").unwrap().strip_prefix("0x").unwrap();
+        let bytes: Vec<u8> = (0..bytes.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&bytes[i..i + 2], 16).unwrap())
+            .collect();
+        let mut md5 = <md5::Md5 as md5::Digest>::new();
+        md5::Digest::update(&mut md5, [id]);
+        md5::Digest::update(&mut md5, b"initiator-secret");
+        md5::Digest::update(&mut md5, &bytes);
+        let proof: String = md5::Digest::finalize(md5)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let reply = [("CHAP_N", "node"), ("CHAP_R", &format!("0x{proof}"))];
+        let Step::Continue(response) = login.step(&request(SECURITY, OPERATIONAL, true, &reply))
+        else {
+            panic!("the right response failed");
+        };
+        assert_eq!(response.bhs.0[FLAGS], TRANSIT | OPERATIONAL);
+        let last = request(OPERATIONAL, FULL_FEATURE, true, &[("HeaderDigest", "None")]);
+        assert!(matches!(login.step(&last), Step::Complete { .. }));
+    }
+
+    #[test]
+    fn a_target_with_chap_refuses_none_a_wrong_secret_and_skipping_security() {
+        let none_only = [&LEADING[..], &[("AuthMethod", "None")]].concat();
+        let Step::Fail(response, _) =
+            chap_login().step(&request(SECURITY, OPERATIONAL, true, &none_only))
+        else {
+            panic!("AuthMethod=None was taken");
+        };
+        assert_eq!(status(&response), Status::AuthenticationFailed as u16);
+        let Step::Fail(response, _) =
+            chap_login().step(&request(OPERATIONAL, FULL_FEATURE, true, &LEADING))
+        else {
+            panic!("the security stage was skipped");
+        };
+        assert_eq!(status(&response), Status::AuthenticationFailed as u16);
+        let mut login = chap_login();
+        let first = [&LEADING[..], &[("AuthMethod", "CHAP")]].concat();
+        login.step(&request(SECURITY, OPERATIONAL, false, &first));
+        login.step(&request(SECURITY, OPERATIONAL, false, &[("CHAP_A", "5")]));
+        let guess = [
+            ("CHAP_N", "node"),
+            ("CHAP_R", "0x00112233445566778899aabbccddeeff"),
+        ];
+        let Step::Fail(response, why) = login.step(&request(SECURITY, OPERATIONAL, true, &guess))
+        else {
+            panic!("a wrong response was taken");
+        };
+        assert_eq!(status(&response), Status::AuthenticationFailed as u16);
+        assert!(why.contains("CHAP_R"), "{why}");
     }
 
     #[test]

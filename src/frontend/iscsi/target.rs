@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::chap::ChapSecrets;
 use super::connection::Connection;
 use crate::frontend::BlockDevice;
 use crate::frontend::scsi::disk::Disk;
@@ -35,6 +36,9 @@ pub struct TargetConfig {
     pub login_timeout: Duration,
     /// Connections served at once; more are closed on arrival.
     pub max_connections: usize,
+    /// The CHAP secrets initiators must prove; none asks for no
+    /// authentication.
+    pub chap: Option<ChapSecrets>,
 }
 
 impl TargetConfig {
@@ -45,6 +49,7 @@ impl TargetConfig {
             ping_timeout: Duration::from_secs(10),
             login_timeout: Duration::from_secs(15),
             max_connections: 16,
+            chap: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! with tgtd (Debian `tgt`) serving a plain file as the reference.
 
 mod attach;
+mod chap;
 mod conformance;
 mod integrity;
 
