@@ -6,6 +6,7 @@ use std::time::Duration;
 use tonic::Status;
 
 use super::guard::VolumeBusy;
+use crate::frontend::FrontendError;
 use crate::host::HostError;
 
 /// Why a Controller call failed.
@@ -128,6 +129,21 @@ pub enum NodeError {
     Busy(#[from] VolumeBusy),
     #[error(transparent)]
     Host(#[from] HostError),
+}
+
+/// A device link the node could not make or remove.
+impl From<FrontendError> for NodeError {
+    fn from(err: FrontendError) -> Self {
+        match err {
+            FrontendError::NotALink { .. } => NodeError::FailedPrecondition(err.to_string()),
+            FrontendError::InvalidVolume(why) => NodeError::InvalidArgument(why),
+            FrontendError::Io { what, path, source } => NodeError::Host(HostError::Io {
+                action: what,
+                path,
+                source,
+            }),
+        }
+    }
 }
 
 impl From<NodeError> for Status {

@@ -2,7 +2,7 @@
 //! node it is attached to.
 
 mod aligned;
-mod device_link;
+pub(crate) mod device_link;
 mod error;
 pub mod fuse;
 mod fusefs;

@@ -1,15 +1,18 @@
 //! Operations on the node's host: running its programs (blkid, mkfs,
-//! resize2fs), mounting, and reading its mount table. When the manager runs in
-//! a container, `host_process` is a host process's directory in the host's
-//! /proc (its init's), and programs run in that process's mount and network
-//! namespaces.
+//! resize2fs, iscsiadm), mounting, and reading its mount table. When the
+//! manager runs in a container, `host_process` is a host process's directory
+//! in the host's /proc (its init's), and programs run in that process's mount
+//! and network namespaces.
 
 pub mod command;
 pub mod device;
 pub mod filesystem;
+pub mod iscsi;
 pub mod mount;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// What failed on the host. The messages carry what an operator needs: the
 /// program and its stderr, the path and the system error.
@@ -41,6 +44,34 @@ pub enum HostError {
     UnsupportedFilesystem(String),
     #[error("unexpected output of {program}: {detail}")]
     Output { program: String, detail: String },
+    /// A value refused before it reached iscsiadm's argv.
+    #[error("invalid iSCSI {what} {value:?}: {reason}")]
+    IscsiArgument {
+        what: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    /// iscsiadm exited with a status that is not an answer we expect;
+    /// `meaning` is open-iscsi's name for it.
+    #[error("{command} failed ({status}, {meaning}): {stderr}")]
+    Iscsiadm {
+        command: String,
+        status: String,
+        meaning: &'static str,
+        stderr: String,
+    },
+    /// Logged in, but the kernel made no disk of the LUN in time.
+    #[error(
+        "logged in to {iqn} at {portal}, but its disk did not appear at {} within {waited:?}; \
+         the session is kept and a retry reuses it",
+        path.display()
+    )]
+    IscsiDeviceMissing {
+        iqn: String,
+        portal: SocketAddr,
+        path: PathBuf,
+        waited: Duration,
+    },
 }
 
 impl HostError {

@@ -3,8 +3,10 @@
 //! staging path; publishing bind-mounts that (or, for block access, the
 //! device node itself) at each pod's target path. This file holds the
 //! service, request validation and what the calls share; stage.rs,
-//! publish.rs and stats.rs (stats and expansion) hold the calls.
+//! publish.rs and stats.rs (stats and expansion) hold the calls, iscsi.rs
+//! the login to an iSCSI volume's target that gives it its device.
 
+mod iscsi;
 mod publish;
 mod stage;
 mod stats;
@@ -40,6 +42,7 @@ use crate::datastore::Datastore;
 use crate::host::Host;
 use crate::host::device::{self, DeviceNumber};
 use crate::host::filesystem::FsType;
+use crate::host::iscsi::{HostCommands, Initiator};
 use crate::host::mount::{self, MountOptions};
 use crate::types::Volume;
 
@@ -65,6 +68,10 @@ pub struct NodeService {
     config: NodeServiceConfig,
     datastore: Arc<Datastore>,
     host: Host,
+    /// iscsiadm on the host; a trait object so tests can script it.
+    initiator: Initiator<Arc<dyn HostCommands>>,
+    /// How long staging waits for a volume's device (DEVICE_WAIT).
+    device_wait: Duration,
     locks: VolumeLocks,
 }
 
@@ -170,10 +177,13 @@ fn wanted_fs(fs_type: &str, context: &HashMap<String, String>) -> NodeResult<Opt
 impl NodeService {
     pub fn new(config: NodeServiceConfig, datastore: Arc<Datastore>) -> Self {
         let host = Host::new(config.host_process.clone());
+        let runner: Arc<dyn HostCommands> = Arc::new(host.clone());
         Self {
             config,
             datastore,
             host,
+            initiator: Initiator::new(runner),
+            device_wait: DEVICE_WAIT,
             locks: VolumeLocks::new(),
         }
     }
@@ -210,7 +220,7 @@ impl NodeService {
     /// Waits for the engine to publish the volume's device on this node.
     async fn wait_for_device(&self, volume: &Volume) -> NodeResult<(PathBuf, DeviceNumber)> {
         let volume_id = volume.metadata.name.as_deref().unwrap_or_default();
-        let deadline = Instant::now() + DEVICE_WAIT;
+        let deadline = Instant::now() + self.device_wait;
         loop {
             if let Some(found) = self.current_device(volume_id) {
                 return Ok(found);
@@ -233,16 +243,20 @@ impl NodeService {
             .get(&ObjectRef::new(volume_id).within(&self.datastore.namespace));
         let attached_to = volume.map(|v| v.spec.node_id.clone()).unwrap_or_default();
         if attached_to != self.config.node_id {
-            return NodeError::FailedPrecondition(format!(
-                "volume {volume_id} is not attached to node {} (it is to {attached_to:?}): \
-                 ControllerPublishVolume first",
-                self.config.node_id
-            ));
+            return self.not_attached_here(volume_id, &attached_to);
         }
         NodeError::Unavailable(format!(
-            "the device of volume {volume_id} did not appear at {} within {}s",
+            "the device of volume {volume_id} did not appear at {} within {:?}",
             link.display(),
-            DEVICE_WAIT.as_secs()
+            self.device_wait
+        ))
+    }
+
+    fn not_attached_here(&self, volume_id: &str, attached_to: &str) -> NodeError {
+        NodeError::FailedPrecondition(format!(
+            "volume {volume_id} is not attached to node {} (it is to {attached_to:?}): \
+             ControllerPublishVolume first",
+            self.config.node_id
         ))
     }
 

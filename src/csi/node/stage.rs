@@ -14,6 +14,7 @@ use crate::csi::proto::*;
 use crate::host::HostError;
 use crate::host::filesystem::{Content, FsType};
 use crate::host::mount;
+use crate::types::Frontend;
 
 /// Staging: the volume's filesystem mounted at the staging path.
 /// The filesystem made on a blank volume when the request names none.
@@ -26,6 +27,10 @@ impl NodeService {
         let capability = parse_capability(req.volume_capability.as_ref())?;
         let volume = self.volume(&req.volume_id).await?;
         let _guard = self.locks.try_lock(&req.volume_id)?;
+        if volume.spec.frontend == Frontend::Iscsi {
+            // Links the device as the FUSE frontend's engine would.
+            self.attach_iscsi(&volume).await?;
+        }
         let (device, number) = self.wait_for_device(&volume).await?;
         let read_only = capability.read_only();
         let Access::Mount { fs_type, options } = capability.access else {
@@ -91,6 +96,7 @@ impl NodeService {
         let _guard = self.locks.try_lock(&req.volume_id)?;
         // kubelet made the staging directory and removes it itself.
         self.unmount_all(staging).await?;
+        self.detach_iscsi(&req.volume_id).await?;
         Ok(())
     }
 }

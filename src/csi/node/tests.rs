@@ -1,20 +1,116 @@
 //! Validation runs against a datastore that never syncs. The real flows
 //! (format, mount, bind, stats, grow) need the test control plane and a
-//! loop device: they are integration tests (tests/it/csi_node.rs).
+//! loop device: they are integration tests (tests/it/csi_node.rs). iSCSI
+//! runs against a scripted iscsiadm.
 
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Output};
+use std::sync::Mutex;
+
+use futures::future::BoxFuture;
 use tonic::Code;
 
 use super::*;
 use crate::csi::proto::volume_capability;
+use crate::host::HostError;
 
 const NODE: &str = "node-1";
+const IQN: &str = "iqn.2026-01.io.oxhorn:vol";
 
-/// A service whose caches never sync: the API server is unreachable.
+/// A service whose caches never sync: the API server is unreachable. Its
+/// iscsiadm is a fake that is not installed.
 fn unsynced_service(dev_dir: &Path) -> NodeService {
     let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
     let datastore = Arc::new(Datastore::start(&client, "oxhorn-test"));
-    NodeService::new(config_for(dev_dir), datastore)
+    let mut svc = NodeService::new(config_for(dev_dir), datastore);
+    with_iscsiadm(&mut svc, dev_dir, FakeIscsiadm::missing());
+    svc
+}
+
+/// iscsiadm's answers by exit status: `--version` and anything unlisted
+/// exit 0, the login/logout/delete ones with their status.
+struct FakeIscsiadm {
+    installed: bool,
+    logout: i32,
+    delete: i32,
+    calls: Mutex<Vec<String>>,
+}
+
+impl FakeIscsiadm {
+    fn missing() -> Arc<Self> {
+        Self::answering(false, 0, 0)
+    }
+
+    fn answering(installed: bool, logout: i32, delete: i32) -> Arc<Self> {
+        Arc::new(Self {
+            installed,
+            logout,
+            delete,
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl HostCommands for FakeIscsiadm {
+    fn output<'a>(
+        &'a self,
+        program: &'a str,
+        args: &'a [String],
+    ) -> BoxFuture<'a, crate::host::Result<Output>> {
+        self.calls.lock().unwrap().push(args.join(" "));
+        let code = match args.last().map(String::as_str) {
+            Some("--logout") => self.logout,
+            Some("delete") => self.delete,
+            _ => 0,
+        };
+        let answer = if self.installed {
+            Ok(Output {
+                status: ExitStatus::from_raw(code << 8),
+                stdout: Vec::new(),
+                stderr: format!("iscsiadm: exit {code}").into_bytes(),
+            })
+        } else {
+            Err(HostError::MissingProgram {
+                program: program.to_owned(),
+                source: std::io::ErrorKind::NotFound.into(),
+            })
+        };
+        Box::pin(async move { answer })
+    }
+}
+
+/// Gives `svc` the scripted iscsiadm, by-path links under
+/// `<dir>/by-path`, the iscsi_tcp module when `<dir>/iscsi_tcp` exists,
+/// and short waits.
+fn with_iscsiadm(svc: &mut NodeService, dir: &Path, fake: Arc<FakeIscsiadm>) {
+    let runner: Arc<dyn HostCommands> = fake;
+    svc.initiator = Initiator::new(runner)
+        .with_by_path_dir(dir.join("by-path"))
+        .with_transport_module(dir.join("iscsi_tcp"))
+        .with_device_wait(Duration::from_millis(200));
+    svc.device_wait = Duration::from_millis(200);
+}
+
+fn iscsi_volume(attached_to: &str) -> Volume {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "oxhorn.io/v1beta1",
+        "kind": "Volume",
+        "metadata": {"name": "vol", "namespace": "oxhorn-test"},
+        "spec": {"size": 4096, "frontend": "iscsi", "nodeID": attached_to},
+    }))
+    .unwrap()
+}
+
+fn unstage_request(volume: &str, staging: &Path) -> NodeUnstageVolumeRequest {
+    NodeUnstageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+    }
 }
 
 fn config_for(dev_dir: &Path) -> NodeServiceConfig {
@@ -228,4 +324,138 @@ fn topology_has_only_the_labels_present() {
         HashMap::from([(crate::types::ZONE_LABEL.to_string(), "z1".to_string())])
     );
     assert_eq!(topology(None), None);
+}
+
+#[tokio::test]
+async fn an_iscsi_volume_on_a_node_without_an_initiator_is_a_failed_precondition() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut svc = unsynced_service(dir.path());
+    let fake = FakeIscsiadm::answering(true, 0, 0);
+    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let err = svc.attach_iscsi(&iscsi_volume(NODE)).await.unwrap_err();
+    let status = Status::from(err);
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    for needle in ["volume vol uses the iSCSI frontend", "node-1", "iscsi_tcp"] {
+        assert!(
+            status.message().contains(needle),
+            "{status:?} lacks {needle:?}"
+        );
+    }
+    // Without iscsiadm, the reason says what to install.
+    let status = Status::from(
+        unsynced_service(dir.path())
+            .attach_iscsi(&iscsi_volume(NODE))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("open-iscsi"), "{status:?}");
+    assert_eq!(fake.calls(), ["--version"]);
+}
+
+#[tokio::test]
+async fn an_iscsi_volume_attached_elsewhere_is_not_logged_into() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("iscsi_tcp")).unwrap();
+    let mut svc = unsynced_service(dir.path());
+    let fake = FakeIscsiadm::answering(true, 0, 0);
+    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let status = Status::from(svc.attach_iscsi(&iscsi_volume("node-2")).await.unwrap_err());
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("not attached to node node-1"),
+        "{status:?}"
+    );
+    assert_eq!(fake.calls(), ["--version"]);
+}
+
+#[tokio::test]
+async fn an_engine_without_an_iscsi_endpoint_is_unavailable_after_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("iscsi_tcp")).unwrap();
+    let mut svc = unsynced_service(dir.path());
+    let fake = FakeIscsiadm::answering(true, 0, 0);
+    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let status = Status::from(svc.attach_iscsi(&iscsi_volume(NODE)).await.unwrap_err());
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("serves no iSCSI target"),
+        "{status:?}"
+    );
+    assert_eq!(fake.calls(), ["--version"]);
+}
+
+#[tokio::test]
+async fn unstage_of_a_gone_volume_logs_out_of_the_target_named_by_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("iscsi_tcp")).unwrap();
+    let mut svc = unsynced_service(dir.path());
+    // Logged out and deleted already: a repeated unstage.
+    let fake = FakeIscsiadm::answering(true, 21, 21);
+    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let unstaged = svc.node_unstage_volume(Request::new(unstage_request("vol", &staging)));
+    unstaged.await.unwrap();
+    assert_eq!(
+        fake.calls(),
+        [
+            "--version".to_owned(),
+            format!("-m node -T {IQN} --logout"),
+            format!("-m node -T {IQN} -o delete"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn unstage_logs_out_and_removes_the_iscsi_link_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut svc = unsynced_service(dir.path());
+    // No iscsi_tcp module here now: the link alone says a login was made.
+    let fake = FakeIscsiadm::answering(true, 0, 0);
+    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let disk = dir
+        .path()
+        .join(format!("by-path/ip-10.0.0.7:3260-iscsi-{IQN}-lun-1"));
+    std::os::unix::fs::symlink(&disk, dir.path().join("vol")).unwrap();
+    std::os::unix::fs::symlink("/dev/loop3", dir.path().join("other")).unwrap();
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    svc.node_unstage_volume(Request::new(unstage_request("vol", &staging)))
+        .await
+        .unwrap();
+    assert!(std::fs::symlink_metadata(dir.path().join("vol")).is_err());
+    assert_eq!(
+        fake.calls(),
+        [
+            format!("-m node -T {IQN} --logout"),
+            format!("-m node -T {IQN} -o delete"),
+        ]
+    );
+    // Another volume's FUSE link is no iSCSI attachment: nothing runs.
+    svc.node_unstage_volume(Request::new(unstage_request("other", &staging)))
+        .await
+        .unwrap();
+    assert!(std::fs::symlink_metadata(dir.path().join("other")).is_ok());
+    assert_eq!(fake.calls().len(), 3, "{:?}", fake.calls());
+}
+
+#[tokio::test]
+async fn a_failed_logout_fails_the_unstage_and_keeps_the_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut svc = unsynced_service(dir.path());
+    let fake = FakeIscsiadm::answering(true, 10, 0);
+    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let disk = dir
+        .path()
+        .join(format!("by-path/ip-10.0.0.7:3260-iscsi-{IQN}-lun-1"));
+    std::os::unix::fs::symlink(&disk, dir.path().join("vol")).unwrap();
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let unstaged = svc
+        .node_unstage_volume(Request::new(unstage_request("vol", &staging)))
+        .await;
+    assert_code(unstaged, Code::Internal, "ISCSI_ERR_LOGOUT");
+    // Kept, so the retry knows to log out.
+    assert!(std::fs::symlink_metadata(dir.path().join("vol")).is_ok());
 }
