@@ -24,6 +24,7 @@ use crate::csi::{
     self, ControllerService, IdentityService, NodeService, NodeServiceConfig, VolumeLocks,
 };
 use crate::datastore::Datastore;
+use crate::host::Host;
 use crate::instance::{InstanceArgs, InstanceManager};
 use crate::protocol::Key;
 use crate::{Error, Result, names};
@@ -109,10 +110,7 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             NodeServiceConfig {
                 node_id: config.node_id.clone(),
                 dev_dir: config.node.dev_dir.clone(),
-                host_process: config
-                    .host_proc
-                    .as_ref()
-                    .map(|proc| proc.join(config.host_pid.to_string())),
+                host_process: host_process(&config),
                 max_volumes: config.max_volumes,
             },
             Arc::clone(&datastore),
@@ -198,6 +196,15 @@ fn start_controllers(
     )
 }
 
+/// The host process whose namespaces host programs run in, with
+/// `--host-proc`.
+fn host_process(config: &ManagerConfig) -> Option<PathBuf> {
+    config
+        .host_proc
+        .as_ref()
+        .map(|proc| proc.join(config.host_pid.to_string()))
+}
+
 async fn run_controllers(
     config: ManagerConfig,
     client: Client,
@@ -209,6 +216,7 @@ async fn run_controllers(
     let node = NodeConfig {
         node_id: config.node_id.clone(),
         data_dir: config.node.data_dir.clone(),
+        host: Host::new(host_process(&config)),
     };
     let ctx = controller::Context::new(client.clone(), datastore, node, instances, key);
     controller::ensure_own_node(&ctx).await?;

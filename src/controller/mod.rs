@@ -105,6 +105,8 @@ pub struct NodeConfig {
     pub node_id: String,
     /// Directory of the node's default disk.
     pub data_dir: PathBuf,
+    /// The node's host, where its frontends' programs run.
+    pub host: crate::host::Host,
 }
 
 /// Everything a reconcile needs.

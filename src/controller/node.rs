@@ -17,10 +17,11 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Context, ControllerError, replace_status};
+use crate::host::frontends;
 use crate::scheduler::promised_bytes;
 use crate::types::{
-    Condition, ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus, REGION_LABEL,
-    ZONE_LABEL,
+    Condition, ConditionStatus, DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus,
+    REGION_LABEL, ZONE_LABEL,
 };
 
 /// Free space changes without any event: measure this often.
@@ -69,6 +70,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Con
     let mut status = node.status.clone().unwrap_or_default();
     let action = if name == ctx.node.node_id {
         observe_own(&ctx, &node, &mut status);
+        status.frontends = frontends(&ctx).await;
         Action::requeue(MEASURE_EVERY)
     } else {
         observe_taken_over(&ctx, &name, &mut status);
@@ -148,6 +150,20 @@ fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
         reason,
         message,
     );
+}
+
+/// The frontends this node can present volumes with, measured on its
+/// host each time (an operator may install open-iscsi meanwhile).
+async fn frontends(ctx: &Context) -> Vec<FrontendSupport> {
+    frontends::support(&ctx.node.host, Path::new("/dev"))
+        .await
+        .into_iter()
+        .map(|(frontend, support)| FrontendSupport {
+            frontend,
+            supported: support.is_ok(),
+            reason: support.err().unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// A node whose manager is gone: not Ready, so nothing is placed there.

@@ -7,6 +7,7 @@
 pub mod command;
 pub mod device;
 pub mod filesystem;
+pub mod frontends;
 pub mod iscsi;
 pub mod mount;
 

@@ -20,7 +20,7 @@ pub use condition::{Condition, ConditionStatus};
 pub use engine::{Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo};
 pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
 pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
-pub use node::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
+pub use node::{DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};

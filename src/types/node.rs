@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Condition;
+use super::{Condition, Frontend};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -98,6 +98,21 @@ pub struct NodeStatus {
     /// From the Kubernetes node's topology.kubernetes.io/zone label.
     #[serde(default)]
     pub zone: String,
+    /// The frontends this node can present volumes with, and why not.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["frontend"]))]
+    pub frontends: Vec<FrontendSupport>,
+}
+
+/// Whether a node can present volumes with one frontend.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontendSupport {
+    pub frontend: Frontend,
+    pub supported: bool,
+    /// What is missing, when not supported.
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// What was measured of one disk.

@@ -6,8 +6,9 @@
 
 use std::process::Command;
 
+use kube::ResourceExt;
 use kube::api::PostParams;
-use oxhorn::types::Volume;
+use oxhorn::types::{Frontend, Node, Volume};
 use serde_json::json;
 
 use crate::common::{Cluster, init_tracing, require_root};
@@ -31,6 +32,35 @@ async fn an_iscsi_volume_attaches_and_its_engine_reports_the_endpoint_initiators
     init_tracing();
     require_root();
     let cluster = Cluster::start_with_instance_managers("isc", 2).await;
+    // Each node says which frontends it has: here FUSE, and no kernel
+    // initiator for iSCSI, which staging would need.
+    let nodes = cluster
+        .api::<Node>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    for node in &nodes.items {
+        let status = cluster
+            .until("the node's frontends reported", || async {
+                let node = cluster.api::<Node>().get(&node.name_any()).await.ok()?;
+                let status = node.status?;
+                (status.frontends.len() == 2).then_some(status)
+            })
+            .await;
+        let of = |frontend| {
+            status
+                .frontends
+                .iter()
+                .find(|f| f.frontend == frontend)
+                .unwrap()
+        };
+        assert!(of(Frontend::Fuse).supported, "{:?}", status.frontends);
+        let iscsi = of(Frontend::Iscsi);
+        assert!(
+            !iscsi.supported && iscsi.reason.contains("iscsi"),
+            "{iscsi:?}"
+        );
+    }
     let spec = json!({"size": SIZE, "numberOfReplicas": 2, "frontend": "iscsi"});
     let volume = Volume::new(VOLUME, serde_json::from_value(spec).unwrap());
     cluster
