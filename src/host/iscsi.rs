@@ -161,6 +161,16 @@ impl<R: HostCommands> Initiator<R> {
         Ok(())
     }
 
+    /// Has the kernel read the LUNs of `iqn`'s session again, so a grown
+    /// volume shows its new size (the target also raises a capacity-changed
+    /// unit attention, which not every kernel acts on).
+    pub async fn rescan(&self, iqn: &str) -> Result<()> {
+        validate_iqn(iqn)?;
+        self.iscsiadm(&["-m", "node", "-T", iqn, "-R"], &[]).await?;
+        info!(iqn, "iSCSI session rescanned");
+        Ok(())
+    }
+
     /// Whether `path` is a by-path name this initiator waits for, of `iqn`:
     /// how a device link made for an iSCSI disk is recognised later.
     pub fn is_disk_of(&self, path: &Path, iqn: &str) -> bool {

@@ -134,6 +134,17 @@ impl NodeService {
     /// Logs out of the volume's target and removes the link staging made,
     /// when the volume is or may be an iSCSI one. Each step tolerates its
     /// work being done already, so a crash between them is retried cleanly.
+    /// Has the kernel see a grown iSCSI volume's new size; a FUSE
+    /// volume's device follows by itself.
+    pub(super) async fn rescan_iscsi(&self, volume_id: &str) -> NodeResult<()> {
+        let iqn = target_name(volume_id);
+        let link = self.device_link(volume_id);
+        if fs::read_link(&link).is_ok_and(|disk| self.initiator.is_disk_of(&disk, &iqn)) {
+            self.initiator.rescan(&iqn).await?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn detach_iscsi(&self, volume_id: &str) -> NodeResult<()> {
         let iqn = target_name(volume_id);
         let link = self.device_link(volume_id);

@@ -90,6 +90,7 @@ impl NodeService {
             )));
         };
         let kind = self.published_kind(&req.volume_id, path, Some(&(device.clone(), number)))?;
+        self.rescan_iscsi(&req.volume_id).await?;
         let size = self.wait_for_size(&device, required).await?;
         if limit > 0 && size > limit as u64 {
             return Err(NodeError::OutOfRange(format!(

@@ -217,6 +217,20 @@ async fn detach_logs_out_then_deletes_the_record() {
 }
 
 #[tokio::test]
+async fn a_rescan_reads_the_targets_luns_again_and_a_failed_one_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeIscsiadm::new(|_| ok());
+    initiator(&fake, &dir).rescan(IQN).await.unwrap();
+    assert_eq!(
+        fake.calls(),
+        ["iscsiadm -m node -T iqn.2026-01.io.oxhorn:pvc-1 -R"]
+    );
+    let gone = FakeIscsiadm::new(|_| exit(21, "iscsiadm: No session found."));
+    let error = initiator(&gone, &dir).rescan(IQN).await.unwrap_err();
+    assert!(error.to_string().contains("No session found"), "{error}");
+}
+
+#[tokio::test]
 async fn logout_of_a_gone_session_is_success() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeIscsiadm::new(|args| {
