@@ -293,10 +293,13 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
         if bhs.immediate() {
             return true;
         }
-        if cmd_sn != self.exp_cmd_sn {
+        // A full queue closes the window: an initiator sending past it
+        // would otherwise make the target hold any number of commands.
+        if cmd_sn != self.exp_cmd_sn || self.queued >= COMMAND_WINDOW {
             debug!(
                 cmd_sn,
                 exp_cmd_sn = self.exp_cmd_sn,
+                queued = self.queued,
                 "a command out of its turn or outside the window: dropped"
             );
             return false;
@@ -306,10 +309,11 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
     }
 
     /// The window the initiator may send into: ExpCmdSN and the places
-    /// the queued commands leave.
+    /// the queued commands leave; ExpCmdSN - 1 when none is left (RFC 7143
+    /// §4.2.2.1: a closed window).
     fn max_cmd_sn(&self) -> u32 {
-        let free = COMMAND_WINDOW.saturating_sub(self.queued).max(1);
-        self.exp_cmd_sn.wrapping_add(free - 1)
+        let free = COMMAND_WINDOW.saturating_sub(self.queued);
+        self.exp_cmd_sn.wrapping_add(free).wrapping_sub(1)
     }
 
     /// Sets a response's StatSN (taking it when the response is a status),

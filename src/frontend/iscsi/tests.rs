@@ -156,6 +156,44 @@ async fn a_login_with_a_live_sessions_isid_replaces_that_session() {
 }
 
 #[tokio::test]
+async fn a_full_command_window_closes_and_commands_past_it_are_dropped() {
+    let target = target(Duration::from_secs(60));
+    let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No")];
+    let mut initiator = Initiator::connect(&target, &keys).await;
+    // Writes whose data never comes hold their places in the window.
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let window = super::login::COMMAND_WINDOW;
+    for itt in 0..window {
+        initiator
+            .command(itt, &write, 0x20, 4096, Bytes::new())
+            .await;
+        let r2t = initiator.receive().await.unwrap();
+        assert_eq!(r2t.bhs.opcode(), Some(Opcode::ReadyToTransfer));
+        let (exp_cmd_sn, max_cmd_sn) = (r2t.bhs.u32_at(28), r2t.bhs.u32_at(32));
+        assert_eq!(exp_cmd_sn, initiator.cmd_sn);
+        assert_eq!(
+            max_cmd_sn,
+            initiator.cmd_sn + window - itt - 2,
+            "after {itt}"
+        );
+    }
+    // Closed: MaxCmdSN is ExpCmdSN - 1. A command sent anyway is dropped;
+    // an immediate ping is still answered, and is the next PDU.
+    initiator.command(1000, &[0; 6], 0, 0, Bytes::new()).await;
+    let mut ping = Bhs::new(Opcode::NopOut);
+    ping.set_immediate(true);
+    ping.set_final(true);
+    ping.set_initiator_task_tag(2000);
+    ping.set_u32_at(20, NO_TAG);
+    ping.set_u32_at(24, initiator.cmd_sn);
+    initiator.send(Pdu::new(ping, Bytes::new())).await;
+    let next = initiator.receive().await.unwrap();
+    assert_eq!(next.bhs.opcode(), Some(Opcode::NopIn));
+    assert_eq!(next.bhs.initiator_task_tag(), 2000);
+    assert_eq!(next.bhs.u32_at(32), next.bhs.u32_at(28).wrapping_sub(1));
+}
+
+#[tokio::test]
 async fn a_malformed_pdu_is_rejected_and_ends_only_its_connection() {
     let target = target(Duration::from_secs(60));
     let mut first = Initiator::connect(&target, &[]).await;
