@@ -16,7 +16,7 @@ use super::cdb::{self, Transfer, action};
 use super::inquiry::{self, MAX_TRANSFER_BLOCKS, UnitIdentity};
 use super::mode::{self, MODE_SELECT_6, MODE_SELECT_10, MODE_SENSE_6, MODE_SENSE_10};
 use super::opcodes;
-use super::sense::Sense;
+use super::sense::{self, Sense};
 use super::unmap::{UNMAP, WRITE_SAME_10, WRITE_SAME_16};
 use super::verify;
 use crate::frontend::{BLOCK_SIZE, BlockDevice};
@@ -56,7 +56,7 @@ impl<D: BlockDevice> Disk<D> {
         let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
         match code {
             TEST_UNIT_READY => Ok(Bytes::new()),
-            REQUEST_SENSE => request_sense(cdb),
+            REQUEST_SENSE => sense::request_sense(cdb, Sense::NO_SENSE),
             INQUIRY => inquiry::inquiry(cdb, &self.identity).map(Bytes::from),
             READ_CAPACITY_10 => Ok(self.capacity_10()),
             MODE_SENSE_6 | MODE_SENSE_10 => mode::mode_sense(cdb, self.blocks()).map(Bytes::from),
@@ -199,18 +199,6 @@ impl<D: BlockDevice> Disk<D> {
         data.truncate(allocation as usize);
         Ok(Bytes::from(data))
     }
-}
-
-/// REQUEST SENSE: nothing pending (sense is returned with each failed
-/// command), in the format asked for.
-fn request_sense(cdb: &[u8]) -> Result<Bytes, Sense> {
-    if cdb.len() < 6 {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
-    let descriptor = cdb[1] & 0x01 != 0;
-    let mut data = Sense::new(0, 0, 0).encode(descriptor);
-    data.truncate(usize::from(cdb[4]));
-    Ok(Bytes::from(data))
 }
 
 /// A failed write or flush: the disks are full, or no replica took it.

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use super::disk::{Completion, Disk};
 use super::inquiry::{self, UnitIdentity};
-use super::sense::Sense;
+use super::sense::{self, Sense};
 use crate::frontend::BlockDevice;
 
 /// The LUN the volume is served as.
@@ -84,13 +84,13 @@ impl<D: BlockDevice> Luns<D> {
         }
         match cdb.first() {
             Some(&INQUIRY | &REPORT_LUNS) => None,
-            Some(&REQUEST_SENSE) => {
-                nexus.capacity = capacity;
-                let descriptor = cdb.get(1).is_some_and(|b| b & 1 != 0);
-                let mut data = Sense::CAPACITY_CHANGED.encode(descriptor);
-                data.truncate(cdb.get(4).map_or(0, |n| usize::from(*n)));
-                Some(Completion::Good(Bytes::from(data)))
-            }
+            Some(&REQUEST_SENSE) => match sense::request_sense(cdb, Sense::CAPACITY_CHANGED) {
+                Ok(data) => {
+                    nexus.capacity = capacity;
+                    Some(Completion::Good(data))
+                }
+                Err(sense) => Some(Completion::Check(sense)),
+            },
             _ => {
                 nexus.capacity = capacity;
                 Some(Completion::Check(Sense::CAPACITY_CHANGED))
@@ -124,7 +124,7 @@ impl<D: BlockDevice> Luns<D> {
         let result = match cdb.first() {
             Some(&INQUIRY) => inquiry::inquiry(cdb, &self.controller).map(Bytes::from),
             Some(&TEST_UNIT_READY) => Ok(Bytes::new()),
-            Some(&REQUEST_SENSE) => no_sense(cdb),
+            Some(&REQUEST_SENSE) => sense::request_sense(cdb, Sense::NO_SENSE),
             _ => Err(Sense::INVALID_OPCODE),
         };
         result.map_or_else(Completion::Check, Completion::Good)
@@ -142,16 +142,6 @@ fn absent(cdb: &[u8]) -> Completion {
     data[4] = 31;
     data.truncate(usize::from(u16::from_be_bytes([cdb[3], cdb[4]])));
     Completion::Good(Bytes::from(data))
-}
-
-/// REQUEST SENSE with nothing pending.
-fn no_sense(cdb: &[u8]) -> Result<Bytes, Sense> {
-    if cdb.len() < 6 {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
-    let mut data = Sense::new(0, 0, 0).encode(cdb[1] & 1 != 0);
-    data.truncate(usize::from(cdb[4]));
-    Ok(Bytes::from(data))
 }
 
 /// REPORT LUNS (SPC-5 §6.33): LUNs 0 and 1 for the select reports that

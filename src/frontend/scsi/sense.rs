@@ -92,6 +92,8 @@ impl Sense {
     pub const SPACE_ALLOCATION_FAILED: Self = Self::new(key::DATA_PROTECT, 0x27, 0x07);
     pub const MISCOMPARE_DURING_VERIFY: Self = Self::new(key::MISCOMPARE, 0x1d, 0x00);
     pub const COMMAND_ABORTED: Self = Self::new(key::ABORTED_COMMAND, 0x00, 0x00);
+    /// Nothing to report.
+    pub const NO_SENSE: Self = Self::new(0, 0, 0);
 
     /// Fixed-format sense data (SPC-5 §4.4.3): 18 bytes, current error.
     pub fn fixed(&self) -> [u8; 18] {
@@ -129,6 +131,18 @@ impl Sense {
             self.fixed().to_vec()
         }
     }
+}
+
+/// REQUEST SENSE (SPC-5 §6.39): `pending` (NO_SENSE when nothing is;
+/// sense is otherwise returned with each failed command) in the format the
+/// CDB asks, cut to its allocation length.
+pub fn request_sense(cdb: &[u8], pending: Sense) -> Result<bytes::Bytes, Sense> {
+    if cdb.len() < 6 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let mut data = pending.encode(cdb[1] & 0x01 != 0);
+    data.truncate(usize::from(cdb[4]));
+    Ok(bytes::Bytes::from(data))
 }
 
 #[cfg(test)]
