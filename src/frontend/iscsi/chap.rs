@@ -208,16 +208,13 @@ impl Chap {
     ) -> Result<(), ChapError> {
         let challenge = binary(offer, "CHAP_C")?;
         let id = offer.get("CHAP_I");
-        let (challenge, id) = match (challenge, id, &self.secrets.target) {
+        let (challenge, id, target) = match (challenge, id, &self.secrets.target) {
             // One-way CHAP: the initiator asks no proof.
             (None, None, _) => return Ok(()),
             (None, Some(_), Some(_)) => return Err(ChapError::Missing("CHAP_C")),
             (Some(_), None, Some(_)) => return Err(ChapError::Missing("CHAP_I")),
             (Some(_), _, None) | (_, Some(_), None) => return Err(ChapError::NoTargetSecret),
-            (Some(challenge), Some(id), Some(_)) => (challenge, id),
-        };
-        let Some(target) = &self.secrets.target else {
-            return Err(ChapError::NoTargetSecret);
+            (Some(challenge), Some(id), Some(target)) => (challenge, id, target),
         };
         if challenge == ours {
             return Err(ChapError::ReflectedChallenge);

@@ -25,7 +25,7 @@ use super::login::{COMMAND_WINDOW, Login, Step, TargetIdentity};
 use super::negotiate::{Parameters, SessionType, TARGET_MAX_RECV_DATA};
 use super::pdu::{Bhs, Opcode, Pdu, PduCodec, PduError};
 use super::scsi_task::{Running, Task, next_tag};
-use super::target::Target;
+use super::target::{self, Target};
 use super::text::{MAX_TEXT_LEN, Text};
 use crate::frontend::BlockDevice;
 use crate::frontend::scsi::luns::Nexus;
@@ -440,7 +440,7 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
             if all || value.is_empty() || *value == name {
                 answer.push("TargetName", name.clone());
                 if let Some(local) = self.local {
-                    answer.push("TargetAddress", Target::<D>::portal(local));
+                    answer.push("TargetAddress", target::portal(local));
                 }
             }
         }

@@ -116,55 +116,56 @@ impl<D: BlockDevice, S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 's
         } else {
             None
         };
-        let early = match refused {
-            Some(sense) => Some(Completion::Check(sense)),
-            None => self.early_completion(&task),
+        let admitted = match refused {
+            Some(sense) => Err(Completion::Check(sense)),
+            None => self.admit_task(&task),
         };
-        if write && early.is_none() {
-            task.wanted = self
-                .target
-                .luns
-                .data_out_len(task.lun, &task.cdb)
-                .unwrap_or(0);
-            let gathering = Gathering::new(
-                &self.parameters,
-                task.expected,
-                task.wanted,
-                request.data,
-                bhs.final_bit(),
-            );
-            return match gathering {
-                Ok(gathering) => {
-                    task.gathering = Some(gathering);
-                    self.tasks.insert(itt, task);
-                    self.advance(itt).await
+        match admitted {
+            Ok(wanted) if write => {
+                task.wanted = wanted;
+                let gathering = Gathering::new(
+                    &self.parameters,
+                    task.expected,
+                    wanted,
+                    request.data,
+                    bhs.final_bit(),
+                );
+                match gathering {
+                    Ok(gathering) => {
+                        task.gathering = Some(gathering);
+                        self.tasks.insert(itt, task);
+                        return self.advance(itt).await;
+                    }
+                    Err(error) => {
+                        self.tasks.insert(itt, task);
+                        return self.fail_data_phase(itt, error).await;
+                    }
                 }
-                Err(error) => {
-                    self.tasks.insert(itt, task);
-                    self.fail_data_phase(itt, error).await
-                }
-            };
-        }
-        self.tasks.insert(itt, task);
-        match early {
-            Some(completion) => self.finish(itt, completion).await?,
-            None => self.start(itt, Bytes::new()),
+            }
+            Ok(_) => {
+                self.tasks.insert(itt, task);
+                self.start(itt, Bytes::new());
+            }
+            Err(completion) => {
+                self.tasks.insert(itt, task);
+                self.finish(itt, completion).await?;
+            }
         }
         Ok(Flow::Continue)
     }
 
-    /// A command answered without running: a pending unit attention, or a
-    /// write refused from its CDB before any data moves.
-    fn early_completion(&mut self, task: &Task) -> Option<Completion> {
+    /// The bytes the task's command takes from the initiator, or the
+    /// answer it gets without running: a pending unit attention, or a
+    /// command refused from its CDB before any data moves.
+    fn admit_task(&mut self, task: &Task) -> std::result::Result<u32, Completion> {
         let luns = &self.target.luns;
         if let Some(nexus) = self.nexus.as_mut()
             && let Some(completion) = luns.unit_attention(task.lun, &task.cdb, nexus)
         {
-            return Some(completion);
+            return Err(completion);
         }
         luns.data_out_len(task.lun, &task.cdb)
-            .err()
-            .map(Completion::Check)
+            .map_err(Completion::Check)
     }
 
     /// A Data-Out PDU: data for a write being gathered. One for a task

@@ -158,11 +158,11 @@ impl<D: BlockDevice> Target<D> {
             sessions.live.remove(key);
         }
     }
+}
 
-    /// `ip:port,tag` of the portal a connection reached, for SendTargets.
-    pub(super) fn portal(local: SocketAddr) -> String {
-        format!("{local},{}", super::login::PORTAL_GROUP_TAG)
-    }
+/// `ip:port,tag` of the portal a connection reached, for SendTargets.
+pub(super) fn portal(local: SocketAddr) -> String {
+    format!("{local},{}", super::login::PORTAL_GROUP_TAG)
 }
 
 /// The session table's lock: a panic while holding it leaves the table
