@@ -168,6 +168,7 @@ mod tests {
                 },
                 replica_address_map: Default::default(),
                 frontend: Frontend::Fuse,
+                chap_secret: String::new(),
                 generation: 0,
                 salvage: false,
                 salvage_request: String::new(),

@@ -10,24 +10,28 @@ use std::time::Duration;
 use crate::protocol::Stamped;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use tracing::{Instrument, info, info_span};
+use kube::runtime::events::EventType;
+use tracing::{Instrument, info, info_span, warn};
 
 use super::control::{self, Control};
-use super::process::{announce, hold_deletion, never_ran, reflect};
+use super::process::{RUNNING, announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::engine::FrontendKind;
+use crate::frontend::iscsi::chap::ChapSecrets;
 use crate::instance::{InstanceKind, InstanceRequest};
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::{
     self as protocol, AddReplicaRequest, ExpandRequest, RemoveReplicaRequest,
 };
 use crate::types::{
-    DesireState, Engine, EngineStatus, Frontend, InstanceState, RebuildStatus, ReplicaMode,
-    SnapshotInfo,
+    Condition, ConditionStatus, DesireState, Engine, EngineStatus, Frontend, InstanceState,
+    RebuildStatus, ReplicaMode, SnapshotInfo,
 };
 
 /// How often a running engine is polled into its status.
 const POLL: Duration = Duration::from_secs(2);
+/// The reason given when an iSCSI engine's CHAP Secret cannot be used.
+const CHAP_UNUSABLE: &str = "ChapSecretUnusable";
 /// Bounds each call of a poll, so that a hung engine fails the pass.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -116,21 +120,28 @@ async fn run_here(
         status.instance.started = false;
         return Ok(Action::await_change());
     }
-    let request = InstanceRequest {
-        name,
-        kind: InstanceKind::Engine {
-            volume: engine.spec.instance.volume_name.clone(),
-            generation: engine.spec.generation,
-            size: engine.spec.instance.volume_size.unsigned_abs(),
-            replicas: engine.spec.replica_address_map.values().cloned().collect(),
-            frontend: match engine.spec.frontend {
-                Frontend::Fuse => FrontendKind::Fuse,
-                Frontend::Iscsi => FrontendKind::Iscsi,
-            },
-            salvage: engine.spec.salvage,
-        },
+    let info = match chap(ctx, engine) {
+        Ok(chap) => ctx.instances.ensure_running(request(engine, chap)).await?,
+        Err(why) => {
+            warn!(%why, "the engine's CHAP Secret is unusable");
+            ctx.event(engine, EventType::Warning, CHAP_UNUSABLE, why.clone())
+                .await;
+            // Never started, nor its request changed, without its secrets:
+            // a process running keeps those it started with.
+            let Some(info) = ctx.instances.get(&name) else {
+                let conditions = &mut status.instance.conditions;
+                Condition::set(
+                    conditions,
+                    RUNNING,
+                    ConditionStatus::False,
+                    CHAP_UNUSABLE,
+                    why,
+                );
+                return Ok(Action::requeue(POLL));
+            };
+            info
+        }
     };
-    let info = ctx.instances.ensure_running(request).await?;
     reflect(&mut status.instance, &info);
     if info.state != InstanceState::Running {
         return Ok(Action::requeue(POLL));
@@ -141,6 +152,33 @@ async fn run_here(
     let observed = converge(engine, &mut api).await?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))
+}
+
+/// What the instance manager runs for `engine`.
+fn request(engine: &Engine, chap: Option<ChapSecrets>) -> InstanceRequest {
+    InstanceRequest {
+        name: engine.name_any(),
+        kind: InstanceKind::Engine {
+            volume: engine.spec.instance.volume_name.clone(),
+            generation: engine.spec.generation,
+            size: engine.spec.instance.volume_size.unsigned_abs(),
+            replicas: engine.spec.replica_address_map.values().cloned().collect(),
+            frontend: match engine.spec.frontend {
+                Frontend::Fuse => FrontendKind::Fuse,
+                Frontend::Iscsi => FrontendKind::Iscsi,
+            },
+            salvage: engine.spec.salvage,
+            chap,
+        },
+    }
+}
+
+/// The CHAP credentials an iSCSI engine's target asks for, from its Secret.
+fn chap(ctx: &Context, engine: &Engine) -> Result<Option<ChapSecrets>, String> {
+    match engine.spec.frontend {
+        Frontend::Iscsi => ctx.ds.chap_secrets(&engine.spec.chap_secret),
+        Frontend::Fuse => Ok(None),
+    }
 }
 
 /// Brings the running engine to the spec: replicas added (and rebuilt) or

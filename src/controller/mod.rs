@@ -252,6 +252,12 @@ impl Context {
         self.ds.volumes.store.get(&key)
     }
 
+    /// oxhorn's Node of `node_id`, as last cached.
+    pub fn cached_node(&self, node_id: &str) -> Option<Arc<Node>> {
+        let key = ObjectRef::new(node_id).within(&self.ds.namespace);
+        self.ds.nodes.store.get(&key)
+    }
+
     /// The settings in effect now.
     pub fn settings(&self) -> Settings {
         Settings::read(&self.ds.settings.store, &self.ds.namespace)

@@ -318,7 +318,9 @@ impl<'a> Pass<'a> {
             EngineSpec {
                 instance: self.instance_spec(),
                 replica_address_map: Default::default(),
-                frontend: self.volume.spec.frontend,
+                // Decided again on each start, for the node it starts on.
+                frontend: self.volume.spec.frontend.on(None),
+                chap_secret: String::new(),
                 generation: 0,
                 salvage: false,
                 salvage_request: String::new(),

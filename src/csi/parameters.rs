@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::error::ControllerError;
 use crate::host::filesystem::FsType;
-use crate::types::{DataLocality, Frontend, ReplicaAutoBalance};
+use crate::types::{DataLocality, ReplicaAutoBalance, VolumeFrontend};
 
 const MIB: i64 = 1 << 20;
 /// Sizes are whole numbers of this: the data plane's rebuild chunk.
@@ -29,6 +29,7 @@ const KNOWN_KEYS: &[&str] = &[
     "replicaAutoBalance",
     "fsType",
     "frontend",
+    "chapSecret",
     "fromBackup",
 ];
 
@@ -44,7 +45,9 @@ pub struct VolumeParameters {
     pub node_selector: Vec<String>,
     pub replica_auto_balance: ReplicaAutoBalance,
     pub fs_type: Option<FsType>,
-    pub frontend: Frontend,
+    pub frontend: VolumeFrontend,
+    /// The Secret, in oxhorn's namespace, with the iSCSI CHAP credentials.
+    pub chap_secret: String,
 }
 
 impl VolumeParameters {
@@ -60,6 +63,12 @@ impl VolumeParameters {
             parsed.set(key, value).map_err(|why| {
                 ControllerError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
             })?;
+        }
+        if !parsed.chap_secret.is_empty() && parsed.frontend == VolumeFrontend::Fuse {
+            return Err(ControllerError::InvalidArgument(
+                "parameter chapSecret: CHAP authenticates iSCSI logins; frontend fuse has none"
+                    .into(),
+            ));
         }
         Ok(parsed)
     }
@@ -80,6 +89,10 @@ impl VolumeParameters {
             "replicaAutoBalance" => self.replica_auto_balance = auto_balance(value)?,
             "fsType" => self.fs_type = Some(fs_type(value)?),
             "frontend" => self.frontend = frontend(value)?,
+            "chapSecret" => {
+                crate::names::validate_dns_subdomain("a Secret name", value)?;
+                self.chap_secret = value.to_owned();
+            }
             "fromBackup" if value.is_empty() => {}
             "fromBackup" => return Err("restoring from a backup is not available yet".into()),
             _ => {
@@ -141,11 +154,12 @@ pub fn fs_type(value: &str) -> Result<FsType, String> {
     FsType::parse(value).map_err(|_| "must be ext4 or xfs".to_owned())
 }
 
-fn frontend(value: &str) -> Result<Frontend, String> {
+fn frontend(value: &str) -> Result<VolumeFrontend, String> {
     match value {
-        "" | "fuse" => Ok(Frontend::Fuse),
-        "iscsi" => Ok(Frontend::Iscsi),
-        _ => Err("must be fuse or iscsi".into()),
+        "" | "auto" => Ok(VolumeFrontend::Auto),
+        "fuse" => Ok(VolumeFrontend::Fuse),
+        "iscsi" => Ok(VolumeFrontend::Iscsi),
+        _ => Err("must be auto, fuse or iscsi".into()),
     }
 }
 
@@ -243,8 +257,15 @@ mod tests {
         assert_eq!(parsed.replica_auto_balance, ReplicaAutoBalance::Disabled);
         assert_eq!(parsed.fs_type, Some(FsType::Xfs));
         assert_eq!(parsed.volume_context()["fsType"], "xfs");
-        let iscsi = VolumeParameters::parse(&params(&[("frontend", "iscsi")])).unwrap();
-        assert_eq!(iscsi.frontend, Frontend::Iscsi);
+        let iscsi = VolumeParameters::parse(&params(&[
+            ("frontend", "iscsi"),
+            ("chapSecret", "volume-chap"),
+        ]))
+        .unwrap();
+        assert_eq!(iscsi.frontend, VolumeFrontend::Iscsi);
+        assert_eq!(iscsi.chap_secret, "volume-chap");
+        let auto = VolumeParameters::parse(&params(&[("frontend", "auto")])).unwrap();
+        assert_eq!(auto.frontend, VolumeFrontend::Auto);
         assert_eq!(
             VolumeParameters::parse(&params(&[])).unwrap(),
             VolumeParameters::default()
@@ -261,7 +282,8 @@ mod tests {
             ("fsType", "btrfs", "ext4 or xfs"),
             ("diskSelector", "a b", "tag \"a b\""),
             ("dataLocality", "strict-local", "not available yet"),
-            ("frontend", "nbd", "fuse or iscsi"),
+            ("frontend", "nbd", "auto, fuse or iscsi"),
+            ("chapSecret", "Not/A/Name", "a Secret name"),
             ("fromBackup", "s3://bucket/backup", "not available yet"),
         ] {
             let error = VolumeParameters::parse(&params(&[(key, value)]))
@@ -271,6 +293,22 @@ mod tests {
             assert!(error.message().contains(key), "{}", error.message());
             assert!(error.message().contains(says), "{}", error.message());
         }
+    }
+
+    #[test]
+    fn chap_is_refused_for_fuse() {
+        let error = VolumeParameters::parse(&params(&[
+            ("frontend", "fuse"),
+            ("chapSecret", "volume-chap"),
+        ]))
+        .map_err(Status::from)
+        .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert!(
+            error.message().contains("frontend fuse"),
+            "{}",
+            error.message()
+        );
     }
 
     /// The gRPC code a refused size answers with.

@@ -5,12 +5,14 @@
 //! when the server says it is too old, so the caches converge after any gap.
 
 mod changes;
+mod chap;
 mod fanout;
 mod lease_clock;
 mod liveness;
 pub mod settings;
 
 pub use changes::changed_only;
+pub use chap::chap_from_secret;
 pub use lease_clock::LeaseClock;
 pub use liveness::{Down, Liveness};
 pub use settings::Settings;
@@ -23,7 +25,7 @@ use std::time::Instant;
 use fanout::Fanout;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node as KubeNode;
+use k8s_openapi::api::core::v1::{Node as KubeNode, Secret};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -52,7 +54,8 @@ where
 }
 
 /// Caches of every resource the manager reads: oxhorn's in its namespace,
-/// the Kubernetes nodes, and the managers' leases. Dropping the datastore
+/// the Kubernetes nodes, the managers' leases, and the Secrets of oxhorn's
+/// namespace (volumes' CHAP credentials). Dropping the datastore
 /// stops its watches.
 pub struct Datastore {
     pub namespace: String,
@@ -64,6 +67,7 @@ pub struct Datastore {
     pub snapshots: Cache<Snapshot>,
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
+    pub secrets: Cache<Secret>,
     /// When each lease was last seen to change, on this process's clock.
     pub lease_clock: Arc<LeaseClock>,
     ready: watch::Receiver<bool>,
@@ -114,6 +118,11 @@ impl Datastore {
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(crate::types::MANAGER_LEASE_SELECTOR),
         );
+        let secrets = cache::<Secret>(
+            &mut tasks,
+            Api::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        );
 
         let lease_clock = Arc::new(LeaseClock::new(Instant::now()));
         let clock = Arc::clone(&lease_clock);
@@ -134,9 +143,10 @@ impl Datastore {
             snapshots.store.clone(),
             kube_nodes.store.clone(),
             leases.store.clone(),
+            secrets.store.clone(),
         );
         tasks.spawn(async move {
-            let (v, e, r, n, s, sn, k, l) = waits;
+            let (v, e, r, n, s, sn, k, l, se) = waits;
             let synced = futures::try_join!(
                 v.wait_until_ready(),
                 e.wait_until_ready(),
@@ -146,6 +156,7 @@ impl Datastore {
                 sn.wait_until_ready(),
                 k.wait_until_ready(),
                 l.wait_until_ready(),
+                se.wait_until_ready(),
             );
             if synced.is_ok() {
                 tracing::info!("caches synced");
@@ -162,6 +173,7 @@ impl Datastore {
             snapshots,
             kube_nodes,
             leases,
+            secrets,
             lease_clock,
             ready,
             _tasks: tasks,

@@ -26,7 +26,7 @@ mod status;
 
 pub use control::EngineControlService;
 pub use member::{Mode, control_address};
-pub use process::{EngineConfig, FrontendKind, run};
+pub use process::{CHAP_MIN_SECRET, EngineConfig, FrontendKind, chap_env, run};
 
 use std::io;
 use std::net::SocketAddr;

@@ -120,10 +120,31 @@ async fn start_iscsi(
     Ok((endpoint, tokio::spawn(target.serve(listener, stop))))
 }
 
-/// The CHAP secrets of the iSCSI target, from the environment (never the
-/// command line): `OXHORN_ISCSI_CHAP_USER` and `_SECRET` that initiators
-/// prove, and for mutual CHAP `OXHORN_ISCSI_CHAP_TARGET_USER` and
-/// `_SECRET` that the target proves. None set: no authentication.
+/// The environment variables holding the iSCSI target's CHAP secrets
+/// (never the command line, which anyone on the node can read): the user
+/// and secret initiators prove, and for mutual CHAP those the target proves.
+const CHAP_ENV: &str = "OXHORN_ISCSI_CHAP";
+const CHAP_TARGET_ENV: &str = "OXHORN_ISCSI_CHAP_TARGET";
+
+/// The environment that hands `secrets` to an engine (see [`chap_from_env`]).
+pub fn chap_env(secrets: &ChapSecrets) -> Vec<(String, String)> {
+    let credential = |prefix: &str, credential: &Credential| {
+        [
+            (format!("{prefix}_USER"), credential.user.clone()),
+            (format!("{prefix}_SECRET"), credential.secret.clone()),
+        ]
+    };
+    let mut env = credential(CHAP_ENV, &secrets.initiator).to_vec();
+    if let Some(target) = &secrets.target {
+        env.extend(credential(CHAP_TARGET_ENV, target));
+    }
+    env
+}
+
+/// The CHAP secrets of the iSCSI target, from the environment:
+/// `OXHORN_ISCSI_CHAP_USER` and `_SECRET` that initiators prove, and for
+/// mutual CHAP `OXHORN_ISCSI_CHAP_TARGET_USER` and `_SECRET` that the
+/// target proves. None set: no authentication.
 fn chap_from_env() -> Result<Option<ChapSecrets>, String> {
     let credential = |prefix: &str| -> Result<Option<Credential>, String> {
         let user = std::env::var(format!("{prefix}_USER")).ok();
@@ -131,10 +152,7 @@ fn chap_from_env() -> Result<Option<ChapSecrets>, String> {
         match (user, secret) {
             (None, None) => Ok(None),
             (Some(user), Some(secret)) if !user.is_empty() && secret.len() >= CHAP_MIN_SECRET => {
-                Ok(Some(Credential {
-                    user,
-                    secret: secret.into_bytes(),
-                }))
+                Ok(Some(Credential { user, secret }))
             }
             _ => Err(format!(
                 "{prefix}_USER and {prefix}_SECRET go together, the secret at least \
@@ -142,17 +160,17 @@ fn chap_from_env() -> Result<Option<ChapSecrets>, String> {
             )),
         }
     };
-    let initiator = credential("OXHORN_ISCSI_CHAP")?;
-    let target = credential("OXHORN_ISCSI_CHAP_TARGET")?;
+    let initiator = credential(CHAP_ENV)?;
+    let target = credential(CHAP_TARGET_ENV)?;
     match (initiator, target) {
         (None, None) => Ok(None),
         (Some(initiator), target) => Ok(Some(ChapSecrets { initiator, target })),
-        (None, Some(_)) => Err("mutual CHAP needs OXHORN_ISCSI_CHAP_USER and _SECRET too".into()),
+        (None, Some(_)) => Err(format!("mutual CHAP needs {CHAP_ENV}_USER and _SECRET too")),
     }
 }
 
 /// RFC 7143's shortest CHAP secret without IPsec: 96 bits.
-const CHAP_MIN_SECRET: usize = 12;
+pub const CHAP_MIN_SECRET: usize = 12;
 
 /// Shows the volume's new size on the block device each time it grows.
 async fn follow_size(mut size: tokio::sync::watch::Receiver<u64>, frontend: Arc<FuseFrontend>) {

@@ -29,7 +29,7 @@ impl Host {
         let mut command = Command::new(program);
         command.args(args).kill_on_drop(true);
         self.enter_namespaces(&mut command)?;
-        debug!(program, args = ?args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(), "running");
+        debug!(program, args = ?shown(args), "running");
         command
             .output()
             .await
@@ -68,14 +68,26 @@ impl Host {
     }
 }
 
+/// `args` as logs and errors show them: the value set for a setting whose
+/// name holds "password" (`-n node.session.auth.password -v <value>`, as
+/// iscsiadm takes CHAP secrets) is hidden.
+pub(super) fn shown<S: AsRef<OsStr>>(args: &[S]) -> Vec<String> {
+    let mut shown: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    for i in 3..shown.len() {
+        if shown[i - 3] == "-n" && shown[i - 2].contains("password") && shown[i - 1] == "-v" {
+            shown[i] = "<hidden>".to_owned();
+        }
+    }
+    shown
+}
+
 /// The error for a program that exited unsuccessfully: its command line and
 /// stderr (or stdout, for programs that report errors there).
 pub(super) fn failure<S: AsRef<OsStr>>(program: &str, args: &[S], output: &Output) -> HostError {
-    let mut command = program.to_string();
-    for arg in args {
-        command.push(' ');
-        command.push_str(&arg.as_ref().to_string_lossy());
-    }
+    let command = format!("{program} {}", shown(args).join(" "));
     let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
     let stderr = if stderr.is_empty() {
         String::from_utf8_lossy(&output.stdout).trim().to_string()
@@ -92,6 +104,26 @@ pub(super) fn failure<S: AsRef<OsStr>>(program: &str, args: &[S], output: &Outpu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn password_values_are_hidden_from_logs_and_errors() {
+        let args = [
+            "-m",
+            "node",
+            "-o",
+            "update",
+            "-n",
+            "node.session.auth.password_in",
+            "-v",
+            "s3cret-value",
+        ];
+        assert_eq!(
+            shown(&args).join(" "),
+            "-m node -o update -n node.session.auth.password_in -v <hidden>"
+        );
+        let user = ["-n", "node.session.auth.username", "-v", "node"];
+        assert_eq!(shown(&user), user);
+    }
 
     #[tokio::test]
     async fn a_failing_program_reports_its_stderr() {

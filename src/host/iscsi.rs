@@ -15,6 +15,7 @@ use tracing::{debug, info};
 
 use super::{Host, HostError, Result};
 use crate::frontend::iscsi::IQN_PREFIX;
+use crate::frontend::iscsi::chap::ChapSecrets;
 
 const ISCSIADM: &str = "iscsiadm";
 /// Where udev names SCSI disks by how they are reached.
@@ -119,10 +120,17 @@ impl<R: HostCommands> Initiator<R> {
         }
     }
 
-    /// Logs into `iqn` at `portal` (reusing a session that exists) and
-    /// returns the by-path name of the LUN's disk once it appears. If it
-    /// does not, the session stays, so that a retry finds it.
-    pub async fn attach(&self, portal: SocketAddr, iqn: &str, lun: u16) -> Result<PathBuf> {
+    /// Logs into `iqn` at `portal` (reusing a session that exists), proving
+    /// `chap`'s credentials if given, and returns the by-path name of the
+    /// LUN's disk once it appears. If it does not, the session stays, so
+    /// that a retry finds it.
+    pub async fn attach(
+        &self,
+        portal: SocketAddr,
+        iqn: &str,
+        lun: u16,
+        chap: Option<&ChapSecrets>,
+    ) -> Result<PathBuf> {
         validate_iqn(iqn)?;
         validate_portal(portal)?;
         if lun > MAX_LUN {
@@ -136,12 +144,41 @@ impl<R: HostCommands> Initiator<R> {
         // Discovery creates the node record that login uses.
         let discovery = ["-m", "discovery", "-t", "sendtargets", "-p", &portal_arg];
         self.iscsiadm(&discovery, &[]).await?;
+        self.set_authentication(&portal_arg, iqn, chap).await?;
         let login = ["-m", "node", "-T", iqn, "-p", &portal_arg, "--login"];
         match self.iscsiadm(&login, &[ERR_SESS_EXISTS]).await? {
             ERR_SESS_EXISTS => info!(iqn, %portal, "reusing the existing iSCSI session"),
             _ => info!(iqn, %portal, "logged in"),
         }
         self.wait_for_device(portal, iqn, lun).await
+    }
+
+    /// Sets how the node record's sessions authenticate: with `chap`'s
+    /// credentials, or with none (also undoing an earlier CHAP setting).
+    async fn set_authentication(
+        &self,
+        portal: &str,
+        iqn: &str,
+        chap: Option<&ChapSecrets>,
+    ) -> Result<()> {
+        let method = if chap.is_some() { "CHAP" } else { "None" };
+        let mut settings = vec![("node.session.auth.authmethod", method)];
+        if let Some(chap) = chap {
+            let initiator = &chap.initiator;
+            settings.push(("node.session.auth.username", &initiator.user));
+            settings.push(("node.session.auth.password", &initiator.secret));
+            if let Some(target) = &chap.target {
+                settings.push(("node.session.auth.username_in", &target.user));
+                settings.push(("node.session.auth.password_in", &target.secret));
+            }
+        }
+        for (name, value) in settings {
+            let update = [
+                "-m", "node", "-T", iqn, "-p", portal, "-o", "update", "-n", name, "-v", value,
+            ];
+            self.iscsiadm(&update, &[]).await?;
+        }
+        Ok(())
     }
 
     /// Logs out of `iqn` and deletes its node record. Either may already be
@@ -240,7 +277,7 @@ impl<R: HostCommands> Initiator<R> {
         match output.status.code() {
             Some(code) if code == 0 || answers.contains(&code) => Ok(code),
             code => Err(HostError::Iscsiadm {
-                command: format!("{ISCSIADM} {}", args.join(" ")),
+                command: format!("{ISCSIADM} {}", super::command::shown(&args).join(" ")),
                 status: output.status.to_string(),
                 meaning: code.map_or("killed by a signal", meaning),
                 stderr: message_of(&output),

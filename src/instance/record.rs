@@ -2,7 +2,8 @@
 //! restarted manager finds (adopts) the processes that outlived it.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -64,7 +65,15 @@ impl Records {
             path: path.clone(),
             source,
         })?;
-        fs::write(&temp, json).map_err(|e| InstanceError::io("writing", &temp, e))?;
+        // Owner-only: an engine's record holds its CHAP secrets.
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)
+            .and_then(|mut file| file.write_all(&json));
+        written.map_err(|e| InstanceError::io("writing", &temp, e))?;
         fs::rename(&temp, &path).map_err(|e| InstanceError::io("renaming", &temp, e))
     }
 
@@ -150,6 +159,40 @@ mod tests {
                 },
             },
         }
+    }
+
+    #[test]
+    fn an_engine_record_with_chap_secrets_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+
+        use crate::engine::FrontendKind;
+        use crate::frontend::iscsi::chap::{ChapSecrets, Credential};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = Records::new(dir.path());
+        records.create_dir().expect("create");
+        let mut engine = record("e");
+        engine.request.kind = InstanceKind::Engine {
+            volume: "vol".into(),
+            generation: 1,
+            size: 4096,
+            replicas: vec!["10.0.0.1:10000".into()],
+            frontend: FrontendKind::Iscsi,
+            salvage: false,
+            chap: Some(ChapSecrets {
+                initiator: Credential {
+                    user: "node".into(),
+                    secret: "initiator-secret".into(),
+                },
+                target: None,
+            }),
+        };
+        records.write(&engine).expect("write");
+        let path = records.path("e");
+        let mode = fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let found = records.load_all().expect("load");
+        assert_eq!(found[0].record.as_ref().expect("e"), &engine);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::InstanceError;
 use crate::engine::FrontendKind;
+use crate::frontend::iscsi::chap::ChapSecrets;
 use crate::names;
 
 /// Which process an instance runs.
@@ -34,6 +35,10 @@ pub enum InstanceKind {
         /// Serve even without the newest I/O path's replicas.
         #[serde(default)]
         salvage: bool,
+        /// The CHAP credentials the iSCSI target asks for, handed over in
+        /// the process's environment.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chap: Option<ChapSecrets>,
     },
 }
 
@@ -49,6 +54,17 @@ impl InstanceKind {
                 ..
             } => 2,
             InstanceKind::Engine { .. } => 1,
+        }
+    }
+
+    /// The environment the process takes its secrets from, besides its
+    /// volume's data-plane key.
+    pub(super) fn env(&self) -> Vec<(String, String)> {
+        match self {
+            InstanceKind::Engine {
+                chap: Some(chap), ..
+            } => crate::engine::chap_env(chap),
+            _ => Vec::new(),
         }
     }
 
@@ -127,6 +143,7 @@ impl InstanceRequest {
                 replicas,
                 frontend,
                 salvage: _,
+                chap: _,
             } => {
                 push("--volume", volume);
                 push("--generation", &generation.to_string());
@@ -201,8 +218,44 @@ mod tests {
                 replicas: vec!["10.0.0.1:1000".into(), "10.0.0.2:1000".into()],
                 frontend: FrontendKind::None,
                 salvage: false,
+                chap: None,
             },
         }
+    }
+
+    #[test]
+    fn chap_secrets_go_to_the_environment_never_the_command_line() {
+        use crate::frontend::iscsi::chap::Credential;
+
+        let mut request = engine();
+        let credential = |user: &str, secret: &str| Credential {
+            user: user.into(),
+            secret: secret.into(),
+        };
+        if let InstanceKind::Engine { chap, frontend, .. } = &mut request.kind {
+            *frontend = FrontendKind::Iscsi;
+            *chap = Some(ChapSecrets {
+                initiator: credential("node", "initiator-secret"),
+                target: Some(credential("target", "target-secret-1")),
+            });
+        }
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let args = request.args(ip, 2000, Path::new("/run"), Path::new("/dev"));
+        assert!(!format!("{args:?}").contains("secret"), "{args:?}");
+        assert!(!format!("{request:?}").contains("-secret"), "{request:?}");
+        let env = request.kind.env();
+        let names: Vec<&str> = env.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "OXHORN_ISCSI_CHAP_USER",
+                "OXHORN_ISCSI_CHAP_SECRET",
+                "OXHORN_ISCSI_CHAP_TARGET_USER",
+                "OXHORN_ISCSI_CHAP_TARGET_SECRET"
+            ]
+        );
+        assert_eq!(env[1].1, "initiator-secret");
+        assert!(engine().kind.env().is_empty());
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub(super) fn spawn(
     command
         .args(&args)
         .env(crate::protocol::KEY_ENV, key.to_hex())
+        .envs(request.kind.env())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(stderr);

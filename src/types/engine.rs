@@ -55,6 +55,10 @@ pub struct EngineSpec {
     pub replica_address_map: BTreeMap<String, String>,
     #[serde(default)]
     pub frontend: Frontend,
+    /// The Secret with the CHAP credentials the iSCSI target asks for: the
+    /// Volume's chapSecret when the engine last started.
+    #[serde(default)]
+    pub chap_secret: String,
     /// Raised by the volume controller each time it starts the volume's
     /// engine; replicas refuse engines of an older generation, so one left
     /// running on an unreachable node cannot write once a newer one started.

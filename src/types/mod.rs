@@ -26,7 +26,7 @@ pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, ReplicaAutoBalance,
-    Robustness, Volume, VolumeSpec, VolumeState, VolumeStatus,
+    Robustness, Volume, VolumeFrontend, VolumeSpec, VolumeState, VolumeStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -104,6 +104,15 @@ pub struct NodeStatus {
     pub frontends: Vec<FrontendSupport>,
 }
 
+impl NodeStatus {
+    /// Whether the node last reported it can present volumes with `frontend`.
+    pub fn supports(&self, frontend: Frontend) -> bool {
+        self.frontends
+            .iter()
+            .any(|f| f.frontend == frontend && f.supported)
+    }
+}
+
 /// Whether a node can present volumes with one frontend.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

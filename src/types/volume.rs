@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Condition;
+use super::{Condition, Node};
 
 /// A replicated block volume.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -58,6 +58,7 @@ use super::Condition;
 )]
 /// The volume's desired size, replication, placement and attachment.
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.chapSecret) || self.chapSecret == '' || !has(self.frontend) || self.frontend != 'fuse'").message("chapSecret authenticates iSCSI logins; frontend fuse has none"))]
 pub struct VolumeSpec {
     /// Size in bytes: a whole number of 4096-byte blocks. It can grow, never shrink.
     #[schemars(range(min = 4096))]
@@ -70,9 +71,22 @@ pub struct VolumeSpec {
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 1, max = 20))]
     pub number_of_replicas: i32,
-    /// How the volume is exposed as a block device on the node it is attached to.
+    /// How the volume is exposed as a block device on the node it is
+    /// attached to: `auto` (iSCSI where the node has an initiator, FUSE
+    /// elsewhere), `fuse` or `iscsi`.
     #[serde(default)]
-    pub frontend: Frontend,
+    pub frontend: VolumeFrontend,
+    /// The Secret in oxhorn's namespace holding the CHAP credentials iSCSI
+    /// logins to the volume must prove (`node.session.auth.username` and
+    /// `.password`, and for mutual CHAP `.username_in` and `.password_in`,
+    /// as a `kubernetes.io/iscsi-chap` Secret); empty for none. Read each
+    /// time the engine starts.
+    #[serde(default)]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub chap_secret: String,
     /// The node to attach the volume to; empty means detached.
     #[serde(default, rename = "nodeID")]
     pub node_id: String,
@@ -223,6 +237,39 @@ pub enum Frontend {
     Iscsi,
 }
 
+/// The frontend a volume asks for.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeFrontend {
+    /// iSCSI on a node whose status says it can attach over iSCSI, FUSE on
+    /// any other, decided each time the volume attaches.
+    #[default]
+    Auto,
+    Fuse,
+    Iscsi,
+}
+
+impl VolumeFrontend {
+    /// The frontend the volume's engine serves on `node` (not reported yet:
+    /// None): for `auto`, iSCSI only where the node reports it supported.
+    pub fn on(self, node: Option<&Node>) -> Frontend {
+        match self {
+            VolumeFrontend::Fuse => Frontend::Fuse,
+            VolumeFrontend::Iscsi => Frontend::Iscsi,
+            VolumeFrontend::Auto => {
+                let iscsi = node
+                    .and_then(|n| n.status.as_ref())
+                    .is_some_and(|s| s.supports(Frontend::Iscsi));
+                if iscsi {
+                    Frontend::Iscsi
+                } else {
+                    Frontend::Fuse
+                }
+            }
+        }
+    }
+}
+
 /// Whether a replica should be kept on the node the volume is attached to.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -333,5 +380,28 @@ mod tests {
         let unknown =
             serde_json::from_value::<VolumeSpec>(json!({"size": 4096, "dataSource": "backup/b"}));
         assert!(unknown.is_err());
+    }
+
+    #[test]
+    fn auto_is_iscsi_only_where_the_node_reports_an_initiator() {
+        let node = |iscsi: Option<bool>| {
+            let mut node = Node::new("n", serde_json::from_value(json!({})).unwrap());
+            let frontends = iscsi.map_or(json!([]), |supported| {
+                json!([{"frontend": "fuse", "supported": true},
+                       {"frontend": "iscsi", "supported": supported, "reason": ""}])
+            });
+            node.status = Some(serde_json::from_value(json!({"frontends": frontends})).unwrap());
+            node
+        };
+        let (with, without, silent) = (node(Some(true)), node(Some(false)), node(None));
+        let auto = VolumeFrontend::Auto;
+        assert_eq!(auto.on(Some(&with)), Frontend::Iscsi);
+        assert_eq!(auto.on(Some(&without)), Frontend::Fuse);
+        assert_eq!(auto.on(Some(&silent)), Frontend::Fuse);
+        assert_eq!(auto.on(None), Frontend::Fuse);
+        assert_eq!(VolumeFrontend::Fuse.on(Some(&with)), Frontend::Fuse);
+        assert_eq!(VolumeFrontend::Iscsi.on(None), Frontend::Iscsi);
+        let absent: VolumeSpec = serde_json::from_value(json!({"size": 4096})).unwrap();
+        assert_eq!(absent.frontend, VolumeFrontend::Auto);
     }
 }

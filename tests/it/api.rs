@@ -105,7 +105,8 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
         VolumeSpec {
             size: GIB,
             number_of_replicas: 3,
-            frontend: Frontend::Fuse,
+            frontend: VolumeFrontend::Fuse,
+            chap_secret: String::new(),
             node_id: String::new(),
             data_locality: DataLocality::BestEffort,
             stale_replica_timeout: 30,
@@ -137,6 +138,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             instance: instance("vol-a"),
             replica_address_map: BTreeMap::from([("vol-a-r-1".into(), "127.0.0.1:10000".into())]),
             frontend: Frontend::Fuse,
+            chap_secret: String::new(),
             generation: 0,
             salvage: false,
             salvage_request: String::new(),
@@ -222,7 +224,8 @@ async fn defaults_are_applied_by_the_api_server() {
         .unwrap();
     let spec = &created.data["spec"];
     assert_eq!(spec["numberOfReplicas"], 3);
-    assert_eq!(spec["frontend"], "fuse");
+    assert_eq!(spec["frontend"], "auto");
+    assert_eq!(spec["chapSecret"], "");
     assert_eq!(spec["dataLocality"], "disabled");
     assert_eq!(spec["accessMode"], "rwo");
     assert_eq!(spec["staleReplicaTimeout"], 2880);
@@ -275,7 +278,15 @@ async fn invalid_specs_are_refused_with_clear_messages() {
         ),
         (
             json!({"size": GIB, "frontend": "nbd"}),
-            "spec.frontend: Unsupported value: \"nbd\": supported values: \"fuse\", \"iscsi\"",
+            "spec.frontend: Unsupported value: \"nbd\": supported values: \"fuse\", \"iscsi\", \"auto\"",
+        ),
+        (
+            json!({"size": GIB, "frontend": "fuse", "chapSecret": "chap"}),
+            "chapSecret authenticates iSCSI logins; frontend fuse has none",
+        ),
+        (
+            json!({"size": GIB, "chapSecret": "../chap"}),
+            "spec.chapSecret in body should match",
         ),
         (json!({"numberOfReplicas": 2}), "spec.size: Required value"),
         (

@@ -367,8 +367,10 @@ const RBAC: &[(&str, bool)] = &[
     ("oxhorn-manager get secrets/oxhorn-data-plane-key", true),
     ("oxhorn-manager watch nodes", true),
     ("oxhorn-manager create events.events.k8s.io", true),
-    ("oxhorn-manager get secrets/another", false),
-    ("oxhorn-manager list secrets", false),
+    // The volumes' CHAP Secrets, in oxhorn's namespace only.
+    ("oxhorn-manager watch secrets", true),
+    ("oxhorn-manager delete secrets", false),
+    ("oxhorn-manager list secrets -n default", false),
     ("oxhorn-manager get secrets -n kube-system", false),
     ("oxhorn-manager create volumes.oxhorn.io -n default", false),
     ("oxhorn-manager update nodes", false),

@@ -415,6 +415,7 @@ fn engine(name: &str, replicas: &[SocketAddr], frontend: FrontendKind) -> Instan
             replicas: replicas.iter().map(ToString::to_string).collect(),
             frontend,
             salvage: false,
+            chap: None,
         },
     }
 }

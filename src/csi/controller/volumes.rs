@@ -78,6 +78,7 @@ impl ControllerService {
                 .number_of_replicas
                 .unwrap_or(settings.default_replica_count),
             frontend: parameters.frontend,
+            chap_secret: parameters.chap_secret.clone(),
             node_id: String::new(),
             data_locality: parameters.data_locality,
             stale_replica_timeout: parameters

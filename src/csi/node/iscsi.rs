@@ -16,7 +16,7 @@ use super::{NodeError, NodeResult, NodeService, POLL};
 use crate::frontend::device_link::{self, DeviceLink};
 use crate::host::HostError;
 use crate::host::iscsi::target_name;
-use crate::types::{Frontend, Volume};
+use crate::types::{DesireState, Engine, Frontend, Volume, VolumeFrontend};
 
 const SCHEME: &str = "iscsi://";
 
@@ -80,7 +80,12 @@ impl NodeService {
         if volume.spec.node_id != self.config.node_id {
             return Err(self.not_attached_here(volume_id, &volume.spec.node_id));
         }
-        let endpoint = self.wait_for_endpoint(volume_id).await?;
+        let (endpoint, chap_secret) = self.wait_for_endpoint(volume_id).await?;
+        // The credentials the running target was started with.
+        let chap = self
+            .datastore
+            .chap_secrets(&chap_secret)
+            .map_err(NodeError::FailedPrecondition)?;
         let iqn = target_name(volume_id);
         if endpoint.iqn != iqn {
             return Err(NodeError::FailedPrecondition(format!(
@@ -90,7 +95,7 @@ impl NodeService {
         }
         let disk = self
             .initiator
-            .attach(endpoint.portal, &iqn, endpoint.lun)
+            .attach(endpoint.portal, &iqn, endpoint.lun, chap.as_ref())
             .await
             .map_err(|e| match e {
                 // Logged in but no disk yet: worth a retry, as a FUSE device's wait.
@@ -102,28 +107,75 @@ impl NodeService {
         Ok(())
     }
 
-    /// The volume's endpoint once its engine serves the iSCSI target: the
-    /// node's cache may not show the engine's start yet.
-    async fn wait_for_endpoint(&self, volume_id: &str) -> NodeResult<IscsiEndpoint> {
+    /// The volume's endpoint once its engine serves the iSCSI target (the
+    /// node's cache may not show the engine's start yet), and the name of
+    /// the Secret whose CHAP credentials it asks for.
+    async fn wait_for_endpoint(&self, volume_id: &str) -> NodeResult<(IscsiEndpoint, String)> {
+        self.wait_for_engine(volume_id, "serves no iSCSI target", |engine| {
+            let endpoint = engine.status.as_ref()?.endpoint.as_str();
+            endpoint.starts_with(SCHEME).then(|| {
+                let endpoint = IscsiEndpoint::parse(endpoint).map_err(|reason| {
+                    NodeError::FailedPrecondition(format!(
+                        "the engine of volume {volume_id} has an unusable {reason}"
+                    ))
+                })?;
+                Ok((endpoint, engine.spec.chap_secret.clone()))
+            })
+        })
+        .await
+    }
+
+    /// The frontend `volume` is presented with on this node: its own
+    /// choice, or for `auto` the one the volume controller chose for this
+    /// node when it started the engine here.
+    pub(super) async fn frontend_here(&self, volume: &Volume) -> NodeResult<Frontend> {
+        let volume_id = volume.metadata.name.as_deref().unwrap_or_default();
+        match volume.spec.frontend {
+            VolumeFrontend::Fuse => return Ok(Frontend::Fuse),
+            VolumeFrontend::Iscsi => return Ok(Frontend::Iscsi),
+            VolumeFrontend::Auto => {}
+        }
+        let here = &self.config.node_id;
+        if volume.spec.node_id != *here {
+            return Err(self.not_attached_here(volume_id, &volume.spec.node_id));
+        }
+        let started_here = |engine: &Engine| {
+            let spec = &engine.spec.instance;
+            (spec.node_id == *here && spec.desire_state == DesireState::Running)
+                .then_some(Ok(engine.spec.frontend))
+        };
+        self.wait_for_engine(
+            volume_id,
+            &format!("has not started on {here}"),
+            started_here,
+        )
+        .await
+    }
+
+    /// Waits until `found` finds what it looks for in the volume's engine,
+    /// as the node's cache shows it; Unavailable, saying the engine `not`,
+    /// if it does not within the device wait.
+    async fn wait_for_engine<T>(
+        &self,
+        volume_id: &str,
+        not: &str,
+        found: impl Fn(&Engine) -> Option<NodeResult<T>>,
+    ) -> NodeResult<T> {
         let key = ObjectRef::new(&format!("{volume_id}-e")).within(&self.datastore.namespace);
         let deadline = Instant::now() + self.device_wait;
         loop {
             let engine = self.datastore.engines.store.get(&key);
-            let endpoint = engine
-                .as_ref()
-                .and_then(|e| e.status.as_ref())
-                .map_or("", |s| s.endpoint.as_str());
-            if endpoint.starts_with(SCHEME) {
-                return IscsiEndpoint::parse(endpoint).map_err(|reason| {
-                    NodeError::FailedPrecondition(format!(
-                        "the engine of volume {volume_id} has an unusable {reason}"
-                    ))
-                });
+            if let Some(result) = engine.as_deref().and_then(&found) {
+                return result;
             }
             if Instant::now() >= deadline {
+                let endpoint = engine
+                    .as_ref()
+                    .and_then(|e| e.status.as_ref())
+                    .map_or("", |s| s.endpoint.as_str());
                 return Err(NodeError::Unavailable(format!(
-                    "the engine of volume {volume_id} serves no iSCSI target after {:?} \
-                     (its endpoint is {endpoint:?})",
+                    "the engine of volume {volume_id} {not} after {:?} (its endpoint is \
+                     {endpoint:?})",
                     self.device_wait
                 )));
             }
@@ -158,18 +210,20 @@ impl NodeService {
             .map(|v| v.spec.frontend);
         let detach = match (linked, frontend) {
             (true, _) => true,
-            (false, Some(Frontend::Fuse)) => false,
+            (false, Some(VolumeFrontend::Fuse)) => false,
             // No link: a stage that stopped between login and linking, or
             // one refused for want of an initiator; the Volume may be gone
             // (or the cache not synced). A session is possible only where
             // an initiator is.
-            (false, Some(Frontend::Iscsi) | None) => match self.initiator.available().await {
-                Ok(()) => true,
-                Err(reason) => {
-                    debug!(reason, "no iSCSI initiator here: nothing to detach");
-                    false
+            (false, Some(VolumeFrontend::Iscsi | VolumeFrontend::Auto) | None) => {
+                match self.initiator.available().await {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        debug!(reason, "no iSCSI initiator here: nothing to detach");
+                        false
+                    }
                 }
-            },
+            }
         };
         if !detach {
             return Ok(());

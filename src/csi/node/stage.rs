@@ -27,7 +27,7 @@ impl NodeService {
         let capability = parse_capability(req.volume_capability.as_ref())?;
         let volume = self.volume(&req.volume_id).await?;
         let _guard = self.locks.try_lock(&req.volume_id)?;
-        if volume.spec.frontend == Frontend::Iscsi {
+        if self.frontend_here(&volume).await? == Frontend::Iscsi {
             // Links the device as the FUSE frontend's engine would.
             self.attach_iscsi(&volume).await?;
         }

@@ -17,10 +17,10 @@ const CHALLENGE_LEN: usize = 32;
 const MAX_BINARY: usize = 1024;
 
 /// A user name and its secret.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Credential {
     pub user: String,
-    pub secret: Vec<u8>,
+    pub secret: String,
 }
 
 impl std::fmt::Debug for Credential {
@@ -34,7 +34,7 @@ impl std::fmt::Debug for Credential {
 
 /// What a target asks of initiators: the credential they must prove, and
 /// for mutual CHAP the one the target proves in return.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChapSecrets {
     pub initiator: Credential,
     pub target: Option<Credential>,
@@ -139,7 +139,8 @@ impl Chap {
                 id,
                 challenge,
             } => {
-                let expected = algorithm.hash(*id, &self.secrets.initiator.secret, challenge);
+                let expected =
+                    algorithm.hash(*id, self.secrets.initiator.secret.as_bytes(), challenge);
                 let algorithm = *algorithm;
                 let ours = challenge.clone();
                 self.verify(offer, &expected)?;
@@ -225,7 +226,7 @@ impl Chap {
         answer.push("CHAP_N", target.user.clone());
         answer.push(
             "CHAP_R",
-            hex(&algorithm.hash(id, &target.secret, &challenge)),
+            hex(&algorithm.hash(id, target.secret.as_bytes(), &challenge)),
         );
         Ok(())
     }
@@ -277,11 +278,11 @@ mod tests {
         ChapSecrets {
             initiator: Credential {
                 user: "node".into(),
-                secret: b"initiator-secret".to_vec(),
+                secret: "initiator-secret".into(),
             },
             target: mutual.then(|| Credential {
                 user: "oxhorn".into(),
-                secret: b"target-secret-1".to_vec(),
+                secret: "target-secret-1".into(),
             }),
         }
     }

@@ -295,27 +295,47 @@ impl Login {
     }
 
     /// Whether the initiator may go past the security stage: it proved
-    /// its CHAP secret, or the target asks for none.
+    /// its CHAP secret, or needs to prove none.
     fn authenticated(&self) -> bool {
-        self.target.chap.is_none() || self.chap.as_ref().is_some_and(Chap::authenticated)
+        match &self.chap {
+            Some(chap) => chap.authenticated(),
+            None => !self.chap_required(),
+        }
     }
 
-    /// The security stage: AuthMethod agreed (CHAP when the target has
-    /// secrets, else None), then the CHAP exchange. Any other key is
+    /// A target with secrets asks for them in normal sessions. Discovery
+    /// only names the target, which the volume's name gives away anyway, so
+    /// it needs CHAP only if the initiator offers nothing else (LIO's and
+    /// SPDK's default too): initiators set up with session CHAP alone
+    /// discover as they would without.
+    fn chap_required(&self) -> bool {
+        self.target.chap.is_some() && self.parameters.session_type != SessionType::Discovery
+    }
+
+    /// The security stage: AuthMethod agreed (CHAP when the target asks for
+    /// it, else None if offered), then the CHAP exchange. Any other key is
     /// operational, taken as there.
     fn security(&mut self, text: &Text, answer: &mut Text) -> Result<(), Refusal> {
         if let Some(methods) = text.get("AuthMethod") {
-            let wanted = if self.target.chap.is_some() {
-                "CHAP"
+            let offered = |method: &str| methods.split(',').any(|m| m == method);
+            let has_secrets = self.target.chap.is_some();
+            let method = if self.chap_required() {
+                offered("CHAP").then_some("CHAP")
+            } else if offered("None") {
+                Some("None")
             } else {
-                "None"
+                (has_secrets && offered("CHAP")).then_some("CHAP")
             };
-            if !methods.split(',').any(|m| m == wanted) {
+            let Some(method) = method else {
+                let wanted = if has_secrets { "CHAP" } else { "None" };
                 let why = format!("AuthMethod {methods}: this target authenticates with {wanted}");
                 return Err((Status::AuthenticationFailed, why));
-            }
-            answer.push("AuthMethod", wanted);
-            self.chap = self.target.chap.clone().map(Chap::new);
+            };
+            answer.push("AuthMethod", method);
+            self.chap = match method {
+                "CHAP" => self.target.chap.clone().map(Chap::new),
+                _ => None,
+            };
         }
         if let Some(chap) = &mut self.chap {
             chap.step(text, answer)
@@ -403,7 +423,7 @@ mod tests {
         let secrets = ChapSecrets {
             initiator: Credential {
                 user: "node".into(),
-                secret: b"initiator-secret".to_vec(),
+                secret: "initiator-secret".into(),
             },
             target: None,
         };
@@ -575,6 +595,32 @@ mod tests {
             panic!("discovery login failed");
         };
         assert_eq!(parameters.session_type, SessionType::Discovery);
+    }
+
+    #[test]
+    fn a_target_with_chap_lets_discovery_go_without_it_unless_chap_is_all_offered() {
+        let discovery = [
+            ("InitiatorName", "iqn.x:host"),
+            ("SessionType", "Discovery"),
+        ];
+        let skipping = chap_login().step(&request(OPERATIONAL, FULL_FEATURE, true, &discovery));
+        assert!(matches!(skipping, Step::Complete { .. }));
+        let either = [&discovery[..], &[("AuthMethod", "CHAP,None")]].concat();
+        let mut login = chap_login();
+        let Step::Continue(response) = login.step(&request(SECURITY, OPERATIONAL, true, &either))
+        else {
+            panic!("discovery with AuthMethod=CHAP,None failed");
+        };
+        assert_eq!(answer(&response).get("AuthMethod"), Some("None"));
+        let chap_only = [&discovery[..], &[("AuthMethod", "CHAP")]].concat();
+        let mut login = chap_login();
+        login.step(&request(SECURITY, OPERATIONAL, false, &chap_only));
+        // Held in the security stage: the operational stage is out of turn.
+        let skipped = login.step(&request(OPERATIONAL, FULL_FEATURE, true, &[]));
+        assert!(
+            matches!(skipped, Step::Fail(..)),
+            "a discovery that chose CHAP left security unproven"
+        );
     }
 
     #[test]

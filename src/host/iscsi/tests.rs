@@ -77,6 +77,7 @@ fn disk_path(dir: &tempfile::TempDir) -> PathBuf {
 
 const DISCOVERY: &str = "iscsiadm -m discovery -t sendtargets -p 10.0.0.7:3260";
 const LOGIN: &str = "iscsiadm -m node -T iqn.2026-01.io.oxhorn:pvc-1 -p 10.0.0.7:3260 --login";
+const AUTH_NONE: &str = "iscsiadm -m node -T iqn.2026-01.io.oxhorn:pvc-1 -p 10.0.0.7:3260 -o update -n node.session.auth.authmethod -v None";
 const LOGOUT: &str = "iscsiadm -m node -T iqn.2026-01.io.oxhorn:pvc-1 --logout";
 const DELETE: &str = "iscsiadm -m node -T iqn.2026-01.io.oxhorn:pvc-1 -o delete";
 
@@ -93,11 +94,63 @@ async fn attach_discovers_logs_in_and_returns_the_disk_udev_names() {
         ok()
     });
     let found = initiator(&fake, &dir)
-        .attach(portal(), IQN, 1)
+        .attach(portal(), IQN, 1, None)
         .await
         .unwrap();
     assert_eq!(found, disk);
-    assert_eq!(fake.calls(), [DISCOVERY, LOGIN]);
+    assert_eq!(fake.calls(), [DISCOVERY, AUTH_NONE, LOGIN]);
+}
+
+#[tokio::test]
+async fn chap_credentials_are_set_on_the_node_record_before_login_and_never_shown() {
+    use crate::frontend::iscsi::chap::Credential;
+
+    let dir = tempfile::tempdir().unwrap();
+    let made = disk_path(&dir);
+    let fake = FakeIscsiadm::new(move |args| {
+        if is_login(args) {
+            std::fs::write(&made, b"").unwrap();
+        }
+        // The target's password cannot be stored.
+        if args.last().is_some_and(|a| a == "target-secret-1") {
+            return exit(7, "iscsiadm: cannot update");
+        }
+        ok()
+    });
+    let credential = |user: &str, secret: &str| Credential {
+        user: user.into(),
+        secret: secret.into(),
+    };
+    let mut chap = ChapSecrets {
+        initiator: credential("node", "initiator-secret"),
+        target: None,
+    };
+    initiator(&fake, &dir)
+        .attach(portal(), IQN, 1, Some(&chap))
+        .await
+        .unwrap();
+    let update = |setting: &str| {
+        format!("iscsiadm -m node -T {IQN} -p {PORTAL} -o update -n node.session.auth.{setting}")
+    };
+    assert_eq!(
+        fake.calls(),
+        [
+            DISCOVERY.to_owned(),
+            update("authmethod -v CHAP"),
+            update("username -v node"),
+            update("password -v initiator-secret"),
+            LOGIN.to_owned(),
+        ]
+    );
+    chap.target = Some(credential("target", "target-secret-1"));
+    let err = initiator(&fake, &dir)
+        .attach(portal(), IQN, 1, Some(&chap))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("password_in -v <hidden>"), "{err}");
+    assert!(!err.contains("target-secret-1"), "{err}");
+    assert!(!fake.calls().last().unwrap().ends_with("--login"));
 }
 
 #[tokio::test]
@@ -115,7 +168,7 @@ async fn a_failed_login_names_the_status_its_meaning_and_stderr() {
             }
         });
         let err = initiator(&fake, &dir)
-            .attach(portal(), IQN, 1)
+            .attach(portal(), IQN, 1, None)
             .await
             .unwrap_err();
         let text = err.to_string();
@@ -128,7 +181,7 @@ async fn a_failed_login_names_the_status_its_meaning_and_stderr() {
         ] {
             assert!(text.contains(needle), "{text:?} lacks {needle:?}");
         }
-        assert_eq!(fake.calls(), [DISCOVERY, LOGIN]);
+        assert_eq!(fake.calls(), [DISCOVERY, AUTH_NONE, LOGIN]);
     }
 }
 
@@ -137,7 +190,7 @@ async fn a_failed_discovery_stops_before_login() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeIscsiadm::new(|_| exit(4, "iscsiadm: connection refused"));
     let err = initiator(&fake, &dir)
-        .attach(portal(), IQN, 1)
+        .attach(portal(), IQN, 1, None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("connection refused"), "{err}");
@@ -160,11 +213,11 @@ async fn an_existing_session_is_reused_and_its_disk_found() {
         }
     });
     let found = initiator(&fake, &dir)
-        .attach(portal(), IQN, 1)
+        .attach(portal(), IQN, 1, None)
         .await
         .unwrap();
     assert_eq!(found, disk);
-    assert_eq!(fake.calls(), [DISCOVERY, LOGIN]);
+    assert_eq!(fake.calls(), [DISCOVERY, AUTH_NONE, LOGIN]);
 }
 
 #[tokio::test]
@@ -173,7 +226,7 @@ async fn a_disk_that_never_appears_names_the_path_waited_for() {
     let fake = FakeIscsiadm::new(|_| ok());
     let started = Instant::now();
     let err = initiator(&fake, &dir)
-        .attach(portal(), IQN, 1)
+        .attach(portal(), IQN, 1, None)
         .await
         .unwrap_err();
     assert!(
@@ -187,7 +240,7 @@ async fn a_disk_that_never_appears_names_the_path_waited_for() {
     assert!(text.contains(&*path.to_string_lossy()), "{text}");
     assert!(text.contains("300ms"), "{text}");
     // The session is left for the retry: no logout.
-    assert_eq!(fake.calls(), [DISCOVERY, LOGIN]);
+    assert_eq!(fake.calls(), [DISCOVERY, AUTH_NONE, LOGIN]);
 }
 
 #[tokio::test]
@@ -199,7 +252,10 @@ async fn an_ipv6_portal_finds_the_disk_whatever_the_address_spelling() {
     ));
     std::fs::write(&disk, b"").unwrap();
     let fake = FakeIscsiadm::new(|_| ok());
-    let found = initiator(&fake, &dir).attach(portal, IQN, 1).await.unwrap();
+    let found = initiator(&fake, &dir)
+        .attach(portal, IQN, 1, None)
+        .await
+        .unwrap();
     assert_eq!(found, disk);
     assert!(
         fake.calls()[0].ends_with("-p [fd00::7]:3260"),
@@ -283,7 +339,7 @@ async fn bad_values_are_refused_before_anything_runs() {
         "iqn.2026-01.io.oxhorn:pvc/1",
         too_long.as_str(),
     ] {
-        let err = initiator.attach(portal(), iqn, 1).await.unwrap_err();
+        let err = initiator.attach(portal(), iqn, 1, None).await.unwrap_err();
         assert!(
             matches!(err, HostError::IscsiArgument { .. }),
             "{iqn}: {err}"
@@ -301,12 +357,15 @@ async fn bad_values_are_refused_before_anything_runs() {
         "[::]:3260",
     ] {
         let err = initiator
-            .attach(portal.parse().unwrap(), IQN, 1)
+            .attach(portal.parse().unwrap(), IQN, 1, None)
             .await
             .unwrap_err();
         assert!(err.to_string().contains("invalid iSCSI portal"), "{err}");
     }
-    let err = initiator.attach(portal(), IQN, 256).await.unwrap_err();
+    let err = initiator
+        .attach(portal(), IQN, 256, None)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("invalid iSCSI LUN"), "{err}");
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
 }

@@ -117,6 +117,7 @@ pub(super) fn volume(size: i64, replicas: i32) -> Volume {
             size,
             number_of_replicas: replicas,
             frontend: Default::default(),
+            chap_secret: String::new(),
             node_id: String::new(),
             data_locality: Default::default(),
             stale_replica_timeout: 2880,
