@@ -6,6 +6,7 @@ mod attach;
 mod chap;
 mod conformance;
 mod integrity;
+mod kernel;
 
 use std::path::Path;
 use std::time::Duration;
