@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use super::login::{COMMAND_WINDOW, Login, Step, TargetIdentity};
 use super::negotiate::{Parameters, SessionType, TARGET_MAX_RECV_DATA};
 use super::pdu::{Bhs, Opcode, Pdu, PduCodec, PduError};
-use super::scsi_task::{Running, Task, next_tag};
+use super::scsi_task::{Grant, Running, Task, next_tag};
 use super::target::{self, Target};
 use super::text::{MAX_TEXT_LEN, Text};
 use crate::frontend::BlockDevice;
@@ -99,6 +99,9 @@ pub(super) struct Connection<D, S = TcpStream> {
     /// Every task not yet answered, by Initiator Task Tag.
     pub(super) tasks: HashMap<u32, Task>,
     pub(super) running: FuturesUnordered<Running>,
+    /// Writes waiting for the target's write memory, as it is granted.
+    pub(super) grants: FuturesUnordered<Grant>,
+    pub(super) last_claim: u64,
     pub(super) last_ttt: u32,
     last_heard: Instant,
     ping: Option<Ping>,
@@ -133,6 +136,8 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
             queued: 0,
             tasks: HashMap::new(),
             running: FuturesUnordered::new(),
+            grants: FuturesUnordered::new(),
+            last_claim: 0,
             last_ttt: 0,
             last_heard: Instant::now(),
             ping: None,
@@ -244,6 +249,9 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
                 _ = self.stop.cancelled() => return Ok(()),
                 Some((itt, completion)) = self.running.next(), if !self.running.is_empty() => {
                     self.finish(itt, completion).await?;
+                }
+                Some((itt, claim, memory)) = self.grants.next(), if !self.grants.is_empty() => {
+                    self.granted(itt, claim, memory).await?;
                 }
                 request = self.reader.next() => {
                     let Some(request) = request else { return Ok(()) };

@@ -239,6 +239,15 @@ impl Gathering {
             && self.buffer.len() == self.wanted as usize
     }
 
+    /// The bytes still to solicit with R2Ts, once the unsolicited data is
+    /// in (before, 0: R2Ts wait for it).
+    pub fn to_solicit(&self) -> u32 {
+        if self.unsolicited.is_some() {
+            return 0;
+        }
+        self.wanted - self.next_r2t
+    }
+
     /// The R2Ts sent so far.
     pub fn r2t_count(&self) -> u32 {
         self.r2t_sn

@@ -15,6 +15,10 @@ pub const TARGET_MAX_RECV_DATA: u32 = 256 << 10;
 /// The longest sequence of data (one R2T's, or the unsolicited data) the
 /// target takes at once, which bounds what it buffers per sequence.
 const TARGET_MAX_BURST: u32 = 4 << 20;
+/// The unsolicited data a write may bring: bounded low, because the
+/// target takes it without asking (the window's 64 commands hold at most
+/// 16 MiB of it), where solicited data waits for the write budget.
+const TARGET_MAX_FIRST_BURST: u32 = 256 << 10;
 /// The R2Ts the target keeps outstanding per task.
 const TARGET_MAX_OUTSTANDING_R2T: u32 = 8;
 /// RFC 7143 §13: the range of the length keys.
@@ -142,7 +146,7 @@ impl Parameters {
                 Some(self.max_burst.to_string())
             }
             "FirstBurstLength" => {
-                self.first_burst = number(LENGTH_RANGE)?.min(TARGET_MAX_BURST);
+                self.first_burst = number(LENGTH_RANGE)?.min(TARGET_MAX_FIRST_BURST);
                 Some(self.first_burst.to_string())
             }
             // OR: the target takes unsolicited data, so the initiator decides.
@@ -263,6 +267,16 @@ mod tests {
         let mut answer = Text::default();
         parameters.negotiate(&offer(pairs), &mut answer).unwrap();
         (parameters, answer)
+    }
+
+    #[test]
+    fn unsolicited_data_is_held_to_256_kib_whatever_the_offer() {
+        let (parameters, answer) = negotiate(&[
+            ("MaxBurstLength", "0xFFFFFF"),
+            ("FirstBurstLength", "0xFFFFFF"),
+        ]);
+        assert_eq!(parameters.first_burst, 256 << 10);
+        assert_eq!(answer.get("FirstBurstLength"), Some("262144"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 
 use super::connection::{Connection, ConnectionError, Flow, RESERVED_TAG, Result, TTT, reject};
@@ -61,7 +62,29 @@ pub(super) struct Task {
     gathering: Option<Gathering>,
     /// R2Ts sent, for the response's ExpDataSN.
     r2ts: u32,
+    /// The target's write memory the data a write solicits takes.
+    budget: Budget,
 }
+
+/// A write's claim on the target's write memory ([`TargetConfig::write_budget`]):
+/// taken whole before its first R2T, so a write that started soliciting
+/// data always finishes, and given back when the task is answered.
+///
+/// [`TargetConfig::write_budget`]: super::target::TargetConfig::write_budget
+#[derive(Debug, Default)]
+enum Budget {
+    #[default]
+    Unclaimed,
+    /// Queued for the memory; the number tells this claim from a later
+    /// task's with the same tag.
+    Waiting(u64),
+    Held {
+        _memory: OwnedSemaphorePermit,
+    },
+}
+
+/// A claim granted: the task's tag, the claim's number and the memory.
+pub(super) type Grant = Pin<Box<dyn Future<Output = (u32, u64, OwnedSemaphorePermit)> + Send>>;
 
 impl Task {
     pub(super) fn is_gathering(&self) -> bool {
@@ -99,6 +122,7 @@ impl<D: BlockDevice, S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 's
             cdb,
             gathering: None,
             r2ts: 0,
+            budget: Budget::Unclaimed,
         };
         if !task.immediate {
             self.queued += 1;
@@ -164,7 +188,7 @@ impl<D: BlockDevice, S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 's
         {
             return Err(completion);
         }
-        luns.data_out_len(task.lun, &task.cdb)
+        luns.data_out_len(task.lun, &task.cdb, task.expected)
             .map_err(Completion::Check)
     }
 
@@ -220,6 +244,27 @@ impl<D: BlockDevice, S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 's
             self.start(itt, data.unwrap_or_default());
             return Ok(Flow::Continue);
         }
+        let to_solicit = gathering.to_solicit();
+        if to_solicit > 0 && matches!(task.budget, Budget::Unclaimed) {
+            let budget = &self.target.write_budget;
+            // One write may take all of it, never more: it must fit.
+            let bytes = to_solicit.min(self.target.config.write_budget);
+            match Arc::clone(budget).try_acquire_many_owned(bytes) {
+                Ok(permit) => task.budget = Budget::Held { _memory: permit },
+                Err(_) => {
+                    self.last_claim += 1;
+                    let claim = self.last_claim;
+                    task.budget = Budget::Waiting(claim);
+                    debug!(itt, bytes, "a write waits for the target's write memory");
+                    let acquire = Arc::clone(budget).acquire_many_owned(bytes);
+                    self.grants.push(Box::pin(async move {
+                        let permit = acquire.await.expect("the write budget is never closed");
+                        (itt, claim, permit)
+                    }));
+                    return Ok(Flow::Continue);
+                }
+            }
+        }
         let last_ttt = &mut self.last_ttt;
         let r2ts = gathering.r2ts(|| {
             *last_ttt = next_tag(*last_ttt);
@@ -231,6 +276,24 @@ impl<D: BlockDevice, S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 's
         }
         self.flush().await?;
         Ok(Flow::Continue)
+    }
+
+    /// The write memory a write waited for: its R2Ts go out now. A claim
+    /// of a task answered meanwhile gives the memory back at once.
+    pub(super) async fn granted(
+        &mut self,
+        itt: u32,
+        claim: u64,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Flow> {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return Ok(Flow::Continue);
+        };
+        if !matches!(task.budget, Budget::Waiting(waiting) if waiting == claim) {
+            return Ok(Flow::Continue);
+        }
+        task.budget = Budget::Held { _memory: permit };
+        self.advance(itt).await
     }
 
     fn r2t(&mut self, lun: u64, itt: u32, r2t: R2t) -> Pdu {

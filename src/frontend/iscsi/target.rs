@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
@@ -39,6 +40,11 @@ pub struct TargetConfig {
     /// The CHAP secrets initiators must prove; none asks for no
     /// authentication.
     pub chap: Option<ChapSecrets>,
+    /// Bytes of write data the target solicits with R2Ts at once, across
+    /// its connections; a write past it waits for earlier ones to finish
+    /// before its R2Ts go out. With the window and FirstBurstLength, this
+    /// bounds the memory initiators can make the target hold.
+    pub write_budget: u32,
 }
 
 impl TargetConfig {
@@ -50,6 +56,7 @@ impl TargetConfig {
             login_timeout: Duration::from_secs(15),
             max_connections: 16,
             chap: None,
+            write_budget: 64 << 20,
         }
     }
 
@@ -80,6 +87,8 @@ struct Sessions {
 pub struct Target<D> {
     pub(super) config: TargetConfig,
     pub(super) luns: Luns<D>,
+    /// What is left of `config.write_budget`, in bytes.
+    pub(super) write_budget: Arc<Semaphore>,
     sessions: Mutex<Sessions>,
 }
 
@@ -88,6 +97,7 @@ impl<D: BlockDevice> Target<D> {
         let disk = Disk::new(device, &config.volume);
         Arc::new(Self {
             luns: Luns::new(disk, &config.volume),
+            write_budget: Arc::new(Semaphore::new(config.write_budget as usize)),
             config,
             sessions: Mutex::default(),
         })

@@ -267,3 +267,48 @@ async fn a_write_solicited_by_r2ts_reads_back_in_data_in_with_its_status() {
     }
     assert_eq!(back, data);
 }
+
+// Paused time: the wait for an R2T that must not come ends once the target
+// has nothing left to do.
+#[tokio::test(start_paused = true)]
+async fn a_write_past_the_write_budget_gets_its_r2ts_once_earlier_writes_finish() {
+    let mut config = TargetConfig::new("vol");
+    config.write_budget = 16384;
+    let target = Target::new(config, Memory::new(64));
+    let keys = [("InitialR2T", "Yes"), ("ImmediateData", "No")];
+    let mut first = Initiator::connect(&target, &keys).await;
+    let mut second = Initiator::connect(&target, &keys).await;
+    // WRITE (10) of 4 blocks, from two sessions: the budget holds one.
+    let write = |lba: u8| [0x2a, 0, 0, 0, 0, lba, 0, 0, 4, 0];
+    first.command(1, &write(0), 0x20, 16384, Bytes::new()).await;
+    let r2t = first.receive().await.unwrap();
+    assert_eq!(r2t.bhs.opcode(), Some(Opcode::ReadyToTransfer));
+    second
+        .command(2, &write(8), 0x20, 16384, Bytes::new())
+        .await;
+    let waiting = tokio::time::timeout(Duration::from_millis(300), second.receive()).await;
+    assert!(waiting.is_err(), "an R2T past the budget: {waiting:?}");
+
+    send_data(&mut first, 1, &r2t, 0xaa).await;
+    let response = first.receive().await.unwrap();
+    assert_eq!(response.bhs.opcode(), Some(Opcode::ScsiResponse));
+    assert_eq!(response.bhs.0[3], 0, "the first write is GOOD");
+    let r2t = second.receive().await.unwrap();
+    assert_eq!(r2t.bhs.opcode(), Some(Opcode::ReadyToTransfer));
+    assert_eq!(r2t.bhs.u32_at(44), 16384);
+    send_data(&mut second, 2, &r2t, 0xbb).await;
+    let response = second.receive().await.unwrap();
+    assert_eq!(response.bhs.0[3], 0, "the second write is GOOD");
+}
+
+/// Answers an R2T with the data it asks for, every byte `fill`.
+async fn send_data(initiator: &mut Initiator, itt: u32, r2t: &Pdu, fill: u8) {
+    let mut out = Bhs::new(Opcode::DataOut);
+    out.set_final(true);
+    out.set_lun(lun_field(1));
+    out.set_initiator_task_tag(itt);
+    out.set_u32_at(20, r2t.bhs.u32_at(20));
+    out.set_u32_at(40, r2t.bhs.u32_at(40));
+    let data = Bytes::from(vec![fill; r2t.bhs.u32_at(44) as usize]);
+    initiator.send(Pdu::new(out, data)).await;
+}

@@ -132,7 +132,7 @@ mod tests {
                 "{lba} {blocks}"
             );
         }
-        assert_eq!(disk.data_out_len(&past_limit), Ok(0));
+        assert_eq!(disk.data_out_len(&past_limit, u32::MAX), Ok(0));
         assert!(!memory.touched.load(Ordering::SeqCst));
     }
 

@@ -9,10 +9,12 @@ use std::io;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use tokio::sync::RwLock;
 
 use super::blocks::defect_data;
 use super::cdb::opcode::*;
 use super::cdb::{self, Transfer, action};
+use super::compare_write::{self, COMPARE_AND_WRITE};
 use super::inquiry::{self, MAX_TRANSFER_BLOCKS, UnitIdentity};
 use super::mode::{self, MODE_SELECT_6, MODE_SELECT_10, MODE_SENSE_6, MODE_SENSE_10};
 use super::opcodes;
@@ -34,6 +36,9 @@ pub enum Completion {
 pub struct Disk<D> {
     pub(super) device: Arc<D>,
     identity: UnitIdentity,
+    /// Held shared by every command that writes, and alone by COMPARE AND
+    /// WRITE, which no write may come between.
+    pub(super) writes: RwLock<()>,
 }
 
 impl<D: BlockDevice> Disk<D> {
@@ -41,6 +46,7 @@ impl<D: BlockDevice> Disk<D> {
         Self {
             device,
             identity: UnitIdentity::new(volume),
+            writes: RwLock::new(()),
         }
     }
 
@@ -54,6 +60,24 @@ impl<D: BlockDevice> Disk<D> {
 
     async fn run(&self, cdb: &[u8], data_out: Bytes) -> Result<Bytes, Sense> {
         let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
+        let writes = matches!(
+            code,
+            WRITE_6
+                | WRITE_10
+                | WRITE_12
+                | WRITE_16
+                | WRITE_AND_VERIFY_10
+                | WRITE_AND_VERIFY_12
+                | WRITE_AND_VERIFY_16
+                | WRITE_SAME_10
+                | WRITE_SAME_16
+                | UNMAP
+        );
+        let _shared = if writes {
+            Some(self.writes.read().await)
+        } else {
+            None
+        };
         match code {
             TEST_UNIT_READY => Ok(Bytes::new()),
             REQUEST_SENSE => sense::request_sense(cdb, Sense::NO_SENSE),
@@ -84,6 +108,7 @@ impl<D: BlockDevice> Disk<D> {
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => defect_data(cdb).map(Bytes::from),
             UNMAP => self.unmap(cdb, data_out).await,
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, data_out).await,
+            COMPARE_AND_WRITE => self.compare_and_write(cdb, data_out).await,
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => {
                 self.device.flush().await.map_err(write_error)?;
                 Ok(Bytes::new())
@@ -93,9 +118,11 @@ impl<D: BlockDevice> Disk<D> {
     }
 
     /// The bytes a command takes from the initiator, known from its CDB
-    /// alone, so that the transport asks for no more; a transfer above
-    /// the block limits is refused before any data moves.
-    pub fn data_out_len(&self, cdb: &[u8]) -> Result<u32, Sense> {
+    /// (and for COMPARE AND WRITE, which takes exactly its buffer, the
+    /// `expected` length the initiator sends), so that the transport asks
+    /// for no more; a transfer above the block limits is refused before
+    /// any data moves.
+    pub fn data_out_len(&self, cdb: &[u8], expected: u32) -> Result<u32, Sense> {
         let code = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
         let bytes_of = |transfer: Transfer| {
             if transfer.blocks > MAX_TRANSFER_BLOCKS {
@@ -120,6 +147,7 @@ impl<D: BlockDevice> Disk<D> {
                 None => Err(Sense::INVALID_FIELD_IN_CDB),
             },
             WRITE_SAME_10 | WRITE_SAME_16 => Ok(BLOCK_SIZE as u32),
+            COMPARE_AND_WRITE => compare_write::data_out_len(cdb, expected),
             _ => Ok(0),
         }
     }
@@ -384,7 +412,10 @@ mod tests {
         let mut list = sensed.to_vec();
         list[0] = 0;
         let select_6 = [MODE_SELECT_6, 0x10, 0, 0, list.len() as u8, 0];
-        assert_eq!(disk.data_out_len(&select_6), Ok(list.len() as u32));
+        assert_eq!(
+            disk.data_out_len(&select_6, u32::MAX),
+            Ok(list.len() as u32)
+        );
         let taken = disk.execute(&select_6, Bytes::from(list.clone())).await;
         assert_eq!(taken, Completion::Good(Bytes::new()));
         // Clearing WCE in the caching page, after the block descriptor.
@@ -394,7 +425,7 @@ mod tests {
             Completion::Check(Sense::INVALID_FIELD_IN_PARAMETERS)
         );
         let select_10 = [MODE_SELECT_10, 0x10, 0, 0, 0, 0, 0, 0x01, 0x2c, 0];
-        assert_eq!(disk.data_out_len(&select_10), Ok(300));
+        assert_eq!(disk.data_out_len(&select_10, u32::MAX), Ok(300));
         let mut saving = select_10;
         saving[1] |= 0x01;
         assert_eq!(

@@ -146,6 +146,7 @@ fn block_limits() -> Vec<u8> {
     let mut body = vec![0; 60];
     // WSNZ: a WRITE SAME of 0 blocks is refused, not taken as "to the end".
     body[0] = 0x01;
+    body[1] = super::compare_write::MAX_COMPARE_WRITE_BLOCKS;
     // Optimal transfer length granularity: one block.
     body[2..4].copy_from_slice(&1u16.to_be_bytes());
     body[4..8].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes());

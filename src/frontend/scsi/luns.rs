@@ -98,11 +98,11 @@ impl<D: BlockDevice> Luns<D> {
         }
     }
 
-    /// The bytes a command takes from the initiator, known from its CDB
-    /// before any arrive.
-    pub fn data_out_len(&self, lun: u64, cdb: &[u8]) -> Result<u32, Sense> {
+    /// The bytes a command takes from the initiator, of the `expected`
+    /// it sends, known before any arrive.
+    pub fn data_out_len(&self, lun: u64, cdb: &[u8], expected: u32) -> Result<u32, Sense> {
         match lun_number(lun) {
-            Some(DISK_LUN) => self.disk.data_out_len(cdb),
+            Some(DISK_LUN) => self.disk.data_out_len(cdb, expected),
             _ => Ok(0),
         }
     }

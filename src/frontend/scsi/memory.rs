@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use tokio::sync::watch;
 
 use crate::frontend::{BLOCK_SIZE, BlockDevice};
 
@@ -14,6 +15,8 @@ pub struct Memory {
     pub failing: Mutex<Option<i32>>,
     pub flushes: AtomicUsize,
     pub touched: AtomicBool,
+    /// While false, reads wait: how a test holds a command mid-way.
+    pub reads_open: watch::Sender<bool>,
 }
 
 impl Memory {
@@ -23,6 +26,7 @@ impl Memory {
             failing: Mutex::new(None),
             flushes: AtomicUsize::new(0),
             touched: AtomicBool::new(false),
+            reads_open: watch::Sender::new(true),
         })
     }
 
@@ -41,6 +45,7 @@ impl BlockDevice for Memory {
     }
 
     async fn read(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        let _ = self.reads_open.subscribe().wait_for(|open| *open).await;
         self.outcome()?;
         let data = self.data.lock().unwrap();
         Ok(Bytes::copy_from_slice(

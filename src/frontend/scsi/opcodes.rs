@@ -12,6 +12,7 @@
 
 use super::cdb::opcode::*;
 use super::cdb::{self, action, big_endian};
+use super::compare_write::COMPARE_AND_WRITE;
 use super::luns::REPORT_LUNS;
 use super::mode::{MODE_SELECT_6, MODE_SELECT_10, MODE_SENSE_6, MODE_SENSE_10};
 use super::sense::Sense;
@@ -88,6 +89,8 @@ const COMMANDS: &[Command] = &[
     // LLBAA and DBD.
     Command::new(&[MODE_SENSE_10, 0x18, ALL, ALL, 0, 0, 0, ALL, ALL, 0]),
     Command::new(&[READ_16, DPO | FUA, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, 0, 0]),
+    // LBA, then NUMBER OF LOGICAL BLOCKS in byte 13.
+    Command::new(&[COMPARE_AND_WRITE, DPO | FUA, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, 0, 0, 0, ALL, 0, 0]),
     Command::new(&[WRITE_16, DPO | FUA, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, 0, 0]),
     Command::new(&[WRITE_AND_VERIFY_16, DPO | BYTCHK_01, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, 0, 0]),
     Command::new(&[VERIFY_16, DPO | BYTCHK, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, ALL, 0, 0]),

@@ -192,7 +192,7 @@ mod tests {
         cdb[5] = 5;
         cdb[9] = 1;
         assert_eq!(disk.execute(&cdb, blocks(1, 9)).await, good());
-        assert_eq!(disk.data_out_len(&cdb), Ok(4096));
+        assert_eq!(disk.data_out_len(&cdb, u32::MAX), Ok(4096));
         assert_eq!(
             disk.execute(&cdb, blocks(1, 8)).await,
             Completion::Check(Sense::MISCOMPARE_DURING_VERIFY)
@@ -211,7 +211,7 @@ mod tests {
         let disk = Disk::new(Arc::clone(&memory), "vol");
         // BYTCHK 01b with DPO, then 00b.
         let command = write_and_verify_10(2, 2, 0x10 | 0x02);
-        assert_eq!(disk.data_out_len(&command), Ok(2 * 4096));
+        assert_eq!(disk.data_out_len(&command, u32::MAX), Ok(2 * 4096));
         assert_eq!(disk.execute(&command, blocks(2, 0xa6)).await, good());
         assert_eq!(memory.flushes.load(Ordering::SeqCst), 1, "durable");
         let read = disk.execute(&cdb_16(READ_16, 0, 2, 2), Bytes::new()).await;
@@ -282,11 +282,14 @@ mod tests {
             );
         }
         assert_eq!(
-            disk.data_out_len(&write_and_verify_10(0, 1, 0x06)),
+            disk.data_out_len(&write_and_verify_10(0, 1, 0x06), u32::MAX),
             Err(invalid)
         );
         assert_eq!(
-            disk.data_out_len(&cdb_16(WRITE_AND_VERIFY_16, 0, 0, MAX_TRANSFER_BLOCKS + 1)),
+            disk.data_out_len(
+                &cdb_16(WRITE_AND_VERIFY_16, 0, 0, MAX_TRANSFER_BLOCKS + 1),
+                u32::MAX
+            ),
             Err(invalid)
         );
         assert!(!memory.touched.load(Ordering::SeqCst));
