@@ -40,7 +40,7 @@ impl Datastore {
 
 /// The credentials in `secret`: the initiator's pair always, the target's
 /// both or neither.
-pub fn chap_from_secret(secret: &Secret) -> Result<ChapSecrets, String> {
+fn chap_from_secret(secret: &Secret) -> Result<ChapSecrets, String> {
     let initiator = credential(secret, USERNAME, PASSWORD)?
         .ok_or_else(|| format!("{USERNAME} and {PASSWORD} are required"))?;
     let target = credential(secret, USERNAME_IN, PASSWORD_IN)?;

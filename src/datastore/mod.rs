@@ -12,7 +12,6 @@ mod liveness;
 pub mod settings;
 
 pub use changes::changed_only;
-pub use chap::chap_from_secret;
 pub use lease_clock::LeaseClock;
 pub use liveness::{Down, Liveness};
 pub use settings::Settings;
