@@ -62,14 +62,15 @@ start_volume() {
 	local label=$1 count=$2 replicas=() port
 	for i in $(seq 1 "$count"); do
 		port=$(free_port_pair)
-		"$oxhorn" replica --dir "$work/$label-r$i" --size "$size" --listen "127.0.0.1:$port" \
+		"$oxhorn" replica --volume "$label" --dir "$work/$label-r$i" --size "$size" \
+			--listen "127.0.0.1:$port" \
 			>"$work/$label-r$i.log" 2>&1 &
 		pids+=($!)
 		replicas+=(--replica "127.0.0.1:$port")
 	done
 	sleep 1
 	port=$(free_port_pair)
-	"$oxhorn" engine --volume "$label" --size "$size" "${replicas[@]}" --frontend fuse \
+	"$oxhorn" engine --volume "$label" --generation 1 --size "$size" "${replicas[@]}" --frontend fuse \
 		--listen "127.0.0.1:$port" --run-dir "$work/run" --dev-dir "$work/dev" \
 		>"$work/$label-engine.log" 2>&1 &
 	pids+=($!)
@@ -80,6 +81,10 @@ start_volume() {
 	device=$(readlink -e "$work/dev/$label")
 }
 
+# The data plane admits only processes holding the volume's key; one key
+# serves every volume here, as each volume's processes share it.
+OXHORN_VOLUME_KEY=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+export OXHORN_VOLUME_KEY
 echo "fio: ${runtime}s per job, 1 GiB target, direct I/O, libaio" >&2
 truncate -s "$size" "$work/local.img"
 run_jobs local "$work/local.img"
