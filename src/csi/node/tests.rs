@@ -96,6 +96,13 @@ fn with_iscsiadm(svc: &mut NodeService, dir: &Path, fake: Arc<FakeIscsiadm>) {
     svc.device_wait = Duration::from_millis(200);
 }
 
+/// An unsynced service whose iscsiadm is `fake`.
+fn scripted_service(dir: &Path, fake: &Arc<FakeIscsiadm>) -> NodeService {
+    let mut svc = unsynced_service(dir);
+    with_iscsiadm(&mut svc, dir, Arc::clone(fake));
+    svc
+}
+
 fn iscsi_volume(attached_to: &str) -> Volume {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "oxhorn.io/v1beta1",
@@ -329,9 +336,8 @@ fn topology_has_only_the_labels_present() {
 #[tokio::test]
 async fn an_iscsi_volume_on_a_node_without_an_initiator_is_a_failed_precondition() {
     let dir = tempfile::tempdir().unwrap();
-    let mut svc = unsynced_service(dir.path());
     let fake = FakeIscsiadm::answering(true, 0, 0);
-    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let svc = scripted_service(dir.path(), &fake);
     let err = svc.attach_iscsi(&iscsi_volume(NODE)).await.unwrap_err();
     let status = Status::from(err);
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
@@ -357,9 +363,8 @@ async fn an_iscsi_volume_on_a_node_without_an_initiator_is_a_failed_precondition
 async fn an_iscsi_volume_attached_elsewhere_is_not_logged_into() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("iscsi_tcp")).unwrap();
-    let mut svc = unsynced_service(dir.path());
     let fake = FakeIscsiadm::answering(true, 0, 0);
-    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let svc = scripted_service(dir.path(), &fake);
     let status = Status::from(svc.attach_iscsi(&iscsi_volume("node-2")).await.unwrap_err());
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(
@@ -373,9 +378,8 @@ async fn an_iscsi_volume_attached_elsewhere_is_not_logged_into() {
 async fn an_engine_without_an_iscsi_endpoint_is_unavailable_after_the_wait() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("iscsi_tcp")).unwrap();
-    let mut svc = unsynced_service(dir.path());
     let fake = FakeIscsiadm::answering(true, 0, 0);
-    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let svc = scripted_service(dir.path(), &fake);
     let status = Status::from(svc.attach_iscsi(&iscsi_volume(NODE)).await.unwrap_err());
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(
@@ -389,10 +393,9 @@ async fn an_engine_without_an_iscsi_endpoint_is_unavailable_after_the_wait() {
 async fn unstage_of_a_gone_volume_logs_out_of_the_target_named_by_its_id() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("iscsi_tcp")).unwrap();
-    let mut svc = unsynced_service(dir.path());
     // Logged out and deleted already: a repeated unstage.
     let fake = FakeIscsiadm::answering(true, 21, 21);
-    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let svc = scripted_service(dir.path(), &fake);
     let staging = dir.path().join("staging");
     std::fs::create_dir(&staging).unwrap();
     let unstaged = svc.node_unstage_volume(Request::new(unstage_request("vol", &staging)));
@@ -410,10 +413,9 @@ async fn unstage_of_a_gone_volume_logs_out_of_the_target_named_by_its_id() {
 #[tokio::test]
 async fn unstage_logs_out_and_removes_the_iscsi_link_only() {
     let dir = tempfile::tempdir().unwrap();
-    let mut svc = unsynced_service(dir.path());
     // No iscsi_tcp module here now: the link alone says a login was made.
     let fake = FakeIscsiadm::answering(true, 0, 0);
-    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let svc = scripted_service(dir.path(), &fake);
     let disk = dir
         .path()
         .join(format!("by-path/ip-10.0.0.7:3260-iscsi-{IQN}-lun-1"));
@@ -443,9 +445,8 @@ async fn unstage_logs_out_and_removes_the_iscsi_link_only() {
 #[tokio::test]
 async fn a_failed_logout_fails_the_unstage_and_keeps_the_link() {
     let dir = tempfile::tempdir().unwrap();
-    let mut svc = unsynced_service(dir.path());
     let fake = FakeIscsiadm::answering(true, 10, 0);
-    with_iscsiadm(&mut svc, dir.path(), Arc::clone(&fake));
+    let svc = scripted_service(dir.path(), &fake);
     let disk = dir
         .path()
         .join(format!("by-path/ip-10.0.0.7:3260-iscsi-{IQN}-lun-1"));

@@ -71,9 +71,8 @@ pub(super) struct Task {
 /// data always finishes, and given back when the task is answered.
 ///
 /// [`TargetConfig::write_budget`]: super::target::TargetConfig::write_budget
-#[derive(Debug, Default)]
+#[derive(Debug)]
 enum Budget {
-    #[default]
     Unclaimed,
     /// Queued for the memory; the number tells this claim from a later
     /// task's with the same tag.
