@@ -63,21 +63,25 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
     let result = match cli.command {
-        Command::Manager(config) => run_until_signal(|shutdown| manager::run(config, shutdown)),
-        Command::InstanceManager(args) => {
-            run_until_signal(|shutdown| instance_manager::run(args, shutdown))
+        Command::Manager(config) => {
+            run_until_signal(Threads::Many, |shutdown| manager::run(config, shutdown))
         }
-        Command::Replica(config) => {
-            run_until_signal(|shutdown| oxhorn::replica::run(config, shutdown))
+        Command::InstanceManager(args) => run_until_signal(Threads::Many, |shutdown| {
+            instance_manager::run(args, shutdown)
+        }),
+        Command::Replica(config) => run_until_signal(Threads::One, |shutdown| {
+            oxhorn::replica::run(config, shutdown)
+        }),
+        Command::Engine(config) => {
+            run_until_signal(Threads::One, |shutdown| engine::run(config, shutdown))
         }
-        Command::Engine(config) => run_until_signal(|shutdown| engine::run(config, shutdown)),
         Command::Crds => types::crds_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(Into::into),
         Command::Manifest(args) => args.yaml().map(|yaml| print!("{yaml}")),
-        Command::Uninstall(args) => {
-            run_until_signal(|shutdown| oxhorn::uninstall::run(args, shutdown))
-        }
+        Command::Uninstall(args) => run_until_signal(Threads::Many, |shutdown| {
+            oxhorn::uninstall::run(args, shutdown)
+        }),
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));
             Ok(())
@@ -92,16 +96,34 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs a daemon on a multi-threaded runtime until SIGTERM or SIGINT. Each
-/// daemon has its own error type; the process reports them all alike.
-fn run_until_signal<F, Fut, E>(daemon: F) -> oxhorn::Result<()>
+/// The async threads a daemon runs on.
+enum Threads {
+    /// One per CPU.
+    Many,
+    /// One, for the data plane: an engine's and a replica's requests are
+    /// short (page-cache reads and writes, socket sends; fsync and the
+    /// frontend's set-up run on blocking threads), and with two async
+    /// threads every hand-off between tasks woke the other thread and
+    /// contended with it (bench/README.md, 2026-11-24). One volume's I/O
+    /// then uses at most one CPU per process.
+    One,
+}
+
+/// Runs a daemon until SIGTERM or SIGINT. Each daemon has its own error
+/// type; the process reports them all alike.
+fn run_until_signal<F, Fut, E>(threads: Threads, daemon: F) -> oxhorn::Result<()>
 where
     F: FnOnce(Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
     Fut: Future<Output = Result<(), E>>,
     E: Into<oxhorn::Error>,
 {
-    let runtime =
-        tokio::runtime::Runtime::new().map_err(|e| oxhorn::Error::io("tokio runtime", e))?;
+    let runtime = match threads {
+        Threads::Many => tokio::runtime::Builder::new_multi_thread(),
+        Threads::One => tokio::runtime::Builder::new_current_thread(),
+    }
+    .enable_all()
+    .build()
+    .map_err(|e| oxhorn::Error::io("tokio runtime", e))?;
     runtime.block_on(async {
         let shutdown = shutdown_signal()?;
         daemon(Box::pin(shutdown)).await.map_err(Into::into)
