@@ -81,6 +81,9 @@ pub struct Connection {
 
 struct Inner {
     address: String,
+    /// The replica is on this host: the kernel sends to an address of this
+    /// host from that same address.
+    local: bool,
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, oneshot::Sender<Response>>>,
     outgoing: mpsc::Sender<Request>,
@@ -144,10 +147,15 @@ impl Connection {
         stream
             .set_zero_linger()
             .map_err(|e| failed(e.to_string()))?;
+        let local = matches!(
+            (stream.local_addr(), stream.peer_addr()),
+            (Ok(ours), Ok(theirs)) if ours.ip() == theirs.ip()
+        );
         let (read, write) = stream.into_split();
         let (outgoing, queue) = mpsc::channel(QUEUE);
         let inner = Arc::new(Inner {
             address: address.to_string(),
+            local,
             next_id: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
             outgoing,
@@ -172,6 +180,11 @@ impl Connection {
 
     pub fn address(&self) -> &str {
         &self.inner.address
+    }
+
+    /// Whether the replica is on this host (its reads skip the network).
+    pub fn is_local(&self) -> bool {
+        self.inner.local
     }
 
     pub async fn read(&self, offset: u64, length: u32) -> Result<Bytes> {

@@ -473,3 +473,33 @@ fn reach_from(host: &Host, address: &str) -> bool {
     host.enter(&mut command).unwrap();
     command.status().unwrap().success()
 }
+
+/// Reads prefer replicas on the engine's host: a connection tells a replica
+/// on this host (here, on loopback) from one on another host.
+#[tokio::test]
+async fn a_connection_tells_a_replica_on_this_host_from_a_remote_one() {
+    require_root();
+    let network = Network::create().unwrap();
+    let remote_host = network.add_host().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut remote = spawn_replica(&remote_host, &dir.path().join("remote"));
+    let mut here =
+        ReplicaProcess::spawn(Path::new(OXHORN), &dir.path().join("here"), SIZE, &ACCESS).unwrap();
+    for replica in [&mut remote, &mut here] {
+        replica.wait_serving(PATIENCE).await.unwrap();
+    }
+    let to_remote = Connection::read_only(&remote.address(), &ACCESS)
+        .await
+        .unwrap();
+    let to_here = Connection::read_only(&here.address(), &ACCESS)
+        .await
+        .unwrap();
+    assert!(
+        !to_remote.is_local(),
+        "{} is on another host",
+        remote.address()
+    );
+    assert!(to_here.is_local(), "{} is on this host", here.address());
+    remote.kill();
+    here.kill();
+}
