@@ -3,6 +3,8 @@
 //! spec.replicaAddressMap (adding a replica starts its rebuild), grows it to
 //! spec.volumeSize, and polls the engine into status every few seconds.
 
+mod rebuilds;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -149,7 +151,7 @@ async fn run_here(
     let address = format!("{}:{}", info.ip, info.port);
     let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
     let mut api = control::engine_with_timeout(engine, &address, CONTROL_TIMEOUT, &access).await?;
-    let observed = converge(engine, &mut api).await?;
+    let observed = converge(ctx, engine, &mut api).await?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))
 }
@@ -181,9 +183,11 @@ fn chap(ctx: &Context, engine: &Engine) -> Result<Option<ChapSecrets>, String> {
     }
 }
 
-/// Brings the running engine to the spec: replicas added (and rebuilt) or
-/// removed, size grown. Returns the engine's status afterwards.
+/// Brings the running engine to the spec: replicas added (and rebuilt,
+/// each when its node has a turn) or removed, size grown. Returns the
+/// engine's status afterwards.
 async fn converge(
+    ctx: &Context,
     engine: &Engine,
     api: &mut Control<EngineControlClient<Stamped>>,
 ) -> Result<protocol::EngineStatus, ControllerError> {
@@ -205,7 +209,15 @@ async fn converge(
             .map_err(|e| api.failed(e))?
             .into_inner();
     }
+    let mut turns = rebuild_turns(ctx);
     for address in wanted.iter().filter(|a| !present.contains(a.as_str())) {
+        let node = replica_node(ctx, engine, address);
+        if let Some(node) = &node
+            && let Err(running) = turns.take(node)
+        {
+            info!(replica = %address, %node, running, "the replica's rebuild waits: its node rebuilds as many as it may");
+            continue;
+        }
         info!(replica = %address, "adding replica to the engine; it rebuilds");
         observed = api
             .client
@@ -227,6 +239,30 @@ async fn converge(
             .into_inner();
     }
     Ok(observed)
+}
+
+/// The rebuilds running now, per node, by every Engine's status.
+fn rebuild_turns(ctx: &Context) -> rebuilds::Turns {
+    let engines = ctx.ds.engines.store.state();
+    let node_of = |replica: &str| {
+        ctx.cached_replica(replica)
+            .map(|r| r.spec.instance.node_id.clone())
+    };
+    rebuilds::Turns::count(
+        engines.iter().filter_map(|e| e.status.as_ref()),
+        node_of,
+        ctx.settings().rebuilds_per_node,
+    )
+}
+
+/// The node of the replica at `address` in `engine`'s spec, as cached.
+fn replica_node(ctx: &Context, engine: &Engine, address: &str) -> Option<String> {
+    let (name, _) = engine
+        .spec
+        .replica_address_map
+        .iter()
+        .find(|(_, a)| a.as_str() == address)?;
+    Some(ctx.cached_replica(name)?.spec.instance.node_id.clone())
 }
 
 /// Translates what the engine reports into the Engine's status, naming

@@ -252,6 +252,12 @@ impl Context {
         self.ds.volumes.store.get(&key)
     }
 
+    /// The replica `name` as the cache has it.
+    pub fn cached_replica(&self, name: &str) -> Option<Arc<Replica>> {
+        let key = ObjectRef::new(name).within(&self.ds.namespace);
+        self.ds.replicas.store.get(&key)
+    }
+
     /// oxhorn's Node of `node_id`, as last cached.
     pub fn cached_node(&self, node_id: &str) -> Option<Arc<Node>> {
         let key = ObjectRef::new(node_id).within(&self.ds.namespace);

@@ -31,6 +31,7 @@ const ZONE_SOFT_ANTI_AFFINITY: &str = "replica-zone-soft-anti-affinity";
 const REPLENISHMENT_WAIT: &str = "replica-replenishment-wait-interval";
 const STALE_REPLICA_TIMEOUT: &str = "stale-replica-timeout";
 const AUTO_SALVAGE: &str = "auto-salvage";
+const REBUILDS_PER_NODE: &str = "concurrent-replica-rebuild-per-node-limit";
 /// Whether `oxhorn uninstall` may delete volumes, and their data.
 pub const DELETING_CONFIRMATION: &str = "deleting-confirmation-flag";
 
@@ -85,6 +86,11 @@ const DEFINITIONS: &[Definition] = &[
         default: "true",
     },
     Definition {
+        key: REBUILDS_PER_NODE,
+        kind: Kind::Integer { min: 1, max: 100 },
+        default: "5",
+    },
+    Definition {
         key: DELETING_CONFIRMATION,
         kind: Kind::Boolean,
         default: "false",
@@ -104,6 +110,8 @@ pub struct Settings {
     /// Whether a volume whose replicas all failed is brought back from the
     /// most up-to-date ones.
     pub auto_salvage: bool,
+    /// Replicas one node may be rebuilding at once; more wait their turn.
+    pub rebuilds_per_node: usize,
 }
 
 impl Settings {
@@ -133,6 +141,7 @@ impl Settings {
             replenishment_wait: Duration::from_secs(int(REPLENISHMENT_WAIT).unsigned_abs()),
             stale_replica_timeout: int(STALE_REPLICA_TIMEOUT),
             auto_salvage: boolean(AUTO_SALVAGE),
+            rebuilds_per_node: usize::try_from(int(REBUILDS_PER_NODE)).unwrap_or(5),
         }
     }
 }
