@@ -360,12 +360,12 @@ impl Engine {
 
     async fn read_from_one(&self, offset: u64, length: u32) -> Result<Bytes, EngineError> {
         loop {
-            let readable = self.members_in(&[Mode::ReadWrite]);
-            let readable = nearest(&readable, |m| m.data.is_local());
+            let mut readable = self.members_in(&[Mode::ReadWrite]);
+            keep_nearest(&mut readable, |m| m.data.is_local());
             if readable.is_empty() {
                 return Err(EngineError::NoHealthyReplica);
             }
-            let member = readable[self.next_read.fetch_add(1, Ordering::Relaxed) % readable.len()];
+            let member = &readable[self.next_read.fetch_add(1, Ordering::Relaxed) % readable.len()];
             match member.data.read(offset, length).await {
                 Ok(data) => return Ok(data),
                 Err(error) => {
@@ -469,14 +469,12 @@ fn end(offset: u64, length: u64) -> io::Result<u64> {
         .ok_or_else(|| io::Error::from_raw_os_error(nix::libc::EINVAL))
 }
 
-/// The replicas to read from: those on this node when there are any (their
-/// reads skip the network, as Longhorn's data locality intends), else all.
-fn nearest<T>(readable: &[T], local: impl Fn(&T) -> bool) -> Vec<&T> {
-    let here: Vec<&T> = readable.iter().filter(|m| local(m)).collect();
-    if here.is_empty() {
-        readable.iter().collect()
-    } else {
-        here
+/// Keeps the replicas to read from: those on this node when there are any
+/// (their reads skip the network, as Longhorn's data locality intends),
+/// else all.
+fn keep_nearest<T>(readable: &mut Vec<T>, local: impl Fn(&T) -> bool) {
+    if readable.iter().any(&local) {
+        readable.retain(local);
     }
 }
 
@@ -567,19 +565,22 @@ impl BlockDevice for Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::{nearest, pieces};
+    use super::{keep_nearest, pieces};
 
     #[test]
     fn reads_go_to_replicas_on_this_node_when_there_are_any() {
         let local = |(_, here): &(&str, bool)| *here;
-        let mixed = [("a", false), ("b", true), ("c", false), ("d", true)];
-        fn names(chosen: Vec<&(&'static str, bool)>) -> Vec<&'static str> {
-            chosen.iter().map(|(name, _)| *name).collect()
-        }
-        assert_eq!(names(nearest(&mixed, local)), ["b", "d"]);
-        let remote = [("a", false), ("c", false)];
-        assert_eq!(names(nearest(&remote, local)), ["a", "c"]);
-        assert!(nearest(&[] as &[(&str, bool)], local).is_empty());
+        let nearest = |mut readable: Vec<(&'static str, bool)>| {
+            keep_nearest(&mut readable, local);
+            readable
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect::<Vec<_>>()
+        };
+        let mixed = vec![("a", false), ("b", true), ("c", false), ("d", true)];
+        assert_eq!(nearest(mixed), ["b", "d"]);
+        assert_eq!(nearest(vec![("a", false), ("c", false)]), ["a", "c"]);
+        assert!(nearest(Vec::new()).is_empty());
     }
 
     #[test]
