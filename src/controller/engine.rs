@@ -209,9 +209,11 @@ async fn converge(
             .map_err(|e| api.failed(e))?
             .into_inner();
     }
-    let mut turns = rebuild_turns(ctx);
+    // Counted only when a replica is to be added, not on every poll.
+    let mut turns = None;
     for address in wanted.iter().filter(|a| !present.contains(a.as_str())) {
         let node = replica_node(ctx, engine, address);
+        let turns = turns.get_or_insert_with(|| rebuild_turns(ctx));
         if let Some(node) = &node
             && let Err(running) = turns.take(node)
         {
