@@ -503,10 +503,13 @@ impl Cluster {
     }
 
     pub async fn create_volume(&self, name: &str, size: i64, replicas: i32) {
-        let volume = Volume::new(
-            name,
-            serde_json::from_value(json!({"size": size, "numberOfReplicas": replicas})).unwrap(),
-        );
+        self.create_volume_with(name, json!({"size": size, "numberOfReplicas": replicas}))
+            .await;
+    }
+
+    /// Creates the Volume `name` with `spec` (its JSON form).
+    pub async fn create_volume_with(&self, name: &str, spec: serde_json::Value) {
+        let volume = Volume::new(name, serde_json::from_value(spec).unwrap());
         self.api::<Volume>()
             .create(&PostParams::default(), &volume)
             .await

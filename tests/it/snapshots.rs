@@ -81,12 +81,7 @@ async fn create_volume_from(
     snapshot: &str,
 ) {
     let spec = json!({"size": size, "numberOfReplicas": replicas, "dataSource": format!("snapshot/{snapshot}")});
-    let volume = Volume::new(name, serde_json::from_value(spec).unwrap());
-    cluster
-        .api::<Volume>()
-        .create(&PostParams::default(), &volume)
-        .await
-        .unwrap();
+    cluster.create_volume_with(name, spec).await;
 }
 
 fn filled(status: &VolumeStatus) -> Option<&Condition> {

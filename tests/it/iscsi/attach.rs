@@ -10,7 +10,7 @@ use std::process::Command;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::PostParams;
-use oxhorn::types::{Frontend, Node, Volume};
+use oxhorn::types::{Frontend, Node};
 use serde_json::json;
 
 use crate::common::{Cluster, init_tracing, require_root};
@@ -66,12 +66,7 @@ async fn an_iscsi_volume_attaches_and_its_engine_reports_the_endpoint_initiators
     // The volume names a CHAP Secret that does not exist yet.
     let spec = json!({"size": SIZE, "numberOfReplicas": 2, "frontend": "iscsi",
                       "chapSecret": CHAP_SECRET});
-    let volume = Volume::new(VOLUME, serde_json::from_value(spec).unwrap());
-    cluster
-        .api::<Volume>()
-        .create(&PostParams::default(), &volume)
-        .await
-        .unwrap();
+    cluster.create_volume_with(VOLUME, spec).await;
     let node = cluster
         .until("the volume's replicas placed", || async {
             let replicas = cluster.replicas_of(VOLUME).await;

@@ -17,7 +17,6 @@ use oxhorn::csi::{NodeService, NodeServiceConfig};
 use oxhorn::datastore::Datastore;
 use oxhorn::host::Host;
 use oxhorn::host::iscsi::Initiator;
-use oxhorn::types::Volume;
 use serde_json::json;
 use tonic::Request;
 
@@ -51,12 +50,7 @@ async fn an_iscsi_volume_stages_through_the_kernel_initiator_with_chap() {
         .unwrap();
     let spec = json!({"size": 64 << 20, "numberOfReplicas": 1, "frontend": "iscsi",
                       "chapSecret": CHAP_SECRET});
-    let volume = Volume::new(VOLUME, serde_json::from_value(spec).unwrap());
-    cluster
-        .api::<Volume>()
-        .create(&PostParams::default(), &volume)
-        .await
-        .unwrap();
+    cluster.create_volume_with(VOLUME, spec).await;
     let node = cluster.nodes[0].node_id().to_owned();
     cluster.attach(VOLUME, &node).await;
 
