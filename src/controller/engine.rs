@@ -24,6 +24,7 @@ use crate::instance::{InstanceKind, InstanceRequest};
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::{
     self as protocol, AddReplicaRequest, ExpandRequest, RemoveReplicaRequest,
+    SetRebuildLimitRequest,
 };
 use crate::types::{
     Condition, ConditionStatus, DesireState, Engine, EngineStatus, Frontend, InstanceState,
@@ -209,6 +210,22 @@ async fn converge(
             .map_err(|e| api.failed(e))?
             .into_inner();
     }
+    // Before any replica is added, so that its rebuild takes the limit.
+    let limit = ctx.settings().rebuild_bandwidth;
+    if observed.rebuild_limit != limit {
+        info!(
+            bytes_per_second = limit,
+            "setting the engine's rebuild bandwidth limit"
+        );
+        observed = api
+            .client
+            .set_rebuild_limit(SetRebuildLimitRequest {
+                bytes_per_second: limit,
+            })
+            .await
+            .map_err(|e| api.failed(e))?
+            .into_inner();
+    }
     // Counted only when a replica is to be added, not on every poll.
     let mut turns = None;
     for address in wanted.iter().filter(|a| !present.contains(a.as_str())) {
@@ -281,6 +298,8 @@ fn fill_status(engine: &Engine, observed: &protocol::EngineStatus, status: &mut 
     status.current_replica_address_map.clear();
     status.replica_mode_map.clear();
     status.rebuild_status.clear();
+    status.rebuild_bandwidth_limit =
+        i64::try_from(observed.rebuild_limit >> 20).unwrap_or(i64::MAX);
     for replica in &observed.replicas {
         let Some(name) = names.get(replica.address.as_str()) else {
             continue;

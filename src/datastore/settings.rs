@@ -32,6 +32,7 @@ const REPLENISHMENT_WAIT: &str = "replica-replenishment-wait-interval";
 const STALE_REPLICA_TIMEOUT: &str = "stale-replica-timeout";
 const AUTO_SALVAGE: &str = "auto-salvage";
 const REBUILDS_PER_NODE: &str = "concurrent-replica-rebuild-per-node-limit";
+const REBUILD_BANDWIDTH: &str = "replica-rebuild-bandwidth-limit";
 /// Whether `oxhorn uninstall` may delete volumes, and their data.
 pub const DELETING_CONFIRMATION: &str = "deleting-confirmation-flag";
 
@@ -90,6 +91,15 @@ const DEFINITIONS: &[Definition] = &[
         kind: Kind::Integer { min: 1, max: 100 },
         default: "5",
     },
+    // MiB/s; 0: no limit. The engine's own default is the same.
+    Definition {
+        key: REBUILD_BANDWIDTH,
+        kind: Kind::Integer {
+            min: 0,
+            max: 1_000_000,
+        },
+        default: "100",
+    },
     Definition {
         key: DELETING_CONFIRMATION,
         kind: Kind::Boolean,
@@ -112,6 +122,9 @@ pub struct Settings {
     pub auto_salvage: bool,
     /// Replicas one node may be rebuilding at once; more wait their turn.
     pub rebuilds_per_node: usize,
+    /// Bytes per second one rebuild (or one replica's fill from a
+    /// snapshot) may average; 0: no limit.
+    pub rebuild_bandwidth: u64,
 }
 
 impl Settings {
@@ -142,6 +155,7 @@ impl Settings {
             stale_replica_timeout: int(STALE_REPLICA_TIMEOUT),
             auto_salvage: boolean(AUTO_SALVAGE),
             rebuilds_per_node: usize::try_from(int(REBUILDS_PER_NODE)).unwrap_or(5),
+            rebuild_bandwidth: int(REBUILD_BANDWIDTH).unsigned_abs() << 20,
         }
     }
 }
@@ -204,5 +218,15 @@ mod tests {
                 definition.key
             );
         }
+    }
+
+    #[test]
+    fn the_rebuild_bandwidth_default_is_the_engines() {
+        let (store, _writer) = kube::runtime::reflector::store::<Setting>();
+        let settings = Settings::read(&store, "oxhorn-system");
+        assert_eq!(
+            settings.rebuild_bandwidth,
+            crate::engine::DEFAULT_REBUILD_LIMIT
+        );
     }
 }

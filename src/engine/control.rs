@@ -9,7 +9,7 @@ use super::{Engine, EngineError};
 use crate::protocol::control::engine_control_server::EngineControl;
 use crate::protocol::control::{
     AddReplicaRequest, EngineStatus, EngineStatusRequest, ExpandRequest, RemoveReplicaRequest,
-    RemoveSnapshotRequest, SnapshotRequest,
+    RemoveSnapshotRequest, SetRebuildLimitRequest, SnapshotRequest,
 };
 
 pub struct EngineControlService {
@@ -110,6 +110,15 @@ impl EngineControl for EngineControlService {
         self.engine
             .remove_replica(&request.into_inner().address)
             .await?;
+        Ok(Response::new(self.status().await))
+    }
+
+    async fn set_rebuild_limit(
+        &self,
+        request: Request<SetRebuildLimitRequest>,
+    ) -> Result<Response<EngineStatus>, Status> {
+        self.engine
+            .set_rebuild_limit(request.into_inner().bytes_per_second);
         Ok(Response::new(self.status().await))
     }
 }

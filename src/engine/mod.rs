@@ -130,8 +130,16 @@ pub struct Engine {
     next_read: AtomicUsize,
     /// Tells the frontend the volume grew.
     resized: tokio::sync::watch::Sender<u64>,
+    /// Bytes per second each rebuild started from now on may average (0:
+    /// no limit); the controller sets it from its Setting.
+    rebuild_limit: AtomicU64,
     myself: Weak<Engine>,
 }
+
+/// The rebuild bandwidth limit until the controller sets one: 100 MiB/s,
+/// the default of its Setting, so a rebuild that starts with the engine is
+/// limited too.
+pub const DEFAULT_REBUILD_LIMIT: u64 = 100 << 20;
 
 impl Engine {
     /// Connects to the replicas as `access.generation`, fencing older
@@ -157,6 +165,7 @@ impl Engine {
             in_flight: RangeLocks::default(),
             next_read: AtomicUsize::new(0),
             resized: tokio::sync::watch::Sender::new(size),
+            rebuild_limit: AtomicU64::new(DEFAULT_REBUILD_LIMIT),
             myself: myself.clone(),
         });
         let connected = join_all(addresses.iter().map(|a| Member::connect(a, access))).await;

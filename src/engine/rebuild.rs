@@ -51,6 +51,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Limits each rebuild that starts from now on to `bytes_per_second` on
+    /// average (0: no limit); those running keep theirs.
+    pub fn set_rebuild_limit(&self, bytes_per_second: u64) {
+        self.rebuild_limit
+            .store(bytes_per_second, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn rebuild_limit(&self) -> u64 {
+        self.rebuild_limit
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Takes the replica out of the volume, and off the I/O-path record.
     pub async fn remove_replica(&self, address: &str) -> Result<(), EngineError> {
         let removed = {
@@ -113,6 +125,7 @@ impl Engine {
             let request = SyncFromRequest {
                 source: source.control_address(),
                 layers,
+                bandwidth_limit: self.rebuild_limit(),
                 ..SyncFromRequest::default()
             };
             let progress = protocol::within_deadline(target.control.clone().sync_from(request))

@@ -66,6 +66,7 @@ impl Engine {
             replicas,
             snapshots,
             endpoint: String::new(),
+            rebuild_limit: self.rebuild_limit(),
         }
     }
 }

@@ -18,7 +18,7 @@
 //!
 //! Modules: `extents` (block range sets), `layer` (one layer file), `store`
 //! (open/create and I/O), `chain` (snapshot operations), `sync` (what a
-//! rebuild copies), `fence` (the volume, id, engine generation and I/O-path
+//! rebuild copies), `rebuild` (pulling layers from another replica), `fence` (the volume, id, engine generation and I/O-path
 //! record a replica keeps), `service` (the `oxhorn replica` process: data protocol
 //! and control API), and small helpers for the directory, metadata, names
 //! and the revision counter.
@@ -32,6 +32,7 @@ mod layer;
 mod lock;
 mod meta;
 mod naming;
+mod rebuild;
 mod revision;
 mod service;
 mod store;

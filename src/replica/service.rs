@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -17,8 +17,8 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{BLOCK_SIZE, IoPath, LayerSpec, ReplicaStore, SnapshotInfo, StorageError};
-use crate::protocol::control::replica_control_client::ReplicaControlClient;
+use super::rebuild;
+use super::{IoPath, ReplicaStore, SnapshotInfo, StorageError};
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
     self, ExpandRequest, LayerChunk, LayerChunksRequest, LayerChunksResponse, LayerData,
@@ -27,19 +27,15 @@ use crate::protocol::control::{
 };
 use crate::protocol::{
     self, Access, Claim, Guard, Handler, Key, Op, Peer, Request as DataRequest,
-    Response as DataResponse, Role, Stamped, Status,
+    Response as DataResponse, Role, Status,
 };
 
-/// Rebuilds compare and copy layers in chunks of this size.
-const SYNC_CHUNK: u64 = 2 << 20;
 /// ReadLayer answers in messages of at most this many bytes.
 const READ_LAYER_MESSAGE: u64 = 2 << 20;
-/// Chunks a rebuild fetches and writes at once.
-const SYNC_PARALLEL: usize = 8;
 /// HTTP/2 flow-control windows for layer data: the 64 KiB default would
 /// stall a stream after every 64 KiB for a round trip.
-const STREAM_WINDOW: Option<u32> = Some(8 << 20);
-const CONNECTION_WINDOW: Option<u32> = Some(32 << 20);
+pub(super) const STREAM_WINDOW: Option<u32> = Some(8 << 20);
+pub(super) const CONNECTION_WINDOW: Option<u32> = Some(32 << 20);
 
 /// The command line of `oxhorn replica`. The volume's key comes from the
 /// environment (`OXHORN_VOLUME_KEY`, hex), not the command line, which any
@@ -133,7 +129,7 @@ fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore, StorageError> 
 }
 
 /// Runs blocking store work off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
@@ -151,7 +147,7 @@ async fn blocking<T: Send + 'static>(
 /// it re-adds the replica or restarts with the same generation) is
 /// admitted, no request of an older one is still being applied, nor
 /// applied later, whatever was left in the old connection's receive buffer.
-struct Fence {
+pub(super) struct Fence {
     current: std::sync::RwLock<Holder>,
 }
 
@@ -229,7 +225,7 @@ impl Fence {
     }
 
     /// Runs `work` if `generation` is the current one.
-    fn within<T>(
+    pub(super) fn within<T>(
         &self,
         generation: u64,
         work: impl FnOnce() -> Result<T, StorageError>,
@@ -341,7 +337,7 @@ struct ControlService {
 }
 
 /// The one place storage errors become gRPC codes.
-fn grpc(error: StorageError) -> GrpcStatus {
+pub(super) fn grpc(error: StorageError) -> GrpcStatus {
     let message = error.to_string();
     match error {
         StorageError::SnapshotNotFound(_) => GrpcStatus::not_found(message),
@@ -604,18 +600,19 @@ impl ReplicaControl for ControlService {
                 generation: 0,
             }
         };
-        let source = connect(&request.source, &source_access).await?;
+        let source = rebuild::connect(&request.source, &source_access).await?;
+        let pace = rebuild::Pace::new(request.bandwidth_limit);
         let (tx, rx) = mpsc::channel(16);
         let (store, fence) = (self.store.clone(), self.fence.clone());
         let span = info_span!("sync", source = %request.source);
         tokio::spawn(
             async move {
-                let target = Target {
+                let target = rebuild::Target {
                     store,
                     fence,
                     generation,
                 };
-                let result = sync(&target, source, &request.layers, &tx).await;
+                let result = rebuild::sync(&target, source, &request.layers, pace, &tx).await;
                 if let Err(status) = result {
                     warn!(error = %status.message(), "rebuild sync failed");
                     let _ = tx.send(Err(status)).await;
@@ -625,190 +622,4 @@ impl ReplicaControl for ControlService {
         );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
-}
-
-async fn connect(
-    address: &str,
-    access: &Access,
-) -> Result<ReplicaControlClient<Stamped>, GrpcStatus> {
-    let endpoint = crate::protocol::control_endpoint(address)
-        .map_err(|e| GrpcStatus::invalid_argument(format!("source {address:?}: {e}")))?
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| GrpcStatus::unavailable(format!("source {address}: {e}")))?;
-    Ok(
-        ReplicaControlClient::new(protocol::stamped(channel, access))
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20),
-    )
-}
-
-/// Makes the store's snapshot chain equal to `layers` on the source,
-/// copying only the chunks that differ, and reports progress on `progress`.
-/// The replica a rebuild fills, for the engine generation that asked.
-struct Target {
-    store: Arc<ReplicaStore>,
-    fence: Arc<Fence>,
-    generation: u64,
-}
-
-async fn sync(
-    target: &Target,
-    mut source: ReplicaControlClient<Stamped>,
-    layers: &[control::Snapshot],
-    progress: &mpsc::Sender<Result<SyncProgress, GrpcStatus>>,
-) -> Result<(), GrpcStatus> {
-    let store = &target.store;
-    let mut plans = Vec::new();
-    for layer in layers {
-        plans.push(plan_layer(store, &mut source, layer).await?);
-    }
-    let total: u64 = plans.iter().map(|p| p.bytes).sum();
-    let mut report = SyncProgress {
-        bytes_done: 0,
-        bytes_total: total,
-        bytes_copied: 0,
-    };
-    for plan in &plans {
-        let copies: Vec<_> = plan
-            .copy
-            .iter()
-            .map(|&(index, bytes)| {
-                let (store, source, name) = (store.clone(), source.clone(), plan.name.clone());
-                async move {
-                    let copied = copy_chunk(&store, source, &name, index * SYNC_CHUNK).await?;
-                    Ok::<_, GrpcStatus>((copied, bytes))
-                }
-            })
-            .collect();
-        let mut copies = futures::stream::iter(copies).buffer_unordered(SYNC_PARALLEL);
-        while let Some(done) = copies.next().await {
-            let (copied, bytes) = done?;
-            report.bytes_copied += copied;
-            report.bytes_done += bytes;
-            let _ = progress.send(Ok(report)).await;
-        }
-        report.bytes_done += plan.skipped;
-    }
-    let chain: Vec<String> = layers.iter().map(|l| l.name.clone()).collect();
-    let (store_, fence, generation) = (store.clone(), target.fence.clone(), target.generation);
-    // Not if a newer engine took over meanwhile: it rebuilds on its own.
-    blocking(move || {
-        fence.within(generation, || {
-            store_.install_chain(&chain)?;
-            store_.set_rebuilding(false)
-        })
-    })
-    .await
-    .map_err(grpc)?;
-    info!(
-        bytes_total = total,
-        bytes_copied = report.bytes_copied,
-        "layers in sync"
-    );
-    let _ = progress.send(Ok(report)).await;
-    Ok(())
-}
-
-/// What must be copied of one source layer.
-struct LayerPlan {
-    name: String,
-    /// (chunk index, source bytes in it) of chunks that differ.
-    copy: Vec<(u64, u64)>,
-    /// Source bytes in chunks that already match.
-    skipped: u64,
-    bytes: u64,
-}
-
-async fn plan_layer(
-    store: &Arc<ReplicaStore>,
-    source: &mut ReplicaControlClient<Stamped>,
-    layer: &control::Snapshot,
-) -> Result<LayerPlan, GrpcStatus> {
-    let spec = LayerSpec {
-        name: layer.name.clone(),
-        created: u64::try_from(layer.created_unix).unwrap_or(0),
-        user_created: layer.user_created,
-        labels: layer.labels.clone().into_iter().collect(),
-    };
-    let (store_, name) = (store.clone(), layer.name.clone());
-    // What this replica already holds of the layer, if anything.
-    let local = blocking(move || {
-        let local = match store_.layer_chunks(&name, SYNC_CHUNK, true) {
-            Ok(chunks) => chunks,
-            Err(StorageError::SnapshotNotFound(_)) => Vec::new(),
-            Err(error) => return Err(error),
-        };
-        store_.stage_layer(&spec)?;
-        Ok(local)
-    })
-    .await
-    .map_err(grpc)?;
-    let remote = source
-        .layer_chunks(LayerChunksRequest {
-            layer: layer.name.clone(),
-            chunk_size: SYNC_CHUNK,
-            checksums: !local.is_empty(),
-        })
-        .await?
-        .into_inner()
-        .chunks;
-    let local: std::collections::BTreeMap<u64, u64> =
-        local.into_iter().map(|c| (c.index, c.checksum)).collect();
-    let mut plan = LayerPlan {
-        name: layer.name.clone(),
-        copy: Vec::new(),
-        skipped: 0,
-        bytes: 0,
-    };
-    for chunk in &remote {
-        plan.bytes += chunk.bytes;
-        if local.get(&chunk.index) == Some(&chunk.checksum) {
-            plan.skipped += chunk.bytes;
-        } else {
-            plan.copy.push((chunk.index, chunk.bytes));
-        }
-    }
-    // Chunks only this replica holds must be emptied.
-    let remote_indexes: std::collections::BTreeSet<u64> = remote.iter().map(|c| c.index).collect();
-    plan.copy.extend(
-        local
-            .keys()
-            .filter(|i| !remote_indexes.contains(i))
-            .map(|&i| (i, 0)),
-    );
-    plan.copy.sort_unstable();
-    Ok(plan)
-}
-
-/// Replaces one chunk of layer `name` with the source's; returns bytes copied.
-async fn copy_chunk(
-    store: &Arc<ReplicaStore>,
-    mut source: ReplicaControlClient<Stamped>,
-    name: &str,
-    offset: u64,
-) -> Result<u64, GrpcStatus> {
-    let mut stream = source
-        .read_layer(ReadLayerRequest {
-            layer: name.to_string(),
-            offset,
-            length: SYNC_CHUNK,
-        })
-        .await?
-        .into_inner();
-    let mut runs = Vec::new();
-    while let Some(piece) = stream.message().await? {
-        runs.push((piece.offset, piece.data));
-    }
-    let copied = runs.iter().map(|(_, d)| d.len() as u64).sum();
-    let (store, name) = (store.clone(), name.to_string());
-    let size = store.size().map_err(grpc)?;
-    let len = SYNC_CHUNK.min(size.saturating_sub(offset)) / BLOCK_SIZE * BLOCK_SIZE;
-    blocking(move || store.patch_layer(&name, offset, len, &runs))
-        .await
-        .map_err(grpc)?;
-    Ok(copied)
 }

@@ -96,6 +96,10 @@ pub struct EngineStatus {
     /// Replica address to the progress of its rebuild.
     #[serde(default)]
     pub rebuild_status: BTreeMap<String, RebuildStatus>,
+    /// MiB/s each rebuild the engine starts may average (0: no limit): the
+    /// replica-rebuild-bandwidth-limit Setting, once the engine has it.
+    #[serde(default)]
+    pub rebuild_bandwidth_limit: i64,
     /// Snapshot name to what the engine reports of it.
     #[serde(default)]
     pub snapshots: BTreeMap<String, SnapshotInfo>,

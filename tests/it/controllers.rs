@@ -51,6 +51,22 @@ async fn a_volume_survives_losing_a_node_and_heals_onto_another() {
     );
     let written = write_pattern(&device, 16 << 20, 7);
 
+    // The engine takes its rebuild bandwidth limit from the Setting, the
+    // default until there is one.
+    for (limit, what) in [(100, "the default"), (40, "the Setting's")] {
+        if limit != 100 {
+            cluster
+                .set("replica-rebuild-bandwidth-limit", &limit.to_string())
+                .await;
+        }
+        cluster
+            .until(&format!("the engine at {what} rebuild limit"), || async {
+                let engine = cluster.engine_of("vol").await?;
+                (engine.status?.rebuild_bandwidth_limit == limit).then_some(())
+            })
+            .await;
+    }
+
     // Lose a node that holds a replica and is not where the volume is attached.
     let victim = replicas
         .iter()

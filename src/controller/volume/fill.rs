@@ -138,8 +138,10 @@ impl Pass<'_> {
             return Ok(Step::Waiting("Filling", message));
         }
         let access = self.access();
+        let limit = self.ctx.settings().rebuild_bandwidth;
         for (replica, target) in &targets {
-            copy_layers(replica, target, &access, (&address, &source), &layers).await?;
+            let source = (address.as_str(), &source);
+            copy_layers(replica, target, &access, source, &layers, limit).await?;
         }
         settle(&targets, &access).await?;
         Ok(Step::Done)
@@ -227,7 +229,8 @@ async fn chain_of(
 }
 
 /// Makes `replica`'s chain equal to `layers` of the source replica at
-/// `source.0`, of the volume `source.1` admits to. Only chunks that differ
+/// `source.0`, of the volume `source.1` admits to, at no more than `limit`
+/// bytes per second (0: no limit), as for a rebuild. Only chunks that differ
 /// are copied, so a retry after a failure costs what was left.
 async fn copy_layers(
     replica: &Replica,
@@ -235,6 +238,7 @@ async fn copy_layers(
     access: &Access,
     source: (&str, &Access),
     layers: &[Layer],
+    limit: u64,
 ) -> Result<(), ControllerError> {
     let (source, source_access) = source;
     info!(replica = %replica.name_any(), %source, layers = layers.len(), "copying the snapshot chain");
@@ -245,6 +249,7 @@ async fn copy_layers(
         layers: layers.to_vec(),
         source_volume: source_access.volume.clone(),
         source_key: source_access.key.to_hex(),
+        bandwidth_limit: limit,
     };
     let mut progress = control
         .client
