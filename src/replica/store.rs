@@ -104,7 +104,7 @@ impl State {
     }
 
     /// File names the chain references; anything else of ours is debris.
-    fn referenced_files(&self) -> HashSet<String> {
+    pub(super) fn referenced_files(&self) -> HashSet<String> {
         let mut names: HashSet<String> = [VOLUME_META, REVISION_FILE].map(String::from).into();
         for layer in self.oldest_first().chain(self.staged.values()) {
             names.insert(meta_file(&layer.file_name));
@@ -144,7 +144,7 @@ impl ReplicaStore {
     /// Opens the replica in `path`. Missing or corrupt metadata is an error
     /// naming the file: a replica that cannot prove its layout serves nothing.
     /// Debris of interrupted operations (unreferenced layer files, temp
-    /// files) is deleted.
+    /// files) is deleted, except the layers an interrupted rebuild staged.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let dir = ReplicaDir::lock(path.as_ref())?;
         let mut meta = VolumeMeta::load(&dir)?;
@@ -158,6 +158,7 @@ impl ReplicaStore {
         }
         let revision = RevisionCounter::open(&dir)?;
         let store = Self::assemble(dir, meta, head, snapshots, revision);
+        store.restage_after_restart()?;
         store.collect_garbage()?;
         Ok(store)
     }

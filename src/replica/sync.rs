@@ -18,7 +18,7 @@ use super::extents::ExtentSet;
 use super::layer::{Layer, buf_range};
 use super::lock;
 use super::meta::LayerMeta;
-use super::naming::{snapshot_file, validate_snapshot_name};
+use super::naming::{meta_file, snapshot_file, snapshot_name_of, validate_snapshot_name};
 use super::store::{ReplicaStore, State};
 
 /// What a chunk of a layer holds.
@@ -158,6 +158,41 @@ impl ReplicaStore {
         meta.created = spec.created;
         let layer = Layer::create(&self.dir, state.meta.size, meta)?;
         state.staged.insert(spec.name.clone(), layer);
+        Ok(())
+    }
+
+    /// After a restart in the middle of a rebuild, takes back the layers it
+    /// had staged, so that the next rebuild copies only their chunks that
+    /// do not match the source yet and resumes where this one stopped,
+    /// rather than from nothing. A partly copied chunk just does not match.
+    /// Without a rebuild under way they are debris, left to the garbage
+    /// collection, as is a layer that cannot be opened.
+    pub(super) fn restage_after_restart(&self) -> Result<()> {
+        let mut state = lock::write(&self.state)?;
+        if !state.meta.rebuilding {
+            return Ok(());
+        }
+        let referenced = state.referenced_files();
+        for file in self.dir.entries()? {
+            let Some(name) = snapshot_name_of(&file) else {
+                continue;
+            };
+            if referenced.contains(&file) || !self.dir.join(&meta_file(&file)).exists() {
+                continue;
+            }
+            match Layer::open(&self.dir, &file, state.meta.size) {
+                Ok(layer) => {
+                    tracing::info!(
+                        layer = name,
+                        "taking back a layer the interrupted rebuild staged"
+                    );
+                    state.staged.insert(name.to_string(), layer);
+                }
+                Err(error) => {
+                    tracing::warn!(layer = name, %error, "a layer the interrupted rebuild staged is unusable; it is deleted");
+                }
+            }
+        }
         Ok(())
     }
 
@@ -356,6 +391,52 @@ mod tests {
         store.install_chain(&chain).unwrap();
         assert_eq!(snapshot_names(&store), ["base", "rebuild-1", "rebuild-2"]);
         assert_eq!(block_bytes(&reopen(store)), [1, 2, 0, 0, 4, 0, 0, 0]);
+    }
+
+    /// A rebuild interrupted by a restart resumes: the layer it staged is
+    /// back after the reopen with the chunks it had copied, which compare
+    /// equal and are not copied again. Before, the reopen deleted it as
+    /// debris and the next rebuild copied everything again.
+    #[test]
+    fn a_restart_mid_rebuild_keeps_the_layers_it_staged() {
+        const CHUNK: u64 = 4 * BLOCK_SIZE;
+        let (_tmp, store) = new_store(8);
+        store.set_rebuilding(true).unwrap();
+        store.stage_layer(&spec("base")).unwrap();
+        store
+            .patch_layer("base", 0, CHUNK, &[(BLOCK_SIZE, blocks(5, 2))])
+            .unwrap();
+        let copied = store.layer_chunks("base", CHUNK, true).unwrap();
+        assert_eq!(copied.len(), 1);
+
+        let store = reopen(store);
+        assert_eq!(store.layer_chunks("base", CHUNK, true).unwrap(), copied);
+        store.install_chain(&["base".to_string()]).unwrap();
+        store.set_rebuilding(false).unwrap();
+        assert_eq!(block_bytes(&store), [0, 5, 5, 0, 0, 0, 0, 0]);
+        assert_eq!(snapshot_names(&reopen(store)), ["base"]);
+    }
+
+    /// Without a rebuild under way, a staged layer left by a restart is
+    /// debris: the reopen deletes it.
+    #[test]
+    fn a_staged_layer_without_a_rebuild_is_deleted_at_reopen() {
+        let (tmp, store) = new_store(8);
+        store.stage_layer(&spec("base")).unwrap();
+        store
+            .patch_layer("base", 0, 8 * BLOCK_SIZE, &[(0, blocks(5, 1))])
+            .unwrap();
+        let store = reopen(store);
+        assert!(matches!(
+            store.layer_chunks("base", 8 * BLOCK_SIZE, false),
+            Err(StorageError::SnapshotNotFound(_))
+        ));
+        assert!(
+            !tmp.path()
+                .join("replica")
+                .join(snapshot_file("base"))
+                .exists()
+        );
     }
 
     /// A chain that lists below its newest layer a snapshot this replica

@@ -27,6 +27,7 @@ mod local_cluster;
 mod partition;
 mod placement;
 mod provisioning;
+mod rebuild;
 mod sanity;
 mod snapshots;
 mod uninstall;
