@@ -60,7 +60,7 @@ pub struct ReplicaConfig {
 /// then flushes it and marks it cleanly closed.
 pub async fn run(
     config: ReplicaConfig,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StorageError> {
     let span = info_span!("replica", volume = %config.volume, dir = %config.dir.display(), listen = %config.listen);
     async move {
@@ -87,9 +87,13 @@ pub async fn run(
             .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(tonic::service::interceptor::InterceptedService::new(service, Guard::new(key)))
             .serve_with_incoming_shutdown(TcpListenerStream::new(control), shutdown);
+        // The control API, a rebuild's copies included, runs on a thread of
+        // its own: moving layer data megabytes at a time on the data path's
+        // one thread held up the volume's I/O behind it.
+        let grpc = on_own_thread("replica-control", grpc).map_err(listen_failed(control_addr))?;
         tokio::select! {
             served = protocol::serve(data, handler) => served.map_err(listen_failed(config.listen))?,
-            served = grpc => served?,
+            served = grpc => served.map_err(|_| StorageError::Config("the control thread ended".into()))??,
         }
         let store = Arc::try_unwrap(store);
         match store {
@@ -101,6 +105,27 @@ pub async fn run(
     }
     .instrument(span)
     .await
+}
+
+/// Runs `work` on a new thread with an async runtime of its own; the
+/// receiver gets its output once the runtime and the tasks it spawned are
+/// gone.
+fn on_own_thread<T: Send + 'static>(
+    name: &str,
+    work: impl Future<Output = T> + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (done, output) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let out = runtime.block_on(work);
+            drop(runtime);
+            let _ = done.send(out);
+        })?;
+    Ok(output)
 }
 
 fn open_or_create(config: &ReplicaConfig) -> Result<ReplicaStore, StorageError> {
