@@ -1,12 +1,18 @@
 //! Rebuild speed: a 1 GiB volume with 512 MiB written in 2 replicas; an
-//! empty third one is added and rebuilt. The baseline, run in the same
-//! invocation on the same disk, is `cp --sparse=always` of the source
-//! replica's files. Prints both and the ratio (target: >= 0.8).
+//! empty third one is added and rebuilt with no bandwidth limit. The
+//! baseline, run in the same invocation on the same disk, is
+//! `cp --sparse=always` of the source replica's files. Prints both and the
+//! ratio (target: >= 0.8).
 //!
 //! Then the volume's own I/O while a replica rebuilds: 4 KiB random reads
-//! and writes at queue depth 8 through the engine, first with the three
-//! replicas healthy, then while a fourth is added and rebuilt. Prints both
-//! rates and their ratio, and how long the rebuild took under that load.
+//! and writes at queue depth 8 through the engine, with the three replicas
+//! healthy, then while a fourth one is added and rebuilt with no bandwidth
+//! limit, at the default limit (100 MiB/s) and at 25 MiB/s, each time a
+//! new one. The baseline is four replicas just after a snapshot: a replica
+//! being rebuilt takes the volume's writes too, and a rebuild starts with a
+//! snapshot, after which writes land in new, empty layers and allocate
+//! their blocks. Prints the rates, their ratio to the baseline, and how
+//! long each rebuild took under that load.
 //!
 //!     cargo bench --bench rebuild
 
@@ -17,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oxhorn::engine::Engine;
+use oxhorn::engine::{DEFAULT_REBUILD_LIMIT, Engine};
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::control::ReplicaMode;
 use oxhorn::protocol::{Access, Key};
@@ -30,6 +36,8 @@ const WRITE: usize = 1 << 20;
 /// how long the rate is measured before it.
 const LOAD_DEPTH: usize = 8;
 const LOAD_BASELINE: Duration = Duration::from_secs(5);
+/// A limit below the default, to show what the volume gets back.
+const SLOW_LIMIT: u64 = 25 << 20;
 
 #[tokio::main]
 async fn main() {
@@ -45,7 +53,7 @@ async fn main() {
         generation: 1,
     };
     let mut replicas = Vec::new();
-    for name in ["a", "b", "c", "d"] {
+    for name in ["a", "b", "c", "d", "e", "f"] {
         let mut replica =
             ReplicaProcess::spawn(oxhorn, &work.path().join(name), SIZE, &access).expect("replica");
         replica
@@ -74,6 +82,7 @@ async fn main() {
     engine.flush().await.expect("flush");
     sync();
 
+    engine.set_rebuild_limit(0);
     let rebuild = rebuilt_in(&engine, &addresses[2]).await;
 
     let copy_to = work.path().join("copy");
@@ -113,14 +122,35 @@ async fn main() {
     );
 
     let (before, ()) = load(&engine, tokio::time::sleep(LOAD_BASELINE)).await;
-    let (during, loaded_rebuild) = load(&engine, rebuilt_in(&engine, &addresses[3])).await;
+    // A fourth replica rebuilt at each limit, under load, then taken out
+    // again; the last stays for the baseline.
+    let limits = [0, DEFAULT_REBUILD_LIMIT, SLOW_LIMIT];
+    let mut rebuilds = Vec::new();
+    for (i, limit) in limits.into_iter().enumerate() {
+        let address = &addresses[3 + i];
+        engine.set_rebuild_limit(limit);
+        rebuilds.push((limit, load(&engine, rebuilt_in(&engine, address)).await));
+        if i + 1 < limits.len() {
+            engine.remove_replica(address).await.expect("remove");
+        }
+    }
+    engine.snapshot("baseline", false).await.expect("snapshot");
+    let (baseline, ()) = load(&engine, tokio::time::sleep(LOAD_BASELINE)).await;
+
     println!("volume I/O, 4 KiB random reads and writes at QD{LOAD_DEPTH}");
-    println!("  3 replicas healthy    {before:>8.0} IOPS");
-    println!(
-        "  while a 4th rebuilds  {during:>8.0} IOPS  (ratio {:.2}; the rebuild took {:.2} s)",
-        during / before,
-        loaded_rebuild.as_secs_f64()
-    );
+    println!("  3 replicas                          {before:>8.0} IOPS");
+    println!("  4 replicas, just after a snapshot   {baseline:>8.0} IOPS  (the baseline)");
+    for (limit, (during, took)) in rebuilds {
+        let what = match limit {
+            0 => "no limit".to_owned(),
+            limit => format!("at {} MiB/s", limit >> 20),
+        };
+        println!(
+            "  while a 4th rebuilds, {what:<13} {during:>8.0} IOPS  (ratio {:.2}; the rebuild took {:.1} s)",
+            during / baseline,
+            took.as_secs_f64()
+        );
+    }
 }
 
 /// Adds the replica at `address` and waits until it is rebuilt and RW.
@@ -137,7 +167,8 @@ async fn rebuilt_in(engine: &Engine, address: &str) -> Duration {
         match mode {
             Some(ReplicaMode::Rw) => break,
             Some(ReplicaMode::Err) => panic!("rebuild failed: {status:#?}"),
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            // Status asks every replica: not so often it loads them.
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
     sync();
