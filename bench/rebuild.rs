@@ -83,7 +83,7 @@ async fn main() {
     sync();
 
     engine.set_rebuild_limit(0);
-    let rebuild = rebuilt_in(&engine, &addresses[2]).await;
+    let (rebuild, _) = rebuilt_in(&engine, &addresses[2], Duration::from_millis(10)).await;
 
     let copy_to = work.path().join("copy");
     std::fs::create_dir(&copy_to).expect("copy dir");
@@ -129,7 +129,8 @@ async fn main() {
     for (i, limit) in limits.into_iter().enumerate() {
         let address = &addresses[3 + i];
         engine.set_rebuild_limit(limit);
-        rebuilds.push((limit, load(&engine, rebuilt_in(&engine, address)).await));
+        let rebuilt = rebuilt_in(&engine, address, Duration::from_millis(500));
+        rebuilds.push((limit, load(&engine, rebuilt).await));
         if i + 1 < limits.len() {
             engine.remove_replica(address).await.expect("remove");
         }
@@ -140,39 +141,37 @@ async fn main() {
     println!("volume I/O, 4 KiB random reads and writes at QD{LOAD_DEPTH}");
     println!("  3 replicas                          {before:>8.0} IOPS");
     println!("  4 replicas, just after a snapshot   {baseline:>8.0} IOPS  (the baseline)");
-    for (limit, (during, took)) in rebuilds {
+    for (limit, (during, (took, copied))) in rebuilds {
         let what = match limit {
             0 => "no limit".to_owned(),
             limit => format!("at {} MiB/s", limit >> 20),
         };
         println!(
-            "  while a 4th rebuilds, {what:<13} {during:>8.0} IOPS  (ratio {:.2}; the rebuild took {:.1} s)",
+            "  while a 4th rebuilds, {what:<13} {during:>8.0} IOPS  (ratio {:.2}; it copied {} MiB in {:.1} s)",
             during / baseline,
+            copied >> 20,
             took.as_secs_f64()
         );
     }
 }
 
-/// Adds the replica at `address` and waits until it is rebuilt and RW.
-async fn rebuilt_in(engine: &Engine, address: &str) -> Duration {
+/// Adds the replica at `address` and waits until it is rebuilt and RW,
+/// asking every `poll`: status asks every replica, so under load not so
+/// often that it loads them. Returns how long it took and what it copied.
+async fn rebuilt_in(engine: &Engine, address: &str, poll: Duration) -> (Duration, u64) {
     let started = Instant::now();
     engine.add_replica(address).await.expect("add replica");
-    loop {
+    let copied = loop {
         let status = engine.status().await;
-        let mode = status
-            .replicas
-            .iter()
-            .find(|r| r.address == address)
-            .map(|r| r.mode());
-        match mode {
-            Some(ReplicaMode::Rw) => break,
-            Some(ReplicaMode::Err) => panic!("rebuild failed: {status:#?}"),
-            // Status asks every replica: not so often it loads them.
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        let replica = status.replicas.iter().find(|r| r.address == address);
+        match replica.map(|r| (r.mode(), r.last_rebuild_bytes_copied)) {
+            Some((ReplicaMode::Rw, copied)) => break copied,
+            Some((ReplicaMode::Err, _)) => panic!("rebuild failed: {status:#?}"),
+            _ => tokio::time::sleep(poll).await,
         }
-    }
+    };
     sync();
-    started.elapsed()
+    (started.elapsed(), copied)
 }
 
 /// Runs 4 KiB random reads and writes (half each) through the engine until
