@@ -9,7 +9,8 @@
 //! contract of each operation (see `src/replica/`): unmap holds zeros where
 //! a snapshot holds the block or the replica is being rebuilt, and punches a
 //! hole elsewhere; removing a snapshot merges it into its child; staged
-//! layers serve no reads and are forgotten by a reopen; while the store is
+//! layers serve no reads and a reopen forgets them unless the replica is
+//! being rebuilt; while the store is
 //! open, a second one cannot open its directory; and so on.
 //!
 //! Input: one byte picks the operation, the following bytes its arguments
@@ -704,8 +705,11 @@ impl Run {
                     // the machine), but the counter is the persisted one.
                     self.model.revision = self.model.flushed;
                 }
-                // Staged layers are not in the chain: open deletes them.
-                self.model.staged.clear();
+                // Staged layers are not in the chain: open deletes them,
+                // unless a rebuild is under way, which then resumes.
+                if !self.model.rebuilding {
+                    self.model.staged.clear();
+                }
                 self.store = Some(ReplicaStore::open(&path).unwrap());
             }
             Op::MarkClean => {
