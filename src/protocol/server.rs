@@ -1,7 +1,8 @@
 //! The replica's side of the data protocol: each connection first passes the
 //! handshake (the volume's key, an admitted generation and role), then
-//! decodes requests and runs them concurrently; answers go back as they
-//! complete.
+//! decodes requests and answers each in turn, except flushes, which wait
+//! for the disk on a task of their own while later requests go on; answers
+//! go back as they complete.
 //! Connections, requests in flight and the bytes they hold are bounded.
 
 use std::future::Future;
@@ -44,7 +45,9 @@ pub trait Handler: Send + Sync + 'static {
     /// Admits a connection that proved `claim` and numbers it, or says why
     /// it is fenced.
     fn admit(&self, claim: &Claim) -> impl Future<Output = Result<u64, String>> + Send;
-    /// Serves a request of an admitted connection.
+    /// Serves a request of an admitted connection. Only a flush may wait
+    /// (for the disk): the others are answered in the order they came, each
+    /// before the next is read, so one that waits holds the connection up.
     fn handle(&self, request: Request, peer: Peer) -> impl Future<Output = Response> + Send;
 }
 
@@ -147,20 +150,34 @@ async fn connection<H: Handler>(mut stream: TcpStream, peer: SocketAddr, handler
         ) else {
             break;
         };
-        let (handler, answers) = (handler.clone(), answers.clone());
-        tokio::spawn(async move {
-            let response = match request.op {
-                Op::Ping => Response::ok(request.id, bytes::Bytes::new()),
-                _ => handler.handle(request, admitted).await,
-            };
-            let _ = answers.send(response).await;
-            drop((permit, bytes));
-        });
+        let held = (permit, bytes);
+        if request.op == Op::Flush {
+            let (handler, answers) = (handler.clone(), answers.clone());
+            tokio::spawn(async move { answer(&*handler, request, admitted, &answers, held).await });
+        } else {
+            answer(&*handler, request, admitted, &answers, held).await;
+        }
     }
     // The writer ends once every in-flight request has answered.
     drop(answers);
     let _ = writer.await;
     debug!(%peer, "disconnected");
+}
+
+/// Serves `request` and queues its answer; what it `held` is released then.
+async fn answer<H: Handler>(
+    handler: &H,
+    request: Request,
+    peer: Peer,
+    answers: &mpsc::Sender<Response>,
+    held: impl Send,
+) {
+    let response = match request.op {
+        Op::Ping => Response::ok(request.id, bytes::Bytes::new()),
+        _ => handler.handle(request, peer).await,
+    };
+    let _ = answers.send(response).await;
+    drop(held);
 }
 
 async fn write_responses(
