@@ -14,8 +14,10 @@
 //! - [`frontend`]: the volume as a block device on its node;
 //! - [`host`]: the node's host: its programs, mounts and filesystems;
 //! - [`replica`]: one copy of a volume's data on a node's disk;
+//! - [`backup`]: volumes' snapshots kept in an object store;
 //! - [`manifest`] and [`uninstall`]: installing Oxhorn and removing it.
 
+pub mod backup;
 pub mod controller;
 pub mod csi;
 pub mod datastore;
