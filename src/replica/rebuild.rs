@@ -58,6 +58,8 @@ impl Pace {
     }
 }
 
+/// A client of the source replica's control API, with flow-control windows
+/// sized for layer data.
 pub(super) async fn connect(
     address: &str,
     access: &Access,
