@@ -30,14 +30,29 @@ impl Mounted {
         &self.0
     }
 
-    /// Unmounts now; an error if the filesystem is busy.
+    /// Unmounts now; an error if the filesystem stays busy. EBUSY is tried
+    /// again for up to 5 s: a path walk on the mount at that instant (by
+    /// any process, e.g. another test's kubelet taking every filesystem's
+    /// statfs) makes umount fail with it, and it passes at once.
     pub fn unmount(self) -> Result<()> {
-        let result = nix::mount::umount(&self.0)
-            .map_err(|e| Error::Failed(format!("unmounting {}: {e}", self.0.display())));
-        if result.is_ok() {
-            std::mem::forget(self);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match nix::mount::umount(&self.0) {
+                Ok(()) => {
+                    std::mem::forget(self);
+                    return Ok(());
+                }
+                Err(nix::Error::EBUSY) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => {
+                    return Err(Error::Failed(format!(
+                        "unmounting {}: {e}",
+                        self.0.display()
+                    )));
+                }
+            }
         }
-        result
     }
 }
 
