@@ -8,6 +8,9 @@
 # cargo-afl (the fuzzer of hack/fuzz.sh) is installed with `cargo install`
 # into the same bin directory, and its AFL++ runtime built under
 # $cache/share (its XDG data directory; hack/fuzz.sh sets the same).
+# The object-store emulators: MinIO (S3) built from the Go module proxy, and
+# Azurite (Azure Blob) from npm under $cache/azurite, run as $bin/azurite-blob
+# with Node.js (Debian's nodejs and npm where the machine has no npm).
 #
 #   OXHORN_CACHE  where built tools live (default: ~/.cache/oxhorn)
 #
@@ -23,6 +26,12 @@ ATTACHER_VERSION=v4.13.0
 RESIZER_VERSION=v2.3.0
 SNAPSHOTTER_VERSION=v8.7.0
 CARGO_AFL_VERSION=0.18.2
+# MinIO tags no semver releases and its repository was archived in February
+# 2026: this is the pseudo-version of its last commit.
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+# The last Azurite whose engines field admits Node.js 18, Debian 12's
+# (3.36.0 wants 21, 3.37.0 22).
+AZURITE_VERSION=3.35.0
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${OXHORN_CACHE:-${HOME}/.cache/oxhorn}
@@ -48,6 +57,9 @@ apt_packages=(
 	libiscsi-bin tgt             # tests/it/iscsi and bench/: libiscsi's conformance suite and tools, and tgtd to compare with
 	libiscsi-dev gcc libc6-dev   # hack/iscsi-pattern.c, the iSCSI integrity tests' client
 )
+# Node.js and npm for Azurite. A machine with an npm already keeps its own:
+# NodeSource's nodejs package, for one, conflicts with Debian's npm.
+command -v npm >/dev/null 2>&1 || apt_packages+=(nodejs npm)
 
 install_apt() {
 	local missing=()
@@ -166,6 +178,29 @@ fetch_snapshot_crds() {
 	echo "$SNAPSHOTTER_VERSION" >"$dir/.version"
 }
 
+# MinIO, the S3 server of the object-store tests. Its go.mod has no replace
+# directives, so `go install` builds it.
+build_minio() {
+	stamped minio "$MINIO_VERSION" && return
+	log "go install minio $MINIO_VERSION (minutes on a cold cache)"
+	GOBIN=$bin go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION"
+	stamp minio "$MINIO_VERSION"
+}
+
+# Azurite, the Azure Blob emulator, in a directory of its own; $bin/azurite-blob
+# starts its blob service alone.
+install_azurite() {
+	local dir=$cache/azurite
+	stamped azurite-blob "$AZURITE_VERSION" && return
+	log "npm install azurite $AZURITE_VERSION"
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	npm install --prefix "$dir" --omit=dev --no-audit --no-fund --loglevel=error \
+		"azurite@$AZURITE_VERSION" >/dev/null
+	ln -sf "$dir/node_modules/.bin/azurite-blob" "$bin/azurite-blob"
+	stamp azurite-blob "$AZURITE_VERSION"
+}
+
 # afl_runtime_built: true when cargo-afl's AFL++ runtime exists for the
 # rustc in use (cargo-afl keys it by rustc version and commit).
 afl_runtime_built() {
@@ -211,6 +246,8 @@ build_kube
 build_csi_sanity
 build_sidecars
 fetch_snapshot_crds
+build_minio
+install_azurite
 install_cargo_afl
 log "tools ready in $bin"
 echo "$bin"

@@ -16,7 +16,10 @@
 //!    engines and removes the replicas' data), any volume attached by hand
 //!    detached first; the Setting is "false" again.
 //!
-//! Either way, engines, replicas and snapshots whose volume is gone go last.
+//! Either way, engines, replicas and snapshots whose volume is gone go
+//! last, and the backup resources are forgotten: the BackupTargets first,
+//! so that the Backups then let go without deleting anything from their
+//! stores, which keep every backup for a later install to find.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -35,7 +38,10 @@ use tracing::{info, warn};
 use crate::controller::{ControllerError, delete};
 use crate::csi::DRIVER_NAME;
 use crate::datastore::settings::{self, DELETING_CONFIRMATION};
-use crate::types::{DEFAULT_NAMESPACE, Engine, Replica, Setting, SettingSpec, Snapshot, Volume};
+use crate::types::{
+    Backup, BackupTarget, BackupVolume, DEFAULT_NAMESPACE, Engine, Replica, Setting, SettingSpec,
+    Snapshot, Volume,
+};
 
 const POLL: Duration = Duration::from_secs(2);
 /// Where the kubelet reads a container's termination message from; there
@@ -139,6 +145,7 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
         || orphans(&client, namespace),
     )
     .await?;
+    forget_backups(&client, namespace, &wait).await?;
     info!("no Oxhorn volume is left: `kubectl delete -f deploy/oxhorn.yaml` removes the rest");
     Ok(())
 }
@@ -522,6 +529,50 @@ async fn orphans(client: &Client, namespace: &str) -> Result<Vec<String>, Uninst
                 .map(|o| format!("snapshot {}", o.name_any())),
         )
         .collect())
+}
+
+/// Deletes the backup resources, the targets first: a Backup whose target
+/// is gone is let go without its backup being deleted from the store.
+async fn forget_backups(
+    client: &Client,
+    namespace: &str,
+    wait: &Wait,
+) -> Result<(), UninstallError> {
+    let targets: Api<BackupTarget> = Api::namespaced(client.clone(), namespace);
+    for target in list(&targets).await? {
+        delete(&targets, &target).await?;
+    }
+    wait.until("the backup targets deleted", || async {
+        Ok(list(&targets)
+            .await?
+            .iter()
+            .map(|t| format!("backup target {}", t.name_any()))
+            .collect())
+    })
+    .await?;
+    let volumes: Api<BackupVolume> = Api::namespaced(client.clone(), namespace);
+    let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
+    for volume in list(&volumes).await? {
+        delete(&volumes, &volume).await?;
+    }
+    for backup in list(&backups).await? {
+        delete(&backups, &backup).await?;
+    }
+    wait.until(
+        "the backup resources forgotten (the stores keep them)",
+        || async {
+            let volumes = list(&volumes)
+                .await?
+                .into_iter()
+                .map(|v| format!("backup volume {}", v.name_any()));
+            let backups = list(&backups)
+                .await?
+                .into_iter()
+                .map(|b| format!("backup {}", b.name_any()));
+            Ok(volumes.chain(backups).collect())
+        },
+    )
+    .await
 }
 
 /// Deletes every Volume. One still attached once no CSI attachment is left

@@ -19,6 +19,7 @@
 
 mod lock;
 mod store;
+pub mod target;
 #[cfg(test)]
 mod tests;
 

@@ -23,6 +23,8 @@ pub const BLOCK_SIZE: u64 = 2 << 20;
 /// its data and its compressed copy, so at most 4 x 2 x 2 MiB in memory.
 const PARALLEL: usize = 4;
 const COMPRESSION: &str = "lz4";
+/// Backup configs read at once when listing a volume's backups.
+const LIST_PARALLEL: usize = 16;
 
 /// Where a backup's data comes from: the snapshot being backed up.
 pub trait VolumeReader: Sync {
@@ -59,6 +61,9 @@ pub struct BackupConfig {
     pub compression: String,
     /// The blocks holding data, by offset; the rest of the volume is zeros.
     pub blocks: Vec<BlockRef>,
+    /// The labels the backup was taken with.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The store's record of a volume.
@@ -85,6 +90,9 @@ pub struct NewBackup<'a> {
     pub changed: &'a [Range<u64>],
     /// Who takes it, for the volume's lock.
     pub owner: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// Told the blocks done and the blocks to do after each block.
+    pub progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
 }
 
 /// What taking a backup did.
@@ -181,8 +189,12 @@ impl Backupstore {
         let mut uploads = futures::stream::iter(offsets)
             .map(|offset| self.back_up_block(new, source, offset, &stored))
             .buffer_unordered(PARALLEL);
-        let (mut uploaded, mut bytes_uploaded) = (0, 0);
+        let (mut uploaded, mut bytes_uploaded, mut done) = (0, 0, 0);
         while let Some((offset, held)) = uploads.try_next().await? {
+            done += 1;
+            if let Some(progress) = new.progress {
+                progress(done, read);
+            }
             match held {
                 Some((checksum, sent)) => {
                     blocks.insert(offset, checksum);
@@ -209,6 +221,7 @@ impl Backupstore {
                 .into_iter()
                 .map(|(offset, checksum)| BlockRef { offset, checksum })
                 .collect(),
+            labels: new.labels.clone(),
         };
         self.put_json(&path, &config).await?;
         let volume = VolumeConfig {
@@ -269,7 +282,7 @@ impl Backupstore {
     }
 
     /// Checksums of the blocks stored for `volume`.
-    async fn stored_blocks(&self, volume: &str) -> Result<HashSet<String>, BackupError> {
+    pub async fn stored_blocks(&self, volume: &str) -> Result<HashSet<String>, BackupError> {
         let prefix = self.volume_dir(volume).join("blocks");
         self.store
             .list(Some(&prefix))
@@ -419,10 +432,17 @@ impl Backupstore {
             .map_ok(|meta| meta.location)
             .try_collect()
             .await?;
-        let mut configs: Vec<BackupConfig> = Vec::with_capacity(paths.len());
-        for path in paths {
-            configs.push(parse(&path, &self.store.get(&path).await?.bytes().await?)?);
-        }
+        let mut configs: Vec<BackupConfig> = futures::stream::iter(paths)
+            .map(|path| {
+                let store = Arc::clone(&self.store);
+                async move {
+                    let bytes = store.get(&path).await?.bytes().await?;
+                    parse(&path, &bytes)
+                }
+            })
+            .buffer_unordered(LIST_PARALLEL)
+            .try_collect()
+            .await?;
         configs.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(configs)
     }

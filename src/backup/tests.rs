@@ -4,6 +4,7 @@
 // `&[0..SIZE]` is a list of byte ranges to back up, one of them here.
 #![allow(clippy::single_range_in_vec_init)]
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -66,8 +67,12 @@ fn request<'a>(
         previous,
         changed,
         owner: "node-1",
+        labels: &NO_LABELS,
+        progress: None,
     }
 }
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 struct Fixture {
     dir: tempfile::TempDir,

@@ -5,6 +5,7 @@
 //! the object is looked at again when its newer version arrives.
 
 mod access;
+mod backup;
 mod control;
 mod engine;
 mod lease;
@@ -44,7 +45,7 @@ use tracing::{debug, info, warn};
 use crate::datastore::{Datastore, Liveness, Settings, changed_only};
 use crate::instance::{InstanceError, InstanceManager};
 use crate::protocol::{Access, Key};
-use crate::types::{Engine, FINALIZER, Node, Replica, Snapshot, Volume};
+use crate::types::{Backup, BackupState, Engine, FINALIZER, Node, Replica, Snapshot, Volume};
 use ownership::Owned;
 
 /// Longest a reconcile waits for the caches to show its own earlier writes.
@@ -306,7 +307,25 @@ impl Context {
             + DeserializeOwned
             + Debug,
     {
-        let (preferred, current) = (object.preferred_owner(), object.current_owner());
+        self.claim_preferring(object, object.preferred_owner())
+            .await
+    }
+
+    /// [`claim`](Self::claim), with `preferred` as the preferred owner.
+    async fn claim_preferring<K>(
+        &self,
+        object: &K,
+        preferred: &str,
+    ) -> Result<Option<K>, ControllerError>
+    where
+        K: Owned
+            + Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Debug,
+    {
+        let current = object.current_owner();
         if !self
             .liveness
             .is_responsible_for(&self.node.node_id, preferred, current)
@@ -508,6 +527,22 @@ fn filled_from(
     Some(ObjectRef::new(&snapshot.spec.volume).within(ns))
 }
 
+/// The Backups of `volume` not completed yet: a change of its snapshots
+/// may let them go on.
+fn backups_of(backups: &Store<Backup>, volume: &str) -> Vec<ObjectRef<Backup>> {
+    backups
+        .state()
+        .iter()
+        .filter(|b| {
+            b.spec.volume_name == volume
+                && b.status
+                    .as_ref()
+                    .is_none_or(|s| s.state != BackupState::Completed)
+        })
+        .map(|b| ObjectRef::from_obj(&**b))
+        .collect()
+}
+
 /// Runs every controller until the future is dropped. Call after the caches
 /// have synced, so that no decision is made on a partial view.
 pub async fn run(ctx: Arc<Context>) {
@@ -592,7 +627,48 @@ pub async fn run(ctx: Arc<Context>) {
     .run(snapshot::reconcile, error_policy, Arc::clone(&ctx))
     .for_each(|_| futures::future::ready(()));
 
-    futures::join!(volumes, engines, replicas, nodes, settings, snapshots);
+    let backup_targets = Controller::for_shared_stream(
+        changed_only(ds.backup_targets.subscribe()),
+        ds.backup_targets.store.clone(),
+    )
+    .reconcile_all_on(liveness_changes(&liveness))
+    .run(backup::reconcile_target, error_policy, Arc::clone(&ctx))
+    .for_each(|_| futures::future::ready(()));
+
+    let backup_volumes = Controller::for_shared_stream(
+        changed_only(ds.backup_volumes.subscribe()),
+        ds.backup_volumes.store.clone(),
+    )
+    .reconcile_all_on(liveness_changes(&liveness))
+    .run(backup::reconcile_volume, error_policy, Arc::clone(&ctx))
+    .for_each(|_| futures::future::ready(()));
+
+    let backups = {
+        let backup_store = ds.backups.store.clone();
+        Controller::for_shared_stream(
+            changed_only(ds.backups.subscribe()),
+            ds.backups.store.clone(),
+        )
+        .watches_shared_stream(
+            changed_only(ds.snapshots.subscribe()),
+            move |s: Arc<Snapshot>| backups_of(&backup_store, &s.spec.volume),
+        )
+        .reconcile_all_on(liveness_changes(&liveness))
+        .run(backup::reconcile_backup, error_policy, Arc::clone(&ctx))
+        .for_each(|_| futures::future::ready(()))
+    };
+
+    futures::join!(
+        volumes,
+        engines,
+        replicas,
+        nodes,
+        settings,
+        snapshots,
+        backup_targets,
+        backup_volumes,
+        backups
+    );
 }
 
 #[cfg(test)]

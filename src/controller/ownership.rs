@@ -5,7 +5,7 @@
 //! (guarded by the object's resourceVersion) decides who won.
 
 use crate::datastore::{Down, Liveness};
-use crate::types::{Engine, Node, Replica, Snapshot, Volume};
+use crate::types::{Backup, BackupTarget, BackupVolume, Engine, Node, Replica, Snapshot, Volume};
 
 /// Whether `me` acts on an object whose preferred owner is `preferred` and
 /// whose status names `current`. An empty owner counts as unavailable.
@@ -89,6 +89,26 @@ impl Owned for Snapshot {
         self.status.get_or_insert_default().owner_id = node.to_owned();
     }
 }
+
+/// Backup objects: no node is preferred for a target or a backup volume,
+/// whose syncs any manager can run; a backup's controller prefers its
+/// volume's owner (see [`crate::controller`]'s `claim_preferring`).
+macro_rules! owned_by_anyone {
+    ($($kind:ty),*) => {$(
+        impl Owned for $kind {
+            fn preferred_owner(&self) -> &str {
+                ""
+            }
+            fn current_owner(&self) -> &str {
+                self.status.as_ref().map_or("", |s| &s.owner_id)
+            }
+            fn set_owner(&mut self, node: &str) {
+                self.status.get_or_insert_default().owner_id = node.to_owned();
+            }
+        }
+    )*};
+}
+owned_by_anyone!(BackupTarget, BackupVolume, Backup);
 
 impl Owned for Node {
     fn preferred_owner(&self) -> &str {

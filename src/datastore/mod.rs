@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use fanout::Fanout;
 use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Secret};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -33,7 +34,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{Instrument, warn};
 
-use crate::types::{Engine, Node, Replica, Setting, Snapshot, Volume};
+use crate::types::{
+    Backup, BackupTarget, BackupVolume, Engine, Node, Replica, Setting, Snapshot, Volume,
+};
 
 /// One kind's cache and the fan-out controllers follow its changes through.
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
@@ -64,6 +67,9 @@ pub struct Datastore {
     pub nodes: Cache<Node>,
     pub settings: Cache<Setting>,
     pub snapshots: Cache<Snapshot>,
+    pub backup_targets: Cache<BackupTarget>,
+    pub backup_volumes: Cache<BackupVolume>,
+    pub backups: Cache<Backup>,
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
     pub secrets: Cache<Secret>,
@@ -77,50 +83,28 @@ impl Datastore {
     /// Starts the watches in `namespace` on the current tokio runtime.
     pub fn start(client: &Client, namespace: &str) -> Self {
         let mut tasks = JoinSet::new();
-        let volumes = cache::<Volume>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
-        let engines = cache::<Engine>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
-        let replicas = cache::<Replica>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
-        let nodes = cache::<Node>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
-        let settings = cache::<Setting>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
-        let snapshots = cache::<Snapshot>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
-        );
+        let mut synced = Vec::new();
+        let mut w = Watches {
+            tasks: &mut tasks,
+            synced: &mut synced,
+            client,
+            namespace,
+        };
+        let (volumes, engines, replicas) = (w.ours(), w.ours(), w.ours());
+        let (nodes, settings, snapshots) = (w.ours(), w.ours(), w.ours());
+        let (backup_targets, backup_volumes, backups) = (w.ours(), w.ours(), w.ours());
+        let secrets = w.ours();
         let kube_nodes = cache::<KubeNode>(
             &mut tasks,
+            &mut synced,
             Api::all(client.clone()),
             watcher::Config::default(),
         );
         let leases = cache::<Lease>(
             &mut tasks,
+            &mut synced,
             Api::namespaced(client.clone(), namespace),
             watcher::Config::default().labels(crate::types::MANAGER_LEASE_SELECTOR),
-        );
-        let secrets = cache::<Secret>(
-            &mut tasks,
-            Api::namespaced(client.clone(), namespace),
-            watcher::Config::default(),
         );
 
         let lease_clock = Arc::new(LeaseClock::new(Instant::now()));
@@ -133,31 +117,8 @@ impl Datastore {
         });
 
         let (ready_tx, ready) = watch::channel(false);
-        let waits = (
-            volumes.store.clone(),
-            engines.store.clone(),
-            replicas.store.clone(),
-            nodes.store.clone(),
-            settings.store.clone(),
-            snapshots.store.clone(),
-            kube_nodes.store.clone(),
-            leases.store.clone(),
-            secrets.store.clone(),
-        );
         tasks.spawn(async move {
-            let (v, e, r, n, s, sn, k, l, se) = waits;
-            let synced = futures::try_join!(
-                v.wait_until_ready(),
-                e.wait_until_ready(),
-                r.wait_until_ready(),
-                n.wait_until_ready(),
-                s.wait_until_ready(),
-                sn.wait_until_ready(),
-                k.wait_until_ready(),
-                l.wait_until_ready(),
-                se.wait_until_ready(),
-            );
-            if synced.is_ok() {
+            if futures::future::try_join_all(synced).await.is_ok() {
                 tracing::info!("caches synced");
                 let _ = ready_tx.send(true);
             }
@@ -170,6 +131,9 @@ impl Datastore {
             nodes,
             settings,
             snapshots,
+            backup_targets,
+            backup_volumes,
+            backups,
             kube_nodes,
             leases,
             secrets,
@@ -192,16 +156,51 @@ impl Datastore {
     }
 }
 
+/// Futures that complete when a cache has completed its first list.
+type Synced = Vec<futures::future::BoxFuture<'static, Result<(), reflector::store::WriterDropped>>>;
+
+/// What starting the namespace's caches needs.
+struct Watches<'a> {
+    tasks: &'a mut JoinSet<()>,
+    synced: &'a mut Synced,
+    client: &'a Client,
+    namespace: &'a str,
+}
+
+impl Watches<'_> {
+    /// A cache of every `K` in oxhorn's namespace.
+    fn ours<K>(&mut self) -> Cache<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + Debug
+            + DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        let api = Api::namespaced(self.client.clone(), self.namespace);
+        cache(self.tasks, self.synced, api, watcher::Config::default())
+    }
+}
+
 /// Starts a shared reflector for `K` and returns its cache. Watch errors (the
 /// API server restarting, RBAC not yet granted) are logged and retried with
 /// backoff. managedFields are dropped: nothing reads them and they are often
 /// the larger half of an object.
-fn cache<K>(tasks: &mut JoinSet<()>, api: Api<K>, config: watcher::Config) -> Cache<K>
+fn cache<K>(
+    tasks: &mut JoinSet<()>,
+    synced: &mut Synced,
+    api: Api<K>,
+    config: watcher::Config,
+) -> Cache<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone,
 {
     let (store, writer) = reflector::store();
+    let ready = store.clone();
+    synced.push(Box::pin(async move { ready.wait_until_ready().await }));
     let changes = Arc::new(Fanout::new(store.clone()));
     let fanout = Arc::clone(&changes);
     let kind = K::kind(&());

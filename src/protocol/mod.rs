@@ -11,7 +11,9 @@ mod frame;
 mod handshake;
 mod server;
 
-pub use auth::{Access, Claim, GENERATION_HEADER, KEY_ENV, Key, KeyError, Role, TOKEN_HEADER};
+pub use auth::{
+    Access, Claim, GENERATION_HEADER, KEY_ENV, Key, KeyError, Role, TOKEN_HEADER, random,
+};
 pub use channel::{
     CONTROL_DEADLINE, Guard, Stamp, Stamped, control_channel, control_endpoint, generation_of,
     stamped, within_deadline,

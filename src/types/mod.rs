@@ -6,6 +6,7 @@
 // kube's `printcolumn(...)` repeats the same keys once per column.
 #![allow(clippy::duplicated_attributes)]
 
+mod backup;
 mod condition;
 mod engine;
 mod instance;
@@ -16,6 +17,10 @@ mod setting;
 mod snapshot;
 mod volume;
 
+pub use backup::{
+    Backup, BackupSpec, BackupState, BackupStatus, BackupTarget, BackupTargetSpec,
+    BackupTargetStatus, BackupVolume, BackupVolumeSpec, BackupVolumeStatus, DEFAULT_BACKUP_TARGET,
+};
 pub use condition::{Condition, ConditionStatus};
 pub use engine::{Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo};
 pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
@@ -56,6 +61,9 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Node::crd(),
         Setting::crd(),
         Snapshot::crd(),
+        BackupTarget::crd(),
+        BackupVolume::crd(),
+        Backup::crd(),
     ]
 }
 

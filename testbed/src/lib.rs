@@ -25,6 +25,7 @@ mod manager;
 mod mount;
 mod namespace;
 pub mod netns;
+mod objectstore;
 mod process;
 pub mod sidecars;
 mod tgtd;
@@ -39,6 +40,7 @@ pub use manager::{
 };
 pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
+pub use objectstore::{Azurite, Minio};
 pub use tgtd::Tgtd;
 pub use writer::{Verdict, Writer, WriterOptions};
 

@@ -6,6 +6,7 @@
 mod common;
 
 mod api;
+mod backup;
 mod cli;
 mod controllers;
 mod csi_controller;

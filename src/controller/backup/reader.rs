@@ -1,0 +1,162 @@
+//! Reading a snapshot for a backup from a running replica of its volume,
+//! over the replica's control API: which blocks hold data (or changed since
+//! an earlier snapshot), and each block's data as of the snapshot.
+//!
+//! The volume as of snapshot S is its layers from the oldest up to S, each
+//! newer one over the older; a block changed since snapshot P is one that
+//! a layer after P, up to S, holds (an unmap over older data is written as
+//! zeros, so it counts). Snapshot layers do not change while they exist.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use futures::TryStreamExt;
+
+use crate::backup::{BLOCK_SIZE, VolumeReader};
+use crate::protocol::Stamped;
+use crate::protocol::control::replica_control_client::ReplicaControlClient;
+use crate::protocol::control::{LayerChunksRequest, ReadLayerRequest};
+
+/// A snapshot's layers on one replica, and the blocks each holds.
+pub struct SnapshotReader {
+    client: ReplicaControlClient<Stamped>,
+    /// Oldest first, up to and including the snapshot: each layer's name
+    /// and the indexes of the blocks it holds data in.
+    layers: Vec<(String, BTreeSet<u64>)>,
+}
+
+impl SnapshotReader {
+    /// Reads `chain` (the replica's snapshots, oldest first) up to
+    /// `snapshot`; None when the chain does not hold it.
+    pub async fn new(
+        mut client: ReplicaControlClient<Stamped>,
+        chain: &[String],
+        snapshot: &str,
+    ) -> Result<Option<Self>, tonic::Status> {
+        let Some(end) = chain.iter().position(|s| s == snapshot) else {
+            return Ok(None);
+        };
+        let mut layers = Vec::with_capacity(end + 1);
+        for layer in &chain[..=end] {
+            let request = LayerChunksRequest {
+                layer: layer.clone(),
+                chunk_size: BLOCK_SIZE,
+                checksums: false,
+            };
+            let chunks = client.layer_chunks(request).await?.into_inner().chunks;
+            layers.push((layer.clone(), chunks.iter().map(|c| c.index).collect()));
+        }
+        Ok(Some(Self { client, layers }))
+    }
+
+    /// The byte ranges of the blocks that layers after `since` (a snapshot
+    /// in the chain; None: all of them) hold.
+    pub fn changed(&self, since: Option<&str>) -> Vec<Range<u64>> {
+        changed_ranges(&self.layers, since)
+    }
+
+    /// Whether `snapshot` is one of the layers read.
+    pub fn holds(&self, snapshot: &str) -> bool {
+        self.layers.iter().any(|(name, _)| name == snapshot)
+    }
+}
+
+/// [`SnapshotReader::changed`] of `layers`.
+fn changed_ranges(layers: &[(String, BTreeSet<u64>)], since: Option<&str>) -> Vec<Range<u64>> {
+    let start = since
+        .and_then(|since| layers.iter().position(|(name, _)| name == since))
+        .map_or(0, |at| at + 1);
+    let blocks: BTreeSet<u64> = layers[start..]
+        .iter()
+        .flat_map(|(_, blocks)| blocks.iter().copied())
+        .collect();
+    let mut ranges: Vec<Range<u64>> = Vec::new();
+    for block in blocks {
+        let range = block * BLOCK_SIZE..(block + 1) * BLOCK_SIZE;
+        match ranges.last_mut() {
+            Some(last) if last.end == range.start => last.end = range.end,
+            _ => ranges.push(range),
+        }
+    }
+    ranges
+}
+
+impl VolumeReader for SnapshotReader {
+    async fn read(&self, offset: u64, len: u64) -> std::io::Result<Bytes> {
+        let mut buf = BytesMut::zeroed(usize::try_from(len).map_err(std::io::Error::other)?);
+        let first = offset / BLOCK_SIZE;
+        let last = (offset + len).div_ceil(BLOCK_SIZE);
+        // Oldest first, so that a newer layer's data lands over an older's.
+        for (layer, blocks) in &self.layers {
+            if blocks.range(first..last).next().is_none() {
+                continue;
+            }
+            let request = ReadLayerRequest {
+                layer: layer.clone(),
+                offset,
+                length: len,
+            };
+            let mut stream = self
+                .client
+                .clone()
+                .read_layer(request)
+                .await
+                .map_err(std::io::Error::other)?
+                .into_inner();
+            while let Some(extent) = stream.try_next().await.map_err(std::io::Error::other)? {
+                let at = extent
+                    .offset
+                    .checked_sub(offset)
+                    .and_then(|at| usize::try_from(at).ok())
+                    .filter(|at| at + extent.data.len() <= buf.len())
+                    .ok_or_else(|| {
+                        std::io::Error::other(format!(
+                            "layer {layer} sent data at {} outside {offset}+{len}",
+                            extent.offset
+                        ))
+                    })?;
+                buf[at..at + extent.data.len()].copy_from_slice(&extent.data);
+            }
+        }
+        Ok(buf.freeze())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layers(of: &[(&str, &[u64])]) -> Vec<(String, BTreeSet<u64>)> {
+        of.iter()
+            .map(|(n, b)| ((*n).to_owned(), b.iter().copied().collect()))
+            .collect()
+    }
+
+    const B: u64 = BLOCK_SIZE;
+
+    #[test]
+    fn without_an_earlier_snapshot_every_written_block_is_read() {
+        let chain = layers(&[("s1", &[0, 1, 5]), ("s2", &[1, 2])]);
+        assert_eq!(changed_ranges(&chain, None), vec![0..3 * B, 5 * B..6 * B]);
+    }
+
+    #[test]
+    fn since_a_snapshot_only_the_later_layers_count() {
+        let chain = layers(&[("s1", &[0, 1, 5]), ("s2", &[1, 2]), ("s3", &[7])]);
+        assert_eq!(
+            changed_ranges(&chain, Some("s1")),
+            vec![B..3 * B, 7 * B..8 * B]
+        );
+        assert_eq!(changed_ranges(&chain, Some("s3")), vec![]);
+    }
+
+    #[test]
+    fn an_unknown_earlier_snapshot_reads_everything() {
+        let chain = layers(&[("s1", &[0]), ("s2", &[3])]);
+        assert_eq!(
+            changed_ranges(&chain, Some("gone")),
+            vec![0..B, 3 * B..4 * B]
+        );
+    }
+}

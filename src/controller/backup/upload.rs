@@ -1,0 +1,507 @@
+//! The Backup controller. Its owner is the manager owning the backup's
+//! volume (any manager once the volume is gone). A Backup goes Pending
+//! (waiting for its target, volume or snapshot), InProgress, then Completed
+//! or Error; an Error is tried again. A backup the store already has is
+//! taken as it is there (one a sync found, or one completed by an owner
+//! that died before saying so). Deleting a Backup deletes it from the
+//! store, unless its target is gone or going.
+//!
+//! Without spec.snapshotName, the backup takes a Snapshot of its own name
+//! and keeps it: the next backup of the volume reads only what changed
+//! since.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::{Instrument, info, info_span, warn};
+
+use super::reader::SnapshotReader;
+use super::volume::from_store;
+use super::{RETRY, Unavailable, bounded, lock_node, lock_owner, unavailable};
+use crate::backup::{BackupConfig, BackupError, BackupReport, Backupstore, NewBackup};
+use crate::controller::control::{self, replica_control_address};
+use crate::controller::{
+    Context, ControllerError, patch_guarded, release, replace_status, update_status,
+};
+use crate::types::{
+    Backup, BackupState, BackupStatus, BackupTarget, Condition, ConditionStatus, FINALIZER,
+    Snapshot, SnapshotSpec, Volume,
+};
+
+const COMPLETED: &str = "Completed";
+/// How often an upload under way writes its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// Snapshot names are data-plane layer names, at most 63 characters.
+const SNAPSHOT_NAME_MAX: usize = 63;
+
+pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let volume = ctx.cached_volume(&backup.spec.volume_name);
+    let preferred = volume
+        .as_ref()
+        .and_then(|v| v.status.as_ref())
+        .map_or("", |s| s.owner_id.as_str());
+    let Some(backup) = ctx.claim_preferring(&*backup, preferred).await? else {
+        return Ok(Action::await_change());
+    };
+    let span = info_span!("backup", backup = %backup.name_any(), volume = %backup.spec.volume_name);
+    async move {
+        if backup.metadata.deletion_timestamp.is_some() {
+            return remove(&ctx, &backup).await;
+        }
+        let backup = with_finalizer(&ctx, backup).await?;
+        let status = backup.status.clone().unwrap_or_default();
+        if status.state == BackupState::Completed {
+            return Ok(Action::await_change());
+        }
+        let mut job = Job {
+            ctx: &ctx,
+            backup,
+            status,
+        };
+        let action = job.run(volume.as_deref()).await?;
+        update_status(&ctx.api::<Backup>(), &job.backup, job.status).await?;
+        Ok(action)
+    }
+    .instrument(span)
+    .await
+}
+
+async fn with_finalizer(ctx: &Context, backup: Backup) -> Result<Backup, ControllerError> {
+    if backup.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(backup);
+    }
+    let mut finalizers = backup.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    let patch = json!({"metadata": {"finalizers": finalizers}});
+    patch_guarded(&ctx.api::<Backup>(), &backup, patch).await
+}
+
+/// Deletes the backup from the store, then lets the Backup go.
+async fn remove(ctx: &Context, backup: &Backup) -> Result<Action, ControllerError> {
+    let target = ctx
+        .cached_target(&backup.spec.backup_target_name)
+        .filter(|t| t.metadata.deletion_timestamp.is_none());
+    if let Some(target) = target {
+        let removed = match ctx.open_store(&target) {
+            Ok(store) => bounded(delete_from(ctx, &store, backup)).await,
+            Err(error) => Err(Unavailable::Target(error)),
+        };
+        if let Err(error) = removed {
+            let (reason, message) = unavailable(&error);
+            warn!(reason, %message, "backup not deleted from the store; retrying");
+            let mut status = backup.status.clone().unwrap_or_default();
+            status.error = format!("deleting from the store: {message}");
+            update_status(&ctx.api::<Backup>(), backup, status).await?;
+            return Ok(Action::requeue(RETRY));
+        }
+    }
+    release(&ctx.api::<Backup>(), backup).await?;
+    Ok(Action::await_change())
+}
+
+async fn delete_from(
+    ctx: &Context,
+    store: &Backupstore,
+    backup: &Backup,
+) -> Result<(), BackupError> {
+    let (volume, name) = (&backup.spec.volume_name, backup.name_any());
+    let owner = lock_owner(&ctx.node.node_id);
+    let deleted = match store.delete(volume, &name, &owner).await {
+        Err(BackupError::Busy { held, .. }) if stale_lock(ctx, &held.owner) => {
+            warn!(holder = %held.owner, "breaking a lock its holder left");
+            store.break_lock(volume, &held.owner).await?;
+            store.delete(volume, &name, &owner).await
+        }
+        other => other,
+    };
+    match deleted {
+        Ok(blocks) => {
+            info!(blocks_removed = blocks, "deleted from the store");
+            Ok(())
+        }
+        Err(BackupError::NotFound(..)) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether a volume's lock in a store was left by a manager that no longer
+/// runs it: one of a node that is down, or an earlier run of this one.
+fn stale_lock(ctx: &Context, owner: &str) -> bool {
+    let node = lock_node(owner);
+    if node == ctx.node.node_id {
+        return owner != lock_owner(node);
+    }
+    !ctx.liveness.is_up(node)
+}
+
+/// One pass over a Backup not yet completed.
+struct Job<'a> {
+    ctx: &'a Context,
+    /// As last written: each status write builds on the one before.
+    backup: Backup,
+    status: BackupStatus,
+}
+
+/// Why a pass stopped before the upload.
+enum Wait {
+    /// Pending: a condition's reason and message, and when to look again.
+    Pending(&'static str, String, Option<Duration>),
+    /// Error: the same, for a failure.
+    Failed(&'static str, String),
+}
+
+impl Job<'_> {
+    async fn run(&mut self, volume: Option<&Volume>) -> Result<Action, ControllerError> {
+        match self.try_run(volume).await? {
+            Ok(action) => Ok(action),
+            Err(Wait::Pending(reason, message, again)) => {
+                self.status.state = BackupState::Pending;
+                self.condition(ConditionStatus::False, reason, message);
+                Ok(again.map_or(Action::await_change(), Action::requeue))
+            }
+            Err(Wait::Failed(reason, message)) => {
+                if self.status.state != BackupState::Error {
+                    let note = format!("{reason}: {message}");
+                    self.ctx
+                        .event(&self.backup, EventType::Warning, reason, note)
+                        .await;
+                }
+                warn!(reason, %message, "backup failed; retrying");
+                self.status.state = BackupState::Error;
+                self.status.error.clone_from(&message);
+                self.condition(ConditionStatus::False, reason, message);
+                Ok(Action::requeue(RETRY * 2))
+            }
+        }
+    }
+
+    async fn try_run(
+        &mut self,
+        volume: Option<&Volume>,
+    ) -> Result<Result<Action, Wait>, ControllerError> {
+        let target_name = &self.backup.spec.backup_target_name;
+        let Some(target) = self.ctx.cached_target(target_name) else {
+            let message = format!("BackupTarget {target_name} does not exist");
+            return Ok(Err(Wait::Pending("TargetNotFound", message, Some(RETRY))));
+        };
+        let store = match self.ctx.open_store(&target) {
+            Ok(store) => store,
+            Err(error) => {
+                let (reason, message) = unavailable(&Unavailable::Target(error));
+                return Ok(Err(Wait::Pending(reason, message, Some(RETRY))));
+            }
+        };
+        let name = self.backup.name_any();
+        match bounded(store.backup(&self.backup.spec.volume_name, &name)).await {
+            Ok(config) => {
+                self.completed(&target, &config, None);
+                return Ok(Ok(Action::await_change()));
+            }
+            Err(Unavailable::Store(BackupError::NotFound(..))) => {}
+            Err(error) => {
+                let (reason, message) = unavailable(&error);
+                return Ok(Err(Wait::Pending(reason, message, Some(RETRY))));
+            }
+        }
+        if from_store(&self.backup) {
+            let message = "the store no longer has it".to_owned();
+            return Ok(Err(Wait::Failed("NotInStore", message)));
+        }
+        let Some(volume) = volume else {
+            let message = format!("volume {} does not exist", self.backup.spec.volume_name);
+            return Ok(Err(Wait::Pending("VolumeNotFound", message, None)));
+        };
+        let snapshot = match self.snapshot(volume).await? {
+            Ok(snapshot) => snapshot,
+            Err(wait) => return Ok(Err(wait)),
+        };
+        self.upload(&target, &store, &snapshot).await
+    }
+
+    /// The snapshot to back up, once it is taken; takes one if the Backup
+    /// names none.
+    async fn snapshot(
+        &mut self,
+        volume: &Volume,
+    ) -> Result<Result<Snapshot, Wait>, ControllerError> {
+        let named = &self.backup.spec.snapshot_name;
+        let name = if named.is_empty() {
+            self.backup.name_any()
+        } else {
+            named.clone()
+        };
+        let api = self.ctx.api::<Snapshot>();
+        let snapshot = match self
+            .ctx
+            .ds
+            .snapshots
+            .store
+            .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&self.ctx.ds.namespace))
+        {
+            Some(snapshot) => (*snapshot).clone(),
+            None if named.is_empty() => {
+                if name.len() > SNAPSHOT_NAME_MAX {
+                    let message = format!(
+                        "a backup named over {SNAPSHOT_NAME_MAX} characters needs spec.snapshotName"
+                    );
+                    return Ok(Err(Wait::Failed("NameTooLong", message)));
+                }
+                let snapshot = Snapshot::new(
+                    &name,
+                    SnapshotSpec {
+                        volume: volume.name_any(),
+                    },
+                );
+                match api.create(&PostParams::default(), &snapshot).await {
+                    Ok(created) => {
+                        info!(snapshot = %name, "snapshot taken for the backup");
+                        created
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => snapshot,
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            None => {
+                let message = format!("snapshot {name} does not exist");
+                return Ok(Err(Wait::Pending("SnapshotNotFound", message, None)));
+            }
+        };
+        if snapshot.spec.volume != self.backup.spec.volume_name {
+            let message = format!(
+                "snapshot {name} is of volume {}, not {}",
+                snapshot.spec.volume, self.backup.spec.volume_name
+            );
+            return Ok(Err(Wait::Failed("WrongSnapshot", message)));
+        }
+        self.status.snapshot_name.clone_from(&name);
+        if !snapshot.status.as_ref().is_some_and(|s| s.ready_to_use) {
+            let message = format!("waiting for snapshot {name} to be taken");
+            return Ok(Err(Wait::Pending(
+                "WaitingForSnapshot",
+                message,
+                Some(RETRY),
+            )));
+        }
+        Ok(Ok(snapshot))
+    }
+
+    /// Reads the snapshot from a replica of the volume and writes the
+    /// backup, reporting progress as it goes.
+    async fn upload(
+        &mut self,
+        target: &BackupTarget,
+        store: &Backupstore,
+        snapshot: &Snapshot,
+    ) -> Result<Result<Action, Wait>, ControllerError> {
+        let volume = &self.backup.spec.volume_name.clone();
+        let labels = &self.backup.spec.labels.clone();
+        let snapshot_name = snapshot.name_any();
+        let Some(reader) = self.reader(&snapshot_name).await? else {
+            let message =
+                format!("no running replica of volume {volume} holds snapshot {snapshot_name}");
+            return Ok(Err(Wait::Pending(
+                "WaitingForReplica",
+                message,
+                Some(RETRY),
+            )));
+        };
+        let previous = self.previous(&reader);
+        let changed = reader.changed(previous.as_ref().map(|(_, snap)| snap.as_str()));
+        let size = u64::try_from(snapshot.status.as_ref().map_or(0, |s| s.size)).unwrap_or(0);
+        self.status.state = BackupState::InProgress;
+        self.status.error.clear();
+        self.status.size = i64::try_from(size).unwrap_or(i64::MAX);
+        self.condition(ConditionStatus::False, "InProgress", "uploading".into());
+        self.write_status().await?;
+        info!(previous = ?previous.as_ref().map(|(b, _)| b), ranges = changed.len(), "backing up");
+
+        let owner = lock_owner(&self.ctx.node.node_id);
+        let name = self.backup.name_any();
+        let done = Mutex::new((0usize, 0usize));
+        let progress = |now: usize, of: usize| {
+            // Poisoned only by a panic while storing two integers.
+            *done.lock().unwrap_or_else(|e| e.into_inner()) = (now, of);
+        };
+        let request = NewBackup {
+            volume,
+            name: &name,
+            snapshot: &snapshot_name,
+            size,
+            previous: previous.as_ref().map(|(backup, _)| backup.as_str()),
+            changed: &changed,
+            owner: &owner,
+            labels,
+            progress: Some(&progress),
+        };
+        let ctx = self.ctx;
+        let upload = take(ctx, store, &request, &reader);
+        tokio::pin!(upload);
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        let result = loop {
+            tokio::select! {
+                result = &mut upload => break result,
+                _ = tick.tick() => {
+                    let (now, of) = *done.lock().unwrap_or_else(|e| e.into_inner());
+                    self.report_progress(now, of).await;
+                }
+            }
+        };
+        match result {
+            Ok(report) => {
+                self.completed(target, &report.config, Some(&report));
+                let note = format!(
+                    "{} blocks, {} uploaded ({} bytes)",
+                    report.config.blocks.len(),
+                    report.blocks_uploaded,
+                    report.bytes_uploaded
+                );
+                info!(%note, "backup completed");
+                self.ctx
+                    .event(&self.backup, EventType::Normal, COMPLETED, note)
+                    .await;
+                Ok(Ok(Action::await_change()))
+            }
+            Err(error) => Ok(Err(Wait::Failed("UploadFailed", error.to_string()))),
+        }
+    }
+
+    /// Writes the upload's progress; best effort, the upload goes on.
+    async fn report_progress(&mut self, done: usize, of: usize) {
+        let percent = (done * 100).checked_div(of).unwrap_or(0);
+        let percent = i32::try_from(percent).unwrap_or(100).min(99);
+        if percent == self.status.progress {
+            return;
+        }
+        self.status.progress = percent;
+        if let Err(error) = self.write_status().await {
+            warn!(%error, "progress not recorded");
+        }
+    }
+
+    /// Writes the status as it is now, guarded by the last write.
+    async fn write_status(&mut self) -> Result<(), ControllerError> {
+        let mut updated = self.backup.clone();
+        updated.status = Some(self.status.clone());
+        self.backup = replace_status(&self.ctx.api::<Backup>(), &updated).await?;
+        Ok(())
+    }
+
+    /// A reader of `snapshot` on a healthy running replica of the volume.
+    async fn reader(&self, snapshot: &str) -> Result<Option<SnapshotReader>, ControllerError> {
+        let volume = &self.backup.spec.volume_name;
+        let replicas = self.ctx.ds.replicas.store.state();
+        let candidates = replicas.iter().filter(|r| {
+            r.spec.instance.volume_name == *volume
+                && r.spec.healthy_at.is_some()
+                && r.spec.failed_at.is_none()
+        });
+        for replica in candidates {
+            let Some(address) = replica_control_address(replica) else {
+                continue;
+            };
+            let access = self.ctx.access(volume, 0);
+            let mut control = control::replica(replica, &address, None, &access).await?;
+            let status = control.status().await?;
+            if status.rebuilding {
+                continue;
+            }
+            let chain: Vec<String> = status.snapshots.iter().map(|s| s.name.clone()).collect();
+            let client = control.client.clone().max_decoding_message_size(64 << 20);
+            match SnapshotReader::new(client, &chain, snapshot).await {
+                Ok(Some(reader)) => return Ok(Some(reader)),
+                Ok(None) => continue,
+                Err(status) => return Err(control.failed(status)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The newest completed backup of the volume in the same target whose
+    /// snapshot the reader's chain still holds: the backup this one builds
+    /// on, and its snapshot.
+    fn previous(&self, reader: &SnapshotReader) -> Option<(String, String)> {
+        let spec = &self.backup.spec;
+        self.ctx
+            .ds
+            .backups
+            .store
+            .state()
+            .iter()
+            .filter(|b| {
+                b.spec.volume_name == spec.volume_name
+                    && b.spec.backup_target_name == spec.backup_target_name
+                    && b.name_any() != self.backup.name_any()
+            })
+            .filter_map(|b| {
+                let status = b.status.as_ref()?;
+                (status.state == BackupState::Completed && reader.holds(&status.snapshot_name))
+                    .then(|| {
+                        (
+                            status.backup_created_at.clone(),
+                            b.name_any(),
+                            status.snapshot_name.clone(),
+                        )
+                    })
+            })
+            .filter(|(_, _, snap)| *snap != self.status.snapshot_name)
+            .max_by(|a, b| a.0.cmp(&b.0))
+            .map(|(_, backup, snap)| (backup, snap))
+    }
+
+    fn completed(
+        &mut self,
+        target: &BackupTarget,
+        config: &BackupConfig,
+        report: Option<&BackupReport>,
+    ) {
+        let status = &mut self.status;
+        status.state = BackupState::Completed;
+        status.progress = 100;
+        status.snapshot_name.clone_from(&config.snapshot);
+        status.size = i64::try_from(config.size).unwrap_or(i64::MAX);
+        status.url = format!(
+            "{}?backup={}&volume={}",
+            target.spec.backup_target_url, config.name, config.volume
+        );
+        status.blocks = i64::try_from(config.blocks.len()).unwrap_or(i64::MAX);
+        status.blocks_uploaded =
+            report.map_or(0, |r| i64::try_from(r.blocks_uploaded).unwrap_or(i64::MAX));
+        status.backup_created_at = config.created.parse().ok().map(Time);
+        status.error.clear();
+        let message = format!("{} blocks in the store", config.blocks.len());
+        self.condition(ConditionStatus::True, COMPLETED, message);
+    }
+
+    fn condition(&mut self, status: ConditionStatus, reason: &str, message: String) {
+        Condition::set(
+            &mut self.status.conditions,
+            COMPLETED,
+            status,
+            reason,
+            message,
+        );
+    }
+}
+
+/// Writes the backup; breaks first a lock its holder left behind.
+async fn take(
+    ctx: &Context,
+    store: &Backupstore,
+    request: &NewBackup<'_>,
+    reader: &SnapshotReader,
+) -> Result<BackupReport, BackupError> {
+    match store.create(request, reader).await {
+        Err(BackupError::Busy { held, .. }) if stale_lock(ctx, &held.owner) => {
+            warn!(holder = %held.owner, "breaking a lock its holder left");
+            store.break_lock(request.volume, &held.owner).await?;
+            store.create(request, reader).await
+        }
+        other => other,
+    }
+}
