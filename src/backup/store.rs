@@ -305,7 +305,9 @@ impl Backupstore {
         sink: &impl VolumeWriter,
     ) -> Result<u64, BackupError> {
         let config = self.backup(volume, name).await?;
-        futures::stream::iter(&config.blocks)
+        // Owned blocks: a stream of borrowed ones makes the future of a
+        // caller's caller not provably Send (rust-lang/rust#102211).
+        futures::stream::iter(config.blocks)
             .map(|block| self.restore_block(volume, block, sink))
             .buffer_unordered(PARALLEL)
             .try_fold(0, |total, written| async move { Ok(total + written) })
@@ -315,10 +317,10 @@ impl Backupstore {
     async fn restore_block(
         &self,
         volume: &str,
-        block: &BlockRef,
+        block: BlockRef,
         sink: &impl VolumeWriter,
     ) -> Result<u64, BackupError> {
-        let (checksum, offset) = (block.checksum.clone(), block.offset);
+        let BlockRef { checksum, offset } = block;
         let corrupt = |reason: String| BackupError::BlockCorrupt {
             checksum: checksum.clone(),
             offset,

@@ -5,7 +5,7 @@
 //! the object is looked at again when its newer version arrives.
 
 mod access;
-mod backup;
+pub mod backup;
 mod control;
 mod engine;
 mod lease;
@@ -515,6 +515,20 @@ fn snapshot_concerns(volumes: &Store<Volume>, snapshot: &Snapshot) -> Vec<Object
         .collect()
 }
 
+/// The volumes a Backup change concerns: its own volume, whose replicas
+/// run while it is taken, and the volumes restoring from it.
+fn backup_concerns(volumes: &Store<Volume>, backup: &Backup) -> Vec<ObjectRef<Volume>> {
+    let ns = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    volumes
+        .state()
+        .iter()
+        .filter(|v| v.spec.source_backup() == Some(&name))
+        .map(|v| ObjectRef::from_obj(&**v))
+        .chain([ObjectRef::new(&backup.spec.volume_name).within(&ns)])
+        .collect()
+}
+
 /// The volume whose snapshot `volume` fills from: its replicas are the
 /// source, so it must see how the filling goes.
 fn filled_from(
@@ -578,6 +592,10 @@ pub async fn run(ctx: Arc<Context>) {
             changed_only(ds.volumes.subscribe()),
             move |v: Arc<Volume>| filled_from(&snapshot_store, &ns_, &v),
         )
+        .watches_shared_stream(changed_only(ds.backups.subscribe()), {
+            let volume_store = ds.volumes.store.clone();
+            move |b: Arc<Backup>| backup_concerns(&volume_store, &b)
+        })
         .reconcile_all_on(liveness_changes(&liveness))
         .run(volume::reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|_| futures::future::ready(()))

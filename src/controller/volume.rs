@@ -8,6 +8,7 @@
 mod attachment;
 mod fill;
 mod replicas;
+mod restore;
 mod snapshots;
 
 use fill::Filling;

@@ -33,6 +33,23 @@ const KNOWN_KEYS: &[&str] = &[
     "fromBackup",
 ];
 
+/// A Backup's name, given as itself or as the URL in its status
+/// (`<target URL>?backup=<name>&volume=<volume>`).
+fn backup_name(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        return Ok(String::new());
+    }
+    let name = match value.split_once('?') {
+        Some((_, query)) => query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("backup="))
+            .unwrap_or_default(),
+        None => value,
+    };
+    crate::names::validate_dns_subdomain("a Backup name", name)?;
+    Ok(name.to_owned())
+}
+
 /// The StorageClass parameters of a volume. Counts left out fall back to the
 /// cluster's settings when the volume is made.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -48,6 +65,8 @@ pub struct VolumeParameters {
     pub frontend: VolumeFrontend,
     /// The Secret, in oxhorn's namespace, with the iSCSI CHAP credentials.
     pub chap_secret: String,
+    /// The Backup every volume of the class is restored from; empty: none.
+    pub from_backup: String,
 }
 
 impl VolumeParameters {
@@ -93,8 +112,7 @@ impl VolumeParameters {
                 crate::names::validate_dns_subdomain("a Secret name", value)?;
                 self.chap_secret = value.to_owned();
             }
-            "fromBackup" if value.is_empty() => {}
-            "fromBackup" => return Err("restoring from a backup is not available yet".into()),
+            "fromBackup" => self.from_backup = backup_name(value)?,
             _ => {
                 return Err(format!(
                     "unknown parameter; the known ones are {}",
@@ -284,7 +302,8 @@ mod tests {
             ("dataLocality", "strict-local", "not available yet"),
             ("frontend", "nbd", "auto, fuse or iscsi"),
             ("chapSecret", "Not/A/Name", "a Secret name"),
-            ("fromBackup", "s3://bucket/backup", "not available yet"),
+            ("fromBackup", "s3://bucket@r/p?volume=v", "a Backup name"),
+            ("fromBackup", "Nightly/1", "a Backup name"),
         ] {
             let error = VolumeParameters::parse(&params(&[(key, value)]))
                 .map_err(Status::from)
@@ -292,6 +311,21 @@ mod tests {
             assert_eq!(error.code(), Code::InvalidArgument, "{key}");
             assert!(error.message().contains(key), "{}", error.message());
             assert!(error.message().contains(says), "{}", error.message());
+        }
+    }
+
+    #[test]
+    fn from_backup_takes_a_backup_name_or_its_url() {
+        for (value, name) in [
+            ("", ""),
+            ("nightly-1", "nightly-1"),
+            (
+                "s3://b@us-east-1/p?backup=nightly-1&volume=pvc-1",
+                "nightly-1",
+            ),
+        ] {
+            let parsed = VolumeParameters::parse(&params(&[("fromBackup", value)])).unwrap();
+            assert_eq!(parsed.from_backup, name, "{value}");
         }
     }
 

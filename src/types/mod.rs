@@ -28,7 +28,7 @@ pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
 pub use node::{DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
-pub use snapshot::{CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};
+pub use snapshot::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, ReplicaAutoBalance,
     Robustness, Volume, VolumeFrontend, VolumeSpec, VolumeState, VolumeStatus,

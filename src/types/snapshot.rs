@@ -14,6 +14,12 @@ use super::Condition;
 /// The clone deletes it once filled (or when deleted first).
 pub const CLONE_FOR: &str = "oxhorn.io/clone-for";
 
+/// Label on a Snapshot taken for a Backup: the Backup. It is no CSI
+/// snapshot and does not keep its volume from being deleted; once a newer
+/// backup of the volume completes it goes, as the next backup builds on
+/// the newer one's.
+pub const BACKUP_FOR: &str = "oxhorn.io/backup-for";
+
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "oxhorn.io",

@@ -59,6 +59,7 @@ use super::{Condition, Node};
 /// The volume's desired size, replication, placement and attachment.
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.chapSecret) || self.chapSecret == '' || !has(self.frontend) || self.frontend != 'fuse'").message("chapSecret authenticates iSCSI logins; frontend fuse has none"))]
+#[x_kube(validation = Rule::new("!has(self.fromBackup) || self.fromBackup == '' || !has(self.dataSource) || self.dataSource == ''").message("a volume is filled from a backup or from a data source, not both"))]
 pub struct VolumeSpec {
     /// Size in bytes: a whole number of 4096-byte blocks. It can grow, never shrink.
     #[schemars(range(min = 4096))]
@@ -96,8 +97,14 @@ pub struct VolumeSpec {
     #[serde(default = "default_stale_replica_timeout")]
     #[schemars(range(min = 1))]
     pub stale_replica_timeout: i64,
-    /// Backup URL to restore the volume from; empty for a new, zeroed volume.
+    /// The Backup (its name, in oxhorn's namespace) to restore the volume
+    /// from before its first use; empty for none. It cannot change.
     #[serde(default)]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("the backup a volume is restored from cannot change"))]
     pub from_backup: String,
     /// Set to a new value (the time, say) to bring the volume up from the
     /// replicas that can be reached now, even when replicas that hold newer
@@ -137,12 +144,22 @@ impl VolumeSpec {
             None => None,
         }
     }
+
+    /// The Backup the volume is restored from, if any.
+    pub fn source_backup(&self) -> Option<&str> {
+        Some(self.from_backup.as_str()).filter(|b| !b.is_empty())
+    }
+
+    /// Whether anything fills the volume before its first use.
+    pub fn has_source(&self) -> bool {
+        self.data_source.is_some() || self.source_backup().is_some()
+    }
 }
 
 impl Volume {
     /// Whether the volume holds its data source's data, as last written.
     pub fn is_filled(&self) -> bool {
-        self.spec.data_source.is_none()
+        !self.spec.has_source()
             || self
                 .status
                 .as_ref()

@@ -40,7 +40,10 @@ pub use manager::{
 };
 pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
-pub use objectstore::{Azurite, Minio};
+pub use objectstore::{
+    AZURITE_ACCOUNT, AZURITE_ACCOUNT_KEY, MINIO_ACCESS_KEY, MINIO_SECRET_KEY, ObjectServer,
+    ObjectServerKind,
+};
 pub use tgtd::Tgtd;
 pub use writer::{Verdict, Writer, WriterOptions};
 

@@ -15,36 +15,67 @@ use crate::{Error, Result};
 /// How long a server may take to answer after it starts.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A MinIO server with one access key.
-pub struct Minio {
+/// Which server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectServerKind {
+    /// MinIO, with one access key.
+    Minio,
+    /// Azurite's blob service, with its well-known development account.
+    Azurite,
+}
+
+pub const MINIO_ACCESS_KEY: &str = "oxhorn-test";
+pub const MINIO_SECRET_KEY: &str = "oxhorn-test-secret";
+pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+pub const AZURITE_ACCOUNT_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+/// An account SAS of Azurite's development account (every permission,
+/// until 2099), so that containers are made without signing each request.
+const AZURITE_SAS: &str = "sv=2021-10-04&ss=b&srt=sco&sp=rwdlac&se=2099-01-01T00%3A00%3A00Z&spr=http&sig=BL%2BIJNiQhgR11fqbLis4d%2F2x28O7mQ8cMVvs6P7SMzg%3D";
+
+/// A running (or stopped) object-store server.
+pub struct ObjectServer {
+    pub kind: ObjectServerKind,
     process: Option<Supervised>,
     dir: PathBuf,
     port: u16,
 }
 
-impl Minio {
-    pub const ACCESS_KEY: &str = "oxhorn-test";
-    pub const SECRET_KEY: &str = "oxhorn-test-secret";
-
-    /// Starts MinIO on a free loopback port with its data, config and log in
-    /// `dir`, holding the (empty) `buckets`.
-    pub fn start(dir: &Path, buckets: &[&str]) -> Result<Self> {
-        for bucket in buckets {
-            let path = dir.join("data").join(bucket);
-            std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+impl ObjectServer {
+    /// Starts the server on a free loopback port with its data and log in
+    /// `dir`, holding the (empty) `buckets` (containers, for Azurite).
+    pub fn start(kind: ObjectServerKind, dir: &Path, buckets: &[&str]) -> Result<Self> {
+        if kind == ObjectServerKind::Minio {
+            // A directory in MinIO's single-drive data is a bucket.
+            for bucket in buckets {
+                let path = dir.join("data").join(bucket);
+                std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+            }
         }
-        let mut minio = Self {
+        let mut server = Self {
+            kind,
             process: None,
             dir: dir.to_owned(),
             port: crate::controlplane::free_ports(1)?,
         };
-        minio.resume()?;
-        Ok(minio)
+        server.resume()?;
+        if kind == ObjectServerKind::Azurite {
+            for container in buckets {
+                server.create_container(container)?;
+            }
+        }
+        Ok(server)
     }
 
-    /// The S3 endpoint, `http://127.0.0.1:<port>`.
+    /// The endpoint clients are given: MinIO's S3 endpoint, or the blob
+    /// endpoint of Azurite's development account.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        match self.kind {
+            ObjectServerKind::Minio => format!("http://127.0.0.1:{}", self.port),
+            ObjectServerKind::Azurite => {
+                format!("http://127.0.0.1:{}/{AZURITE_ACCOUNT}", self.port)
+            }
+        }
     }
 
     /// Stops the server: requests fail until [`resume`](Self::resume).
@@ -57,83 +88,53 @@ impl Minio {
 
     /// Starts the stopped server again, on the same port and data.
     pub fn resume(&mut self) -> Result<()> {
-        let dir = &self.dir;
-        let mut command = Command::new(crate::tools_dir().join("minio"));
-        command
-            .args(["server", "--quiet", "--address"])
-            .arg(format!("127.0.0.1:{}", self.port))
-            .arg("--config-dir")
-            .arg(dir.join("config"))
-            .arg("--certs-dir")
-            .arg(dir.join("certs"))
-            .arg(dir.join("data"))
-            .env("MINIO_ROOT_USER", Self::ACCESS_KEY)
-            .env("MINIO_ROOT_PASSWORD", Self::SECRET_KEY)
-            // No console on a random port of every interface, no update
-            // checks over the network.
-            .env("MINIO_BROWSER", "off")
-            .env("MINIO_UPDATE", "off");
-        let process = Supervised::spawn("minio", command, &dir.join("minio.log"))?;
-        self.process = Some(process);
-        until_answers(self.port, "GET /minio/health/ready", "200")
-    }
-}
-
-/// An Azurite blob service with its well-known development account.
-pub struct Azurite {
-    _process: Supervised,
-    port: u16,
-}
-
-impl Azurite {
-    pub const ACCOUNT: &str = "devstoreaccount1";
-    pub const ACCOUNT_KEY: &str =
-        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
-    /// An account SAS of the development account (every permission, until
-    /// 2099), so that containers are made without signing each request.
-    const SAS: &str = "sv=2021-10-04&ss=b&srt=sco&sp=rwdlac&se=2099-01-01T00%3A00%3A00Z&spr=http&sig=BL%2BIJNiQhgR11fqbLis4d%2F2x28O7mQ8cMVvs6P7SMzg%3D";
-
-    /// Starts Azurite's blob service on a free loopback port with its data
-    /// and log in `dir`, holding the (empty) `containers`.
-    pub fn start(dir: &Path, containers: &[&str]) -> Result<Self> {
-        let port = crate::controlplane::free_ports(1)?;
-        let mut command = Command::new(crate::tools_dir().join("azurite-blob"));
-        command
-            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .arg("--location")
-            .arg(dir.join("data"))
-            .args([
-                "--skipApiVersionCheck",
-                "--loose",
-                "--silent",
-                "--disableTelemetry",
-            ]);
-        let process = Supervised::spawn("azurite", command, &dir.join("azurite.log"))?;
-        let azurite = Self {
-            _process: process,
-            port,
-        };
-        // Any answer will do: an unsigned request is refused.
-        until_answers(port, "GET /", "HTTP/1.1")?;
-        for container in containers {
-            let request = format!(
-                "PUT /{}/{container}?restype=container&{}",
-                Self::ACCOUNT,
-                Self::SAS
-            );
-            let status = http(port, &request)?;
-            if !status.contains("201") {
-                return Err(Error::Failed(format!(
-                    "creating container {container}: {status}"
-                )));
+        let (dir, port) = (&self.dir, self.port);
+        let (name, command, ready) = match self.kind {
+            ObjectServerKind::Minio => {
+                let mut command = Command::new(crate::tools_dir().join("minio"));
+                command
+                    .args(["server", "--quiet", "--address"])
+                    .arg(format!("127.0.0.1:{port}"))
+                    .arg("--config-dir")
+                    .arg(dir.join("config"))
+                    .arg("--certs-dir")
+                    .arg(dir.join("certs"))
+                    .arg(dir.join("data"))
+                    .env("MINIO_ROOT_USER", MINIO_ACCESS_KEY)
+                    .env("MINIO_ROOT_PASSWORD", MINIO_SECRET_KEY)
+                    // No console on a random port of every interface, no
+                    // update checks over the network.
+                    .env("MINIO_BROWSER", "off")
+                    .env("MINIO_UPDATE", "off");
+                ("minio", command, ("GET /minio/health/ready", "200"))
             }
-        }
-        Ok(azurite)
+            ObjectServerKind::Azurite => {
+                let mut command = Command::new(crate::tools_dir().join("azurite-blob"));
+                command
+                    .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+                    .arg("--location")
+                    .arg(dir.join("data"))
+                    .args(["--skipApiVersionCheck", "--loose", "--silent"])
+                    .arg("--disableTelemetry");
+                // Any answer will do: an unsigned request is refused.
+                ("azurite", command, ("GET /", "HTTP/1.1"))
+            }
+        };
+        let log = dir.join(format!("{name}.log"));
+        self.process = Some(Supervised::spawn(name, command, &log)?);
+        until_answers(port, ready.0, ready.1)
     }
 
-    /// The development account's blob endpoint.
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}/{}", self.port, Self::ACCOUNT)
+    fn create_container(&self, container: &str) -> Result<()> {
+        let request = format!("PUT /{AZURITE_ACCOUNT}/{container}?restype=container&{AZURITE_SAS}");
+        let status = http(self.port, &request)?;
+        if status.contains("201") {
+            Ok(())
+        } else {
+            Err(Error::Failed(format!(
+                "creating container {container}: {status}"
+            )))
+        }
     }
 }
 
@@ -167,6 +168,7 @@ fn http(port: u16, request: &str) -> Result<String> {
     );
     stream.write_all(head.as_bytes()).map_err(io)?;
     let mut answer = Vec::new();
+    // The status line is all that is wanted; a timeout after it is fine.
     let _ = stream.read_to_end(&mut answer);
     let text = String::from_utf8_lossy(&answer);
     Ok(text.lines().next().unwrap_or_default().to_owned())

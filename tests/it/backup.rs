@@ -1,4 +1,5 @@
-//! Backups to real object stores on loopback (MinIO for S3), on a real API
+//! Backups to real object stores on loopback (MinIO for S3, Azurite for
+//! Azure Blob, a directory), on a real API
 //! server with `oxhorn manager` nodes. What a user would notice: a target
 //! says whether its store answers, and why not; a backup holds the
 //! volume's data at its snapshot, a second one uploads only what changed,
@@ -14,7 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use oxhorn::backup::{Backupstore, VolumeWriter};
 use oxhorn::types::*;
-use oxhorn_testbed::Minio;
+use oxhorn_testbed::{
+    AZURITE_ACCOUNT, AZURITE_ACCOUNT_KEY, MINIO_ACCESS_KEY, MINIO_SECRET_KEY, ObjectServer,
+    ObjectServerKind,
+};
 use serde_json::json;
 
 use crate::common::*;
@@ -22,23 +26,76 @@ use crate::common::*;
 const SIZE: i64 = 64 * MIB;
 const BUCKET: &str = "backups";
 
-/// A Secret holding MinIO's credentials, as a user writes one.
-async fn s3_secret(cluster: &Cluster, name: &str, minio: &Minio, secret_key: &str) {
-    let data = [
-        ("AWS_ACCESS_KEY_ID", Minio::ACCESS_KEY),
-        ("AWS_SECRET_ACCESS_KEY", secret_key),
-        ("AWS_ENDPOINTS", &minio.endpoint()),
-    ];
+/// A server on loopback and how a user points a target at it.
+struct Store {
+    server: ObjectServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Store {
+    fn start(kind: ObjectServerKind) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let server = ObjectServer::start(kind, dir.path(), &[BUCKET]).unwrap();
+        Self { server, _dir: dir }
+    }
+
+    /// A target URL of `bucket` (a container, on Azure).
+    fn url(&self, bucket: &str) -> String {
+        match self.server.kind {
+            ObjectServerKind::Minio => format!("s3://{bucket}@us-east-1/cluster"),
+            ObjectServerKind::Azurite => format!("azblob://{bucket}@{AZURITE_ACCOUNT}/cluster"),
+        }
+    }
+
+    /// A credential Secret's data, with the right secret or a wrong one.
+    fn credentials(&self, right: bool) -> BTreeMap<String, String> {
+        let pairs = match self.server.kind {
+            ObjectServerKind::Minio => [
+                ("AWS_ACCESS_KEY_ID", MINIO_ACCESS_KEY),
+                (
+                    "AWS_SECRET_ACCESS_KEY",
+                    if right { MINIO_SECRET_KEY } else { WRONG },
+                ),
+                ("AWS_ENDPOINTS", &self.server.endpoint()),
+            ],
+            ObjectServerKind::Azurite => [
+                (
+                    "AZBLOB_ACCOUNT_KEY",
+                    if right {
+                        AZURITE_ACCOUNT_KEY
+                    } else {
+                        WRONG_KEY
+                    },
+                ),
+                ("AZBLOB_ENDPOINT", &self.server.endpoint()),
+                ("AZBLOB_SAS", ""),
+            ],
+        };
+        pairs
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// The store as the test reads it directly.
+    fn backupstore(&self) -> Backupstore {
+        oxhorn::backup::target::open(&self.url(BUCKET), "s", &self.credentials(true)).unwrap()
+    }
+}
+
+/// A wrong secret key, and a wrong Azure account key (of a key's shape).
+const WRONG: &str = "not-the-secret";
+const WRONG_KEY: &str = "bm90LXRoZS1hY2NvdW50LWtleS1ub3QtdGhlLWFjY291bnQta2V5LW5vdC10aGUta2V5IQ==";
+
+/// A Secret holding `store`'s credentials, as a user writes one.
+async fn credential_secret(cluster: &Cluster, name: &str, store: &Store, right: bool) {
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
             ..Default::default()
         },
-        string_data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).into(), (*v).into()))
-                .collect(),
-        ),
+        string_data: Some(store.credentials(right).into_iter().collect()),
         ..Default::default()
     };
     cluster
@@ -115,19 +172,6 @@ async fn delete_backup(cluster: &Cluster, name: &str) {
         .await;
 }
 
-/// The MinIO target's store, as the test reads it directly.
-fn store_of(minio: &Minio) -> Backupstore {
-    let secret = BTreeMap::from([
-        ("AWS_ACCESS_KEY_ID".to_owned(), Minio::ACCESS_KEY.to_owned()),
-        (
-            "AWS_SECRET_ACCESS_KEY".to_owned(),
-            Minio::SECRET_KEY.to_owned(),
-        ),
-        ("AWS_ENDPOINTS".to_owned(), minio.endpoint()),
-    ]);
-    oxhorn::backup::target::open(&format!("s3://{BUCKET}@us-east-1/cluster"), "s", &secret).unwrap()
-}
-
 /// A volume in memory, for restoring a backup straight from the store.
 struct Image(Mutex<Vec<u8>>);
 
@@ -147,14 +191,22 @@ async fn restored(store: &Backupstore, volume: &str, backup: &str) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backups_are_incremental_and_deleting_one_keeps_the_others_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let minio = Minio::start(dir.path(), &[BUCKET]).unwrap();
+async fn s3_backups_are_incremental_restorable_and_deleted_whole() {
+    backups_are_incremental_restorable_and_deleted_whole(ObjectServerKind::Minio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_backups_are_incremental_restorable_and_deleted_whole() {
+    backups_are_incremental_restorable_and_deleted_whole(ObjectServerKind::Azurite).await;
+}
+
+async fn backups_are_incremental_restorable_and_deleted_whole(kind: ObjectServerKind) {
+    let store = Store::start(kind);
     let cluster = Cluster::start("bkup", 2).await;
     let node = cluster.nodes[0].node_id().to_owned();
-    s3_secret(&cluster, "s3", &minio, Minio::SECRET_KEY).await;
-    let url = format!("s3://{BUCKET}@us-east-1/cluster");
-    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "s3", "300s").await;
+    credential_secret(&cluster, "creds", &store, true).await;
+    let url = store.url(BUCKET);
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "creds", "300s").await;
     until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
 
     cluster.create_volume("vol", SIZE, 2).await;
@@ -181,13 +233,13 @@ async fn backups_are_incremental_and_deleting_one_keeps_the_others_whole() {
         "{second:?}"
     );
 
-    let store = store_of(&minio);
+    let objects = store.backupstore();
     assert!(
-        restored(&store, "vol", "first").await == at_first,
+        restored(&objects, "vol", "first").await == at_first,
         "first backup's data"
     );
     assert!(
-        restored(&store, "vol", "second").await == at_second,
+        restored(&objects, "vol", "second").await == at_second,
         "second backup's data"
     );
 
@@ -211,40 +263,194 @@ async fn backups_are_incremental_and_deleting_one_keeps_the_others_whole() {
         .await;
     assert_eq!(volume.status.unwrap().size, SIZE);
 
+    // The volume goes; each backup restores into a new one, the second
+    // also once the first is gone.
+    cluster.detach("vol").await;
+    cluster.delete_volume("vol").await;
+    restore_and_compare(&cluster, "from-first", "first", &node, &at_first).await;
     delete_backup(&cluster, "first").await;
-    assert!(
-        restored(&store, "vol", "second").await == at_second,
-        "second after the first went"
-    );
+    restore_and_compare(&cluster, "from-second", "second", &node, &at_second).await;
     delete_backup(&cluster, "second").await;
-    assert!(store.backups("vol").await.unwrap().is_empty());
-    assert_eq!(
-        store.stored_blocks("vol").await.unwrap().len(),
-        0,
-        "blocks left behind"
+    assert!(objects.backups("vol").await.unwrap().is_empty());
+    let left = objects.stored_blocks("vol").await.unwrap();
+    assert!(left.is_empty(), "blocks left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_backups_deleted_together_leave_the_store_consistent() {
+    backups_deleted_together_leave_the_store_consistent(ObjectServerKind::Minio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_backups_deleted_together_leave_the_store_consistent() {
+    backups_deleted_together_leave_the_store_consistent(ObjectServerKind::Azurite).await;
+}
+
+/// Three backups sharing blocks; two deleted at once, racing for the
+/// volume's lock in the store: the third keeps every block it needs, and
+/// no block is left that none needs.
+async fn backups_deleted_together_leave_the_store_consistent(kind: ObjectServerKind) {
+    let store = Store::start(kind);
+    let cluster = Cluster::start("bkrace", 1).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    credential_secret(&cluster, "creds", &store, true).await;
+    create_target(
+        &cluster,
+        DEFAULT_BACKUP_TARGET,
+        &store.url(BUCKET),
+        "creds",
+        "300s",
+    )
+    .await;
+    cluster.create_volume("vol", SIZE, 1).await;
+    let device = cluster.attach("vol", &node).await;
+    let mut expected = vec![0; usize::try_from(SIZE).unwrap()];
+    expected[..8 << 20].copy_from_slice(&write_pattern(&device, 8 << 20, 11));
+    create_backup(&cluster, "one", "vol").await;
+    until_backup_completed(&cluster, "one").await;
+    for (name, offset_mib, seed) in [("two", 16, 12), ("three", 24, 13)] {
+        let at = offset_mib << 20;
+        let written = write_pattern_at(&device, offset_mib, 2 << 20, seed);
+        expected[at..at + (2 << 20)].copy_from_slice(&written);
+        create_backup(&cluster, name, "vol").await;
+        until_backup_completed(&cluster, name).await;
+    }
+    let objects = store.backupstore();
+    let three = objects.backup("vol", "three").await.unwrap();
+
+    let api = cluster.api::<Backup>();
+    for name in ["one", "two"] {
+        api.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    for name in ["one", "two"] {
+        cluster
+            .until(&format!("backup {name} gone"), || async {
+                api.get_opt(name).await.unwrap().is_none().then_some(())
+            })
+            .await;
+    }
+    assert!(
+        restored(&objects, "vol", "three").await == expected,
+        "three holds what was written before it"
     );
+    let needed: std::collections::BTreeSet<String> =
+        three.blocks.iter().map(|b| b.checksum.clone()).collect();
+    let stored: std::collections::BTreeSet<String> = objects
+        .stored_blocks("vol")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        stored, needed,
+        "the store holds exactly the blocks of the backup left"
+    );
+    assert_eq!(
+        objects.lock_holder("vol").await.unwrap(),
+        None,
+        "a lock left behind"
+    );
+    delete_backup(&cluster, "three").await;
+    cluster.detach("vol").await;
+    cluster.delete_volume("vol").await;
+}
+
+/// Creates volume `name` from `backup`, checks that it holds `expected`
+/// once attached, and deletes it.
+async fn restore_and_compare(
+    cluster: &Cluster,
+    name: &str,
+    backup: &str,
+    node: &str,
+    expected: &[u8],
+) {
+    let spec = json!({"size": SIZE, "numberOfReplicas": 2, "fromBackup": backup});
+    cluster.create_volume_with(name, spec).await;
+    let device = cluster.attach(name, node).await;
+    assert!(
+        read_device(&device, expected.len()) == expected,
+        "volume {name} restored from {backup} differs"
+    );
+    cluster.detach(name).await;
+    cluster.delete_volume(name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_from_a_damaged_backup_names_the_block_and_never_attaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start("bkbad", 1).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    let url = format!("file://{}", dir.path().display());
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "", "300s").await;
+    until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    cluster.create_volume("vol", 16 * MIB, 1).await;
+    let device = cluster.attach("vol", &node).await;
+    write_pattern(&device, 4 << 20, 7);
+    create_backup(&cluster, "only", "vol").await;
+    assert_eq!(until_backup_completed(&cluster, "only").await.blocks, 2);
+
+    // One of its two blocks, its last byte flipped.
+    let blocks = dir.path().join("volumes/vol/blocks");
+    let damaged = std::fs::read_dir(&blocks)
+        .unwrap()
+        .flat_map(|fan| std::fs::read_dir(fan.unwrap().path()).unwrap())
+        .map(|block| block.unwrap().path())
+        .next()
+        .unwrap();
+    let checksum = damaged.file_stem().unwrap().to_string_lossy().into_owned();
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&damaged, bytes).unwrap();
+
+    let spec =
+        json!({"size": 16 * MIB, "numberOfReplicas": 1, "fromBackup": "only", "nodeID": node});
+    cluster.create_volume_with("restored", spec).await;
+    let volume = cluster
+        .until_volume("restored", "the restore failed", |s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == FILLED && c.reason == "RestoreFailed")
+        })
+        .await;
+    let status = volume.status.unwrap();
+    let filled = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == FILLED)
+        .unwrap();
+    assert!(filled.message.contains(&checksum), "{}", filled.message);
+    assert_ne!(
+        status.state,
+        VolumeState::Attached,
+        "attached half-restored"
+    );
+    let detach = json!({"spec": {"nodeID": ""}});
+    cluster.patch_volume("restored", detach).await;
+    cluster.delete_volume("restored").await;
     cluster.detach("vol").await;
     cluster.delete_volume("vol").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_target_says_why_its_store_does_not_answer_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut minio = Minio::start(dir.path(), &[BUCKET]).unwrap();
+async fn an_s3_target_says_why_its_store_does_not_answer_and_recovers() {
+    a_target_says_why_its_store_does_not_answer_and_recovers(ObjectServerKind::Minio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_target_says_why_its_store_does_not_answer_and_recovers() {
+    a_target_says_why_its_store_does_not_answer_and_recovers(ObjectServerKind::Azurite).await;
+}
+
+async fn a_target_says_why_its_store_does_not_answer_and_recovers(kind: ObjectServerKind) {
+    let mut store = Store::start(kind);
     let cluster = Cluster::start("bkfail", 1).await;
-    s3_secret(&cluster, "good", &minio, Minio::SECRET_KEY).await;
-    s3_secret(&cluster, "bad", &minio, "not-the-secret").await;
-    let url = format!("s3://{BUCKET}@us-east-1/x");
+    credential_secret(&cluster, "good", &store, true).await;
+    credential_secret(&cluster, "bad", &store, false).await;
+    let url = store.url(BUCKET);
     create_target(&cluster, "good", &url, "good", "300s").await;
     create_target(&cluster, "wrong-key", &url, "bad", "300s").await;
-    create_target(
-        &cluster,
-        "no-bucket",
-        "s3://missing@us-east-1/x",
-        "good",
-        "300s",
-    )
-    .await;
+    create_target(&cluster, "no-bucket", &store.url("missing"), "good", "300s").await;
     create_target(&cluster, "no-secret", &url, "absent", "300s").await;
 
     until_target(&cluster, "good", "Synced").await;
@@ -259,11 +465,11 @@ async fn a_target_says_why_its_store_does_not_answer_and_recovers() {
     );
 
     // An outage: the target goes unavailable, and comes back by itself.
-    minio.stop().unwrap();
+    store.server.stop().unwrap();
     request_sync(&cluster, "good").await;
     let down = until_target(&cluster, "good", "Unreachable").await;
     assert!(!down.available, "{down:?}");
-    minio.resume().unwrap();
+    store.server.resume().unwrap();
     let up = until_target(&cluster, "good", "Synced").await;
     assert!(up.available);
     let reasons = cluster.event_reasons().await;
@@ -279,7 +485,12 @@ async fn a_target_says_why_its_store_does_not_answer_and_recovers() {
             .unwrap(),
     )
     .unwrap();
-    assert!(!statuses.contains(Minio::SECRET_KEY) && !statuses.contains("not-the-secret"));
+    for secret in [MINIO_SECRET_KEY, WRONG, AZURITE_ACCOUNT_KEY, WRONG_KEY] {
+        assert!(
+            !statuses.contains(secret),
+            "a secret in a status: {statuses}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,4 +552,76 @@ async fn request_sync(cluster: &Cluster, name: &str) -> jiff::Timestamp {
         .await
         .unwrap();
     now.0
+}
+
+/// Reads zeros: backups of nothing, to fill a store quickly.
+struct Zeros;
+
+impl oxhorn::backup::VolumeReader for Zeros {
+    async fn read(&self, _offset: u64, len: u64) -> std::io::Result<Bytes> {
+        Ok(Bytes::from(vec![0; usize::try_from(len).unwrap()]))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_backups_in_a_store_become_resources() {
+    const VOLUMES: usize = 4;
+    const PER_VOLUME: usize = 250;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let objects = oxhorn::backup::target::open(&url, "", &BTreeMap::new()).unwrap();
+    let labels = BTreeMap::new();
+    for v in 0..VOLUMES {
+        let volume = format!("old-{v}");
+        for b in 0..PER_VOLUME {
+            let name = format!("old-{v}-b{b}");
+            let request = oxhorn::backup::NewBackup {
+                volume: &volume,
+                name: &name,
+                snapshot: &name,
+                size: 4096,
+                previous: None,
+                changed: &[],
+                owner: "test",
+                labels: &labels,
+                progress: None,
+            };
+            objects.create(&request, &Zeros).await.unwrap();
+        }
+    }
+
+    let cluster = Cluster::start("bkmany", 1).await;
+    create_target(&cluster, "old", &url, "", "300s").await;
+    cluster
+        .until("every backup a completed Backup", || async {
+            let backups = cluster
+                .api::<Backup>()
+                .list(&Default::default())
+                .await
+                .unwrap();
+            let completed = backups
+                .items
+                .iter()
+                .filter(|b| {
+                    b.status
+                        .as_ref()
+                        .is_some_and(|s| s.state == BackupState::Completed)
+                })
+                .count();
+            (completed == VOLUMES * PER_VOLUME).then_some(())
+        })
+        .await;
+    let volumes = cluster
+        .api::<BackupVolume>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(volumes.items.len(), VOLUMES);
+    for volume in &volumes.items {
+        let status = volume.status.as_ref().unwrap();
+        assert_eq!(
+            status.last_backup_name,
+            format!("{}-b{}", volume.spec.volume_name, PER_VOLUME - 1)
+        );
+    }
 }

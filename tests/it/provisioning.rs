@@ -6,8 +6,9 @@
 //! VolumeAttachment) and the kubelet (it stages, publishes and expands
 //! through the first node's CSI socket). What a user notices: a claim gets a
 //! bound volume with its replicas on distinct nodes, a pod's files land on
-//! it, it grows, a snapshot restores the files into a new claim, and deleting
-//! it all leaves nothing behind.
+//! it, it grows, a snapshot restores the files into a new claim, so does a
+//! backup taken through a VolumeSnapshot of a backup class, and deleting it
+//! all leaves nothing behind, no block in the backup store either.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -22,7 +23,7 @@ use kube::api::{
 };
 use kube::{Client, Resource, ResourceExt};
 use oxhorn::csi::DRIVER_NAME;
-use oxhorn::types::{Engine, Replica, Snapshot, Volume};
+use oxhorn::types::{Backup, BackupTarget, Engine, Replica, Snapshot, Volume};
 use oxhorn_testbed::kubelet::{self, Kubelet, Published};
 use oxhorn_testbed::sidecars::{self, Sidecars};
 use oxhorn_testbed::{self as testbed, TestNamespace};
@@ -39,6 +40,9 @@ const LEASE_SECONDS: u64 = 15;
 const STORAGE_CLASS: &str = "oxhorn-two-replicas";
 const SNAPSHOT_CLASS: &str = "oxhorn-snapshots";
 const SNAPSHOT: &str = "data-snap";
+/// A class whose snapshots are backups, into the BackupTarget `default`.
+const BACKUP_CLASS: &str = "oxhorn-backups";
+const BACKUP: &str = "data-backup";
 const FILE: &str = "hello.txt";
 const CONTENT: &[u8] = b"written through a PVC\n";
 
@@ -160,8 +164,16 @@ impl CsiCluster {
         let resource = snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses");
         let snapshot_class = DynamicObject::new(SNAPSHOT_CLASS, &resource)
             .data(json!({"driver": DRIVER_NAME, "deletionPolicy": "Delete"}));
-        Api::<DynamicObject>::all_with(self.client(), &resource)
+        let classes = Api::<DynamicObject>::all_with(self.client(), &resource);
+        classes
             .create(&PostParams::default(), &snapshot_class)
+            .await
+            .unwrap();
+        let backup_class = DynamicObject::new(BACKUP_CLASS, &resource).data(json!({
+            "driver": DRIVER_NAME, "deletionPolicy": "Delete", "parameters": {"type": "backup"}
+        }));
+        classes
+            .create(&PostParams::default(), &backup_class)
             .await
             .unwrap();
     }
@@ -272,6 +284,7 @@ impl CsiCluster {
             names(self.cluster.api::<Engine>()).await,
             names(self.cluster.api::<Replica>()).await,
             names(self.cluster.api::<Snapshot>()).await,
+            names(self.cluster.api::<Backup>()).await,
         ]
         .concat()
     }
@@ -334,6 +347,23 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 /// Writes the file through the mount and makes it durable on the volume.
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flat_map(|entry| {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
+}
+
 fn write_file(dir: &Path) {
     let path = dir.join(FILE);
     std::fs::write(&path, CONTENT).unwrap();
@@ -397,12 +427,18 @@ async fn grow(
         .then(|| format!("the filesystem did not grow: {before} -> {after} bytes"))
 }
 
-/// Snapshots the claim and restores the snapshot into a new claim,
-/// attached and mounted on the first node.
-async fn snapshot_and_restore(cluster: &mut CsiCluster) -> (PersistentVolume, Published) {
+/// Snapshots the claim with `class` into VolumeSnapshot `name` and
+/// restores it into the new claim `into`, attached and mounted on the
+/// first node.
+async fn snapshot_and_restore(
+    cluster: &mut CsiCluster,
+    class: &str,
+    name: &str,
+    into: &str,
+) -> (PersistentVolume, Published) {
     let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
-    let snapshot = DynamicObject::new(SNAPSHOT, &resource).data(json!({"spec": {
-        "volumeSnapshotClassName": SNAPSHOT_CLASS,
+    let snapshot = DynamicObject::new(name, &resource).data(json!({"spec": {
+        "volumeSnapshotClassName": class,
         "source": {"persistentVolumeClaimName": "data"},
     }}));
     let snapshots = cluster.snapshots();
@@ -411,8 +447,8 @@ async fn snapshot_and_restore(cluster: &mut CsiCluster) -> (PersistentVolume, Pu
         .await
         .unwrap();
     cluster
-        .until("VolumeSnapshot readyToUse", || async {
-            let snapshot = snapshots.get(SNAPSHOT).await.ok()?;
+        .until(&format!("VolumeSnapshot {name} readyToUse"), || async {
+            let snapshot = snapshots.get(name).await.ok()?;
             let ready = snapshot.data.pointer("/status/readyToUse")?.as_bool()?;
             ready.then_some(())
         })
@@ -420,11 +456,27 @@ async fn snapshot_and_restore(cluster: &mut CsiCluster) -> (PersistentVolume, Pu
     let source = json!({
         "apiGroup": "snapshot.storage.k8s.io",
         "kind": "VolumeSnapshot",
-        "name": SNAPSHOT,
+        "name": name,
     });
-    let pv = cluster.claim("restored", "384Mi", Some(source)).await;
+    let pv = cluster.claim(into, "384Mi", Some(source)).await;
     let published = attach_and_publish(cluster, &pv).await;
     (pv, published)
+}
+
+/// A BackupTarget `default` in a directory of the test's, for the backup
+/// class.
+async fn create_backup_target(cluster: &CsiCluster, dir: &Path) {
+    let target = BackupTarget::new(
+        "default",
+        serde_json::from_value(json!({"backupTargetURL": format!("file://{}", dir.display())}))
+            .unwrap(),
+    );
+    cluster
+        .cluster
+        .api::<BackupTarget>()
+        .create(&PostParams::default(), &target)
+        .await
+        .unwrap();
 }
 
 /// Unmounts and detaches the volumes, deletes the snapshot and the claims,
@@ -434,13 +486,15 @@ async fn delete_all(cluster: &mut CsiCluster, volumes: Vec<(PersistentVolume, Pu
         cluster.kubelet.unpublish(published).await.unwrap();
         cluster.detach(&pv).await;
     }
-    cluster
-        .snapshots()
-        .delete(SNAPSHOT, &DeleteParams::default())
-        .await
-        .unwrap();
+    for snapshot in [SNAPSHOT, BACKUP] {
+        cluster
+            .snapshots()
+            .delete(snapshot, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
     let claims = cluster.claims();
-    for claim in ["restored", "data"] {
+    for claim in ["restored", "from-backup", "data"] {
         claims
             .delete(claim, &DeleteParams::default())
             .await
@@ -469,13 +523,35 @@ async fn a_claim_is_provisioned_attached_grown_snapshotted_restored_and_deleted(
 
     let grow_failure = grow(&mut cluster, &pv, &published).await;
 
-    let (restored_pv, restored) = snapshot_and_restore(&mut cluster).await;
+    let (restored_pv, restored) =
+        snapshot_and_restore(&mut cluster, SNAPSHOT_CLASS, SNAPSHOT, "restored").await;
     assert_eq!(
         std::fs::read(restored.target.join(FILE)).unwrap(),
         CONTENT,
         "the restored claim holds the file written before the snapshot"
     );
 
-    delete_all(&mut cluster, vec![(restored_pv, restored), (pv, published)]).await;
+    let backups = tempfile::tempdir().unwrap();
+    create_backup_target(&cluster, backups.path()).await;
+    let (from_backup_pv, from_backup) =
+        snapshot_and_restore(&mut cluster, BACKUP_CLASS, BACKUP, "from-backup").await;
+    assert_eq!(
+        std::fs::read(from_backup.target.join(FILE)).unwrap(),
+        CONTENT,
+        "the claim restored from the backup holds the file written before it"
+    );
+
+    let volumes = vec![
+        (from_backup_pv, from_backup),
+        (restored_pv, restored),
+        (pv, published),
+    ];
+    delete_all(&mut cluster, volumes).await;
+    let blocks = backups.path().join("volumes");
+    let left: Vec<_> = walk(&blocks)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blk"))
+        .collect();
+    assert!(left.is_empty(), "blocks left in the store: {left:?}");
     assert_eq!(grow_failure, None);
 }

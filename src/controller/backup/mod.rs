@@ -14,9 +14,10 @@ mod target;
 mod upload;
 mod volume;
 
+pub use reader::SnapshotReader;
 pub use target::reconcile as reconcile_target;
 pub use upload::reconcile as reconcile_backup;
-pub use volume::reconcile as reconcile_volume;
+pub use volume::{from_store, reconcile as reconcile_volume};
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -56,13 +57,19 @@ fn lock_node(owner: &str) -> &str {
 
 impl Context {
     /// The BackupTarget `name`, as cached.
-    fn cached_target(&self, name: &str) -> Option<std::sync::Arc<BackupTarget>> {
+    pub(in crate::controller) fn cached_target(
+        &self,
+        name: &str,
+    ) -> Option<std::sync::Arc<BackupTarget>> {
         let key = ObjectRef::new(name).within(&self.ds.namespace);
         self.ds.backup_targets.store.get(&key)
     }
 
     /// The store `target` names, with its credentials.
-    fn open_store(&self, target: &BackupTarget) -> Result<Backupstore, TargetError> {
+    pub(in crate::controller) fn open_store(
+        &self,
+        target: &BackupTarget,
+    ) -> Result<Backupstore, TargetError> {
         let name = &target.spec.credential_secret;
         let data = if name.is_empty() {
             BTreeMap::new()

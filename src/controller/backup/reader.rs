@@ -56,9 +56,9 @@ impl SnapshotReader {
         changed_ranges(&self.layers, since)
     }
 
-    /// Whether `snapshot` is one of the layers read.
-    pub fn holds(&self, snapshot: &str) -> bool {
-        self.layers.iter().any(|(name, _)| name == snapshot)
+    /// Where `snapshot` is among the layers read, oldest first, if it is.
+    pub fn position(&self, snapshot: &str) -> Option<usize> {
+        self.layers.iter().position(|(name, _)| name == snapshot)
     }
 }
 

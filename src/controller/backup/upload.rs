@@ -27,11 +27,11 @@ use super::{RETRY, Unavailable, bounded, lock_node, lock_owner, unavailable};
 use crate::backup::{BackupConfig, BackupError, BackupReport, Backupstore, NewBackup};
 use crate::controller::control::{self, replica_control_address};
 use crate::controller::{
-    Context, ControllerError, patch_guarded, release, replace_status, update_status,
+    Context, ControllerError, delete, patch_guarded, release, replace_status, update_status,
 };
 use crate::types::{
-    Backup, BackupState, BackupStatus, BackupTarget, Condition, ConditionStatus, FINALIZER,
-    Snapshot, SnapshotSpec, Volume,
+    BACKUP_FOR, Backup, BackupState, BackupStatus, BackupTarget, Condition, ConditionStatus,
+    FINALIZER, Snapshot, SnapshotSpec, Volume,
 };
 
 const COMPLETED: &str = "Completed";
@@ -101,8 +101,48 @@ async fn remove(ctx: &Context, backup: &Backup) -> Result<Action, ControllerErro
             return Ok(Action::requeue(RETRY));
         }
     }
+    for snapshot in snapshots_taken_for(ctx, |owner| owner == backup.name_any()) {
+        info!(snapshot = %snapshot.name_any(), "deleting the snapshot taken for the backup");
+        delete(&ctx.api::<Snapshot>(), &*snapshot).await?;
+    }
     release(&ctx.api::<Backup>(), backup).await?;
     Ok(Action::await_change())
+}
+
+/// The Snapshots taken for Backups that `owner` picks (by name).
+fn snapshots_taken_for(ctx: &Context, owner: impl Fn(&str) -> bool) -> Vec<Arc<Snapshot>> {
+    let snapshots = ctx.ds.snapshots.store.state();
+    snapshots
+        .into_iter()
+        .filter(|s| s.labels().get(BACKUP_FOR).is_some_and(|b| owner(b)))
+        .collect()
+}
+
+/// Deletes the snapshots taken for earlier completed backups of `backup`'s
+/// volume into its target: the next backup builds on this one's.
+async fn drop_snapshots_before(ctx: &Context, backup: &Backup) -> Result<(), ControllerError> {
+    let this = backup.name_any();
+    let superseded = |name: &str| {
+        if name == this {
+            return false;
+        }
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(&ctx.ds.namespace);
+        ctx.ds.backups.store.get(&key).is_none_or(|other| {
+            other.spec.volume_name == backup.spec.volume_name
+                && other.spec.backup_target_name == backup.spec.backup_target_name
+                && other
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.state == BackupState::Completed)
+        })
+    };
+    for snapshot in snapshots_taken_for(ctx, superseded) {
+        if snapshot.spec.volume == backup.spec.volume_name {
+            info!(snapshot = %snapshot.name_any(), "deleting a snapshot a newer backup supersedes");
+            delete(&ctx.api::<Snapshot>(), &*snapshot).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn delete_from(
@@ -252,12 +292,14 @@ impl Job<'_> {
                     );
                     return Ok(Err(Wait::Failed("NameTooLong", message)));
                 }
-                let snapshot = Snapshot::new(
+                let mut snapshot = Snapshot::new(
                     &name,
                     SnapshotSpec {
                         volume: volume.name_any(),
                     },
                 );
+                let label = (BACKUP_FOR.to_owned(), self.backup.name_any());
+                snapshot.metadata.labels = Some([label].into());
                 match api.create(&PostParams::default(), &snapshot).await {
                     Ok(created) => {
                         info!(snapshot = %name, "snapshot taken for the backup");
@@ -365,6 +407,7 @@ impl Job<'_> {
                 self.ctx
                     .event(&self.backup, EventType::Normal, COMPLETED, note)
                     .await;
+                drop_snapshots_before(self.ctx, &self.backup).await?;
                 Ok(Ok(Action::await_change()))
             }
             Err(error) => Ok(Err(Wait::Failed("UploadFailed", error.to_string()))),
@@ -427,6 +470,8 @@ impl Job<'_> {
     /// on, and its snapshot.
     fn previous(&self, reader: &SnapshotReader) -> Option<(String, String)> {
         let spec = &self.backup.spec;
+        // The reader's chain ends at this backup's snapshot: every other
+        // snapshot it holds is older.
         self.ctx
             .ds
             .backups
@@ -440,18 +485,13 @@ impl Job<'_> {
             })
             .filter_map(|b| {
                 let status = b.status.as_ref()?;
-                (status.state == BackupState::Completed && reader.holds(&status.snapshot_name))
-                    .then(|| {
-                        (
-                            status.backup_created_at.clone(),
-                            b.name_any(),
-                            status.snapshot_name.clone(),
-                        )
-                    })
+                let snapshot = &status.snapshot_name;
+                let at = reader.position(snapshot)?;
+                (status.state == BackupState::Completed && *snapshot != self.status.snapshot_name)
+                    .then(|| (at, b.name_any(), snapshot.clone()))
             })
-            .filter(|(_, _, snap)| *snap != self.status.snapshot_name)
-            .max_by(|a, b| a.0.cmp(&b.0))
-            .map(|(_, backup, snap)| (backup, snap))
+            .max_by_key(|(at, _, _)| *at)
+            .map(|(_, backup, snapshot)| (backup, snapshot))
     }
 
     fn completed(

@@ -99,13 +99,15 @@ async fn sync(
 
 /// The volume's size, labels and last backup, from its newest backup.
 fn summarize(status: &mut BackupVolumeStatus, backups: &[BackupConfig]) {
-    let newest = backups.iter().max_by(|a, b| a.created.cmp(&b.created));
+    // As times: their text has as many fractional digits as it needs.
+    let created = |b: &BackupConfig| b.created.parse::<jiff::Timestamp>().ok();
+    let newest = backups.iter().max_by_key(|b| created(b));
     let Some(newest) = newest else {
         return;
     };
     status.size = i64::try_from(newest.size).unwrap_or(i64::MAX);
     status.last_backup_name.clone_from(&newest.name);
-    status.last_backup_at = newest.created.parse().ok().map(Time);
+    status.last_backup_at = created(newest).map(Time);
     status.labels.clone_from(&newest.labels);
     status.data_engine = "v1".into();
 }

@@ -37,33 +37,43 @@ pub enum Filling {
 }
 
 /// A pass's step of filling.
-enum Step {
-    Done,
+pub(super) enum Step {
+    /// Filled: what the volume now holds.
+    Done(String),
     /// Not yet: reason and message for the condition.
     Waiting(&'static str, String),
 }
 
 /// Reasons to wait that need no replica of the volume to run.
-const BLOCKED: [&str; 3] = ["SourceNotFound", "WaitingForSource", "SourceTooLarge"];
+const BLOCKED: [&str; 4] = [
+    "SourceNotFound",
+    "WaitingForSource",
+    "SourceTooLarge",
+    "RestoreFailed",
+];
 
 impl Pass<'_> {
     /// Whether the volume holds its data source's data, as this pass sees it.
     pub(super) fn holds_its_data(&self) -> bool {
-        self.volume.spec.data_source.is_none()
-            || Condition::is_true(&self.status.conditions, FILLED)
+        !self.volume.spec.has_source() || Condition::is_true(&self.status.conditions, FILLED)
     }
 
     /// Fills the volume from its data source if it is not filled yet, and
     /// says where that stands: a volume attaches only once it is Done.
     pub(super) async fn fill(&mut self) -> Result<Filling, ControllerError> {
-        let Some(source) = self.volume.spec.source_snapshot().map(str::to_owned) else {
-            return Ok(Filling::Done);
-        };
         if self.holds_its_data() {
             self.drop_clone_source().await?;
             return Ok(Filling::Done);
         }
-        let step = match self.fill_from(&source).await {
+        let spec = &self.volume.spec;
+        let (snapshot, backup) = (spec.source_snapshot(), spec.source_backup());
+        let (snapshot, backup) = (snapshot.map(str::to_owned), backup.map(str::to_owned));
+        let filled = match (snapshot, backup) {
+            (Some(snapshot), _) => self.fill_from(&snapshot).await,
+            (None, Some(backup)) => self.restore_from(&backup).await,
+            (None, None) => return Ok(Filling::Done),
+        };
+        let step = match filled {
             Err(error) if error.is_data_plane() => {
                 warn!(%error, "filling failed; retrying");
                 Step::Waiting("FillFailed", error.to_string())
@@ -71,9 +81,8 @@ impl Pass<'_> {
             other => other?,
         };
         match step {
-            Step::Done => {
-                info!(snapshot = %source, "filled from the snapshot");
-                let message = format!("holds the data of snapshot {source}");
+            Step::Done(message) => {
+                info!(%message, "filled");
                 Condition::set(
                     &mut self.status.conditions,
                     FILLED,
@@ -105,7 +114,7 @@ impl Pass<'_> {
         }
     }
 
-    async fn fill_from(&mut self, name: &str) -> Result<Step, ControllerError> {
+    async fn fill_from(&self, name: &str) -> Result<Step, ControllerError> {
         let namespace = &self.ctx.ds.namespace;
         let found = ObjectRef::new(name).within(namespace);
         let Some(snapshot) = self.ctx.ds.snapshots.store.get(&found) else {
@@ -144,7 +153,7 @@ impl Pass<'_> {
             copy_layers(replica, target, &access, source, &layers, limit).await?;
         }
         settle(&targets, &access).await?;
-        Ok(Step::Done)
+        Ok(Step::Done(format!("holds the data of snapshot {name}")))
     }
 
     /// The volume's usable replicas with their control addresses, once
@@ -268,7 +277,7 @@ async fn copy_layers(
 /// Gives the filled replicas one revision counter and marks them clean:
 /// they hold the same data, and the first engine start must trust each of
 /// them rather than pick one and rebuild the others.
-async fn settle(
+pub(super) async fn settle(
     replicas: &[(Arc<Replica>, String)],
     access: &Access,
 ) -> Result<(), ControllerError> {

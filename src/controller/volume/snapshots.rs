@@ -22,8 +22,8 @@ use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{RemoveSnapshotRequest, SnapshotRequest};
 use crate::types::{
-    Condition, ConditionStatus, DesireState, Engine, FINALIZER, InstanceState, Replica, Snapshot,
-    SnapshotStatus,
+    BackupState, Condition, ConditionStatus, DesireState, Engine, FINALIZER, InstanceState,
+    Replica, Snapshot, SnapshotStatus,
 };
 
 /// Where a snapshot can be taken or removed now.
@@ -99,10 +99,25 @@ impl Pass<'_> {
     }
 
     /// Whether the replicas must run for snapshot work although the volume
-    /// is detached: a snapshot to take or remove, or another volume filling
-    /// from one of this volume's snapshots (these replicas are its source).
+    /// is detached: a snapshot to take or remove, another volume filling
+    /// from one of this volume's snapshots (these replicas are its source),
+    /// or a backup being taken.
     pub(super) fn snapshot_work(&self) -> bool {
-        self.snapshots.iter().any(|s| pending(s)) || self.dependents_filling()
+        self.snapshots.iter().any(|s| pending(s)) || self.dependents_filling() || self.backing_up()
+    }
+
+    /// Whether a Backup of this volume is being taken: its snapshot is read
+    /// from these replicas.
+    fn backing_up(&self) -> bool {
+        let name = self.volume.name_any();
+        self.ctx.ds.backups.store.state().iter().any(|b| {
+            b.spec.volume_name == name
+                && b.metadata.deletion_timestamp.is_none()
+                && b.status
+                    .as_ref()
+                    .is_none_or(|s| s.state != BackupState::Completed)
+                && !crate::controller::backup::from_store(b)
+        })
     }
 
     /// Whether a volume is filling from one of this volume's snapshots. Its

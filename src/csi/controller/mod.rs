@@ -2,8 +2,9 @@
 //! waits, bounded, for the controllers to converge on them. Volume ids are
 //! Volume names; snapshot ids are Snapshot names. This file holds the service,
 //! what its calls share, and the trait impl delegating to one file per
-//! concern: volumes, publish, capacity, expand, snapshots.
+//! concern: volumes, publish, capacity, expand, snapshots, backups.
 
+mod backups;
 mod capacity;
 mod expand;
 mod publish;

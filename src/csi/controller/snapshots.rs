@@ -9,6 +9,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
+use super::backups::{self, Kind};
 use super::{CSI_NAME, ControllerService, paginate, required};
 use crate::csi::error::ControllerError;
 use crate::csi::proto::{
@@ -17,7 +18,7 @@ use crate::csi::proto::{
 };
 use crate::datastore::Datastore;
 use crate::names::object_name;
-use crate::types::{CLONE_FOR, Snapshot, SnapshotSpec};
+use crate::types::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec};
 
 /// Snapshot names are data-plane layer names, at most 63 characters.
 const SNAPSHOT_NAME_MAX: usize = 63;
@@ -43,6 +44,7 @@ pub async fn deletion_blocker(
         .state()
         .iter()
         .filter(|s| s.spec.volume == volume && s.metadata.deletion_timestamp.is_none())
+        .filter(|s| !s.labels().contains_key(BACKUP_FOR))
         .map(|s| s.name_any())
         .collect();
     let mut kept = Vec::new();
@@ -84,6 +86,9 @@ pub async fn create(
 ) -> Result<CreateSnapshotResponse, ControllerError> {
     let volume = required(&request.source_volume_id, "source_volume_id")?;
     let name = required(&request.name, "name")?;
+    if let Kind::Backup(target) = backups::kind(&request.parameters)? {
+        return backups::create(service, volume, name, target).await;
+    }
     let id = object_name(name, SNAPSHOT_NAME_MAX);
     let _guard = service.locks.try_lock(&format!("snapshot/{id}"))?;
     let api = service.snapshots_api();
@@ -175,6 +180,9 @@ pub async fn delete(
     request: DeleteSnapshotRequest,
 ) -> Result<DeleteSnapshotResponse, ControllerError> {
     let id = required(&request.snapshot_id, "snapshot_id")?;
+    if let Some(backup) = backups::backup_of(id) {
+        return backups::delete(service, backup).await;
+    }
     let _guard = service.locks.try_lock(&format!("snapshot/{id}"))?;
     let dependents = filling_from(&service.ds, id);
     if !dependents.is_empty() {
@@ -216,25 +224,27 @@ pub fn list(
     service: &ControllerService,
     request: &ListSnapshotsRequest,
 ) -> Result<ListSnapshotsResponse, ControllerError> {
-    let mut snapshots: Vec<Arc<Snapshot>> = service
+    let mut snapshots: Vec<CsiSnapshot> = service
         .ds
         .snapshots
         .store
         .state()
-        .into_iter()
-        .filter(|s| !s.labels().contains_key(CLONE_FOR))
-        .filter(|s| request.snapshot_id.is_empty() || s.name_any() == request.snapshot_id)
+        .iter()
+        .filter(|s| !s.labels().contains_key(CLONE_FOR) && !s.labels().contains_key(BACKUP_FOR))
+        .map(|s| csi_snapshot(s))
+        .chain(backups::listed(service))
+        .filter(|s| request.snapshot_id.is_empty() || s.snapshot_id == request.snapshot_id)
         .filter(|s| {
-            request.source_volume_id.is_empty() || s.spec.volume == request.source_volume_id
+            request.source_volume_id.is_empty() || s.source_volume_id == request.source_volume_id
         })
         .collect();
-    snapshots.sort_by_key(|s| s.name_any());
+    snapshots.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
     let (page, next_token) = paginate(&snapshots, request.max_entries, &request.starting_token)?;
     Ok(ListSnapshotsResponse {
         entries: page
             .iter()
             .map(|s| list_snapshots_response::Entry {
-                snapshot: Some(csi_snapshot(s)),
+                snapshot: Some(s.clone()),
             })
             .collect(),
         next_token,

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use tracing::info;
 
+use super::backups::backup_of;
 use super::{CSI_NAME, ControllerService, paginate, required, snapshots};
 use crate::csi::capability;
 use crate::csi::error::ControllerError;
@@ -18,7 +19,7 @@ use crate::csi::proto::*;
 use crate::datastore::Settings;
 use crate::names::object_name;
 use crate::types::{
-    AccessMode, CLONE_FOR, Condition, ConditionStatus, DataSource, Robustness, Snapshot,
+    AccessMode, Backup, CLONE_FOR, Condition, ConditionStatus, DataSource, Robustness, Snapshot,
     SnapshotSpec, Volume, VolumeSpec,
 };
 
@@ -42,15 +43,26 @@ impl ControllerService {
         let id = object_name(name, VOLUME_NAME_MAX);
         let _guard = self.locks.try_lock(&id)?;
         let source = request.volume_content_source.and_then(|s| s.r#type);
-        let data_source = self.data_source(&id, source.as_ref(), size).await?;
+        if source.is_some() && !parameters.from_backup.is_empty() {
+            return Err(ControllerError::InvalidArgument(
+                "a volume restores from its content source or from the class's fromBackup, not both"
+                    .into(),
+            ));
+        }
+        let filled_from = self.data_source(&id, source.as_ref(), size).await?;
         let settings = self.settings();
-        let wanted = Self::volume_spec(
+        let mut wanted = Self::volume_spec(
             &settings,
             &parameters,
             size,
             &request.volume_capabilities,
-            data_source,
+            None,
         );
+        match filled_from {
+            Some(FilledFrom::Snapshot(source)) => wanted.data_source = Some(source),
+            Some(FilledFrom::Backup(backup)) => wanted.from_backup = backup,
+            None => {}
+        }
         match self.get_volume(&id).await? {
             Some(existing) => compatible(&existing, name, &wanted, range.limit_bytes)?,
             None => {
@@ -84,7 +96,7 @@ impl ControllerService {
             stale_replica_timeout: parameters
                 .stale_replica_timeout
                 .unwrap_or(settings.stale_replica_timeout),
-            from_backup: String::new(),
+            from_backup: parameters.from_backup.clone(),
             salvage_request: String::new(),
             disk_selector: parameters.disk_selector.clone(),
             node_selector: parameters.node_selector.clone(),
@@ -106,9 +118,17 @@ impl ControllerService {
         id: &str,
         source: Option<&Source>,
         size: i64,
-    ) -> Result<Option<DataSource>, ControllerError> {
+    ) -> Result<Option<FilledFrom>, ControllerError> {
         let (snapshot, source_size) = match source {
             None => return Ok(None),
+            Some(Source::Snapshot(SnapshotSource { snapshot_id }))
+                if let Some(name) = backup_of(snapshot_id) =>
+            {
+                let backup = self.backup_source(name).await?;
+                let backup_size = backup.status.as_ref().map_or(0, |s| s.size);
+                check_source_fits(backup_size, size)?;
+                return Ok(Some(FilledFrom::Backup(name.to_owned())));
+            }
             Some(Source::Snapshot(SnapshotSource { snapshot_id })) => {
                 let snapshot = self.snapshots_api().get_opt(snapshot_id).await;
                 let snapshot = snapshot
@@ -128,12 +148,19 @@ impl ControllerService {
                 (clone_snapshot_name(id), volume.spec.size)
             }
         };
-        if source_size > size {
-            return Err(ControllerError::OutOfRange(format!(
-                "the source holds {source_size} bytes, more than the {size} bytes asked for"
-            )));
-        }
-        Ok(Some(DataSource::Snapshot(snapshot)))
+        check_source_fits(source_size, size)?;
+        Ok(Some(FilledFrom::Snapshot(DataSource::Snapshot(snapshot))))
+    }
+
+    /// The Backup `name`, which a new volume is restored from.
+    async fn backup_source(&self, name: &str) -> Result<Backup, ControllerError> {
+        let api: Api<Backup> = Api::namespaced(self.client.clone(), &self.ds.namespace);
+        api.get_opt(name)
+            .await
+            .map_err(|e| ControllerError::api(format!("backup {name}"), e))?
+            .ok_or_else(|| {
+                ControllerError::NotFound(format!("source backup {name} does not exist"))
+            })
     }
 
     async fn create_volume_object(
@@ -317,6 +344,22 @@ fn clone_snapshot_name(volume: &str) -> String {
 
 /// Whether an existing volume satisfies a repeated CreateVolume; if not,
 /// ALREADY_EXISTS saying what differs.
+/// What fills a new volume, from its CSI content source.
+enum FilledFrom {
+    Snapshot(DataSource),
+    /// The Backup of this name.
+    Backup(String),
+}
+
+fn check_source_fits(source_size: i64, size: i64) -> Result<(), ControllerError> {
+    if source_size > size {
+        return Err(ControllerError::OutOfRange(format!(
+            "the source holds {source_size} bytes, more than the {size} bytes asked for"
+        )));
+    }
+    Ok(())
+}
+
 fn compatible(
     existing: &Volume,
     name: &str,
@@ -352,6 +395,10 @@ fn compatible(
                     .as_ref()
                     .map_or(String::new(), ToString::to_string)
             ),
+        ),
+        (
+            have.from_backup != wanted.from_backup,
+            format!("it is restored from backup {:?}", have.from_backup),
         ),
         (
             have.disk_selector != wanted.disk_selector
