@@ -4,7 +4,9 @@
 //! the Backup controller does, and restored into a file. The baseline, in
 //! the same invocation against the same server: the same 2 MiB pieces read
 //! from the replica the same way and put as plain objects, four at once,
-//! then got back into a file. Then 1% of the volume's blocks are rewritten
+//! then got back into a file (each object read once untimed first: the
+//! first read after a write is slower). Each is timed after a `sync`, three
+//! times in turn, and the medians compared. Then 1% of the volume's blocks are rewritten
 //! and an incremental backup taken. Prints the times and the ratios
 //! (targets: backup and restore >= 0.7 of plain; the incremental under 10%
 //! of the full backup's time).
@@ -35,8 +37,11 @@ use oxhorn_testbed::{
 const SIZE: u64 = 1 << 30;
 const WRITTEN: u64 = 512 << 20;
 /// Pieces in flight in the baseline: as many as the store's uploads.
-const PARALLEL: usize = 4;
+const PARALLEL: usize = 8;
 const BUCKET: &str = "bench";
+/// Each comparison is run this many times, alternating: the machine is
+/// noisy, and the median is what is printed.
+const ROUNDS: usize = 3;
 
 #[tokio::main]
 async fn main() {
@@ -83,33 +88,53 @@ async fn main() {
         ),
         ("AWS_ENDPOINTS".to_owned(), minio.endpoint()),
     ]);
-    let url = format!("s3://{BUCKET}@us-east-1/backups");
-    let store = oxhorn::backup::target::open(&url, "bench", &secret).expect("store");
+    // A store of its own per round, so that each backup uploads everything.
+    let stores: Vec<Backupstore> = (0..ROUNDS)
+        .map(|round| {
+            let url = format!("s3://{BUCKET}@us-east-1/backups-{round}");
+            oxhorn::backup::target::open(&url, "bench", &secret).expect("store")
+        })
+        .collect();
     let plain = plain_store(&minio);
     let control = control_client(&replica, &access).await;
     let restore_to = work.path().join("restored.img");
 
     println!(
-        "backup of a {} MiB volume with {} MiB written, to MinIO on loopback",
+        "backup of a {} MiB volume with {} MiB written, to MinIO on loopback; medians of {ROUNDS} rounds",
         SIZE >> 20,
         WRITTEN >> 20
     );
     let reader = reader_at(&control, "full").await;
-    let (backup, uploaded) = timed_backup(&store, &reader, "full", None).await;
-    let baseline_up = plain_upload(&*plain, &reader).await;
+    let (mut backups, mut uploads, mut restores, mut downloads) = (vec![], vec![], vec![], vec![]);
+    // Each phase starts with nothing left to write back from the one
+    // before: MinIO's writes would otherwise land in the next one's time.
+    for (round, store) in stores.iter().enumerate() {
+        sync();
+        backups.push(timed_backup(store, &reader, "full", None).await.0);
+        sync();
+        uploads.push(plain_upload(&*plain, &reader, round).await);
+    }
+    // The first read of an object after its write is slower: every one is
+    // read once, untimed, first.
+    for (round, store) in stores.iter().enumerate() {
+        timed_restore(store, "full", &restore_to).await;
+        plain_download(&*plain, &restore_to, round).await;
+    }
+    for (round, store) in stores.iter().enumerate() {
+        sync();
+        restores.push(timed_restore(store, "full", &restore_to).await);
+        sync();
+        downloads.push(plain_download(&*plain, &restore_to, round).await);
+    }
+    let (backup, upload) = (median(&mut backups), median(&mut uploads));
+    let (restore, download) = (median(&mut restores), median(&mut downloads));
     println!(
-        "backup: {:.2} s ({uploaded} blocks uploaded); plain upload: {:.2} s; ratio {:.2}",
-        backup.as_secs_f64(),
-        baseline_up.as_secs_f64(),
-        baseline_up.as_secs_f64() / backup.as_secs_f64()
+        "backup: {backup:.2} s; plain upload: {upload:.2} s; ratio {:.2} (backups {backups:.2?}, uploads {uploads:.2?})",
+        upload / backup
     );
-    let restore = timed_restore(&store, "full", &restore_to).await;
-    let baseline_down = plain_download(&*plain, &restore_to).await;
     println!(
-        "restore: {:.2} s; plain download: {:.2} s; ratio {:.2}",
-        restore.as_secs_f64(),
-        baseline_down.as_secs_f64(),
-        baseline_down.as_secs_f64() / restore.as_secs_f64()
+        "restore: {restore:.2} s; plain download: {download:.2} s; ratio {:.2} (restores {restores:.2?}, downloads {downloads:.2?})",
+        download / restore
     );
 
     // 1% of the volume's blocks, spread over it, rewritten.
@@ -124,14 +149,26 @@ async fn main() {
     }
     engine.flush().await.expect("flush");
     engine.snapshot("next", true).await.expect("snapshot");
+    sync();
     let reader = reader_at(&control, "next").await;
-    let (incremental, uploaded) = timed_backup(&store, &reader, "next", Some("full")).await;
+    let (incremental, uploaded) = timed_backup(&stores[0], &reader, "next", Some("full")).await;
+    let incremental = incremental.as_secs_f64();
     println!(
-        "incremental after {changed} of {blocks} blocks changed: {:.2} s ({uploaded} uploaded), {:.1}% of the full backup's time",
-        incremental.as_secs_f64(),
-        100.0 * incremental.as_secs_f64() / backup.as_secs_f64()
+        "incremental after {changed} of {blocks} blocks changed: {incremental:.2} s ({uploaded} uploaded), {:.1}% of the full backup's time",
+        100.0 * incremental / backup
     );
     drop(engine);
+}
+
+/// The median of `times`, in seconds.
+fn median(times: &mut [Duration]) -> f64 {
+    times.sort();
+    times[times.len() / 2].as_secs_f64()
+}
+
+fn sync() {
+    let status = std::process::Command::new("sync").status().expect("sync");
+    assert!(status.success());
 }
 
 /// `len` bytes of xorshift noise: incompressible, as most data at rest is.
@@ -241,17 +278,17 @@ fn plain_store(minio: &ObjectServer) -> Arc<dyn ObjectStore> {
     Arc::new(s3)
 }
 
-fn piece(at: u64) -> ObjectPath {
-    ObjectPath::from(format!("plain/{at:012}"))
+fn piece(round: usize, at: u64) -> ObjectPath {
+    ObjectPath::from(format!("plain-{round}/{at:012}"))
 }
 
 /// The written pieces read from the replica and put as they are.
-async fn plain_upload(store: &dyn ObjectStore, reader: &SnapshotReader) -> Duration {
+async fn plain_upload(store: &dyn ObjectStore, reader: &SnapshotReader, round: usize) -> Duration {
     let started = Instant::now();
     futures::stream::iter((0..WRITTEN).step_by(BLOCK_SIZE as usize))
         .map(|at| async move {
             let data = reader.read(at, BLOCK_SIZE).await.expect("read");
-            store.put(&piece(at), data.into()).await.map(drop)
+            store.put(&piece(round, at), data.into()).await.map(drop)
         })
         .buffer_unordered(PARALLEL)
         .try_collect::<Vec<()>>()
@@ -261,14 +298,14 @@ async fn plain_upload(store: &dyn ObjectStore, reader: &SnapshotReader) -> Durat
 }
 
 /// The pieces got back and written into a file.
-async fn plain_download(store: &dyn ObjectStore, to: &Path) -> Duration {
+async fn plain_download(store: &dyn ObjectStore, to: &Path, round: usize) -> Duration {
     let file = std::fs::File::create(to).expect("download file");
     file.set_len(SIZE).expect("size");
     let file = &file;
     let started = Instant::now();
     futures::stream::iter((0..WRITTEN).step_by(BLOCK_SIZE as usize))
         .map(|at| async move {
-            let data = store.get(&piece(at)).await?.bytes().await?;
+            let data = store.get(&piece(round, at)).await?.bytes().await?;
             file.write_all_at(&data, at)
                 .map_err(|e| object_store::Error::Generic {
                     store: "file",

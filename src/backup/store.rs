@@ -14,14 +14,14 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{BackupError, lock};
+use super::{BackupError, block, lock};
 use crate::names::validate_dns_subdomain;
 
 /// The unit a backup stores, deduplicates and restores.
 pub const BLOCK_SIZE: u64 = 2 << 20;
 /// Blocks read and uploaded, or downloaded and written, at once: each holds
-/// its data and its compressed copy, so at most 4 x 2 x 2 MiB in memory.
-const PARALLEL: usize = 4;
+/// its data and its compressed copy, so at most 8 x 2 x 2 MiB in memory.
+const PARALLEL: usize = 8;
 const COMPRESSION: &str = "lz4";
 /// Backup configs read at once when listing a volume's backups.
 const LIST_PARALLEL: usize = 16;
@@ -42,7 +42,7 @@ pub trait VolumeWriter: Sync {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockRef {
     pub offset: u64,
-    /// SHA-256 of the block's data, hex.
+    /// BLAKE3 hash of the block's data, hex.
     pub checksum: String,
 }
 
@@ -261,10 +261,14 @@ impl Backupstore {
             .read(offset, len)
             .await
             .map_err(BackupError::Volume)?;
-        if data.iter().all(|&b| b == 0) {
+        let (data, sum) = on_cpu(move || {
+            let sum = (!data.iter().all(|&b| b == 0)).then(|| block::checksum(&data));
+            (data, sum)
+        })
+        .await;
+        let Some(checksum) = sum else {
             return Ok((offset, None));
-        }
-        let checksum = checksum(&data);
+        };
         // Poisoned only by a panic while inserting a string.
         let fresh = stored
             .lock()
@@ -273,7 +277,7 @@ impl Backupstore {
         if !fresh {
             return Ok((offset, Some((checksum, None))));
         }
-        let compressed = lz4_flex::block::compress_prepend_size(&data);
+        let compressed = on_cpu(move || block::encode(&data)).await;
         let sent = compressed.len() as u64;
         self.store
             .put(&self.block_path(new.volume, &checksum), compressed.into())
@@ -333,20 +337,18 @@ impl Backupstore {
             }
             Err(error) => return Err(error.into()),
         };
-        // The size it claims is checked before anything is allocated for it.
-        let claimed = compressed
-            .get(..4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        if claimed.is_none_or(|n| u64::from(n) > BLOCK_SIZE) {
-            return Err(corrupt(format!("claims {claimed:?} bytes")));
-        }
-        let data = lz4_flex::block::decompress_size_prepended(&compressed)
-            .map_err(|e| corrupt(e.to_string()))?;
-        if self::checksum(&data) != checksum {
-            return Err(corrupt("its data does not match its checksum".into()));
-        }
+        let expected = checksum.clone();
+        let data = on_cpu(move || {
+            let data = block::decode(&compressed)?;
+            if block::checksum(&data) != expected {
+                return Err("its data does not match its checksum".to_owned());
+            }
+            Ok(data)
+        })
+        .await
+        .map_err(corrupt)?;
         let len = data.len() as u64;
-        sink.write(offset, data.into())
+        sink.write(offset, data)
             .await
             .map_err(BackupError::Volume)?;
         Ok(len)
@@ -503,9 +505,15 @@ fn parse<T: for<'de> Deserialize<'de>>(path: &Path, bytes: &[u8]) -> Result<T, B
         .map_err(|e| BackupError::Malformed(path.to_string(), e.to_string()))
 }
 
-fn checksum(data: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, data);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+/// Runs CPU-heavy work (checksums, compression) on the blocking pool, so
+/// that the blocks in flight use every core rather than the one polling
+/// them. A panic there goes on here (the pool is only shut down with the
+/// runtime, and with it this task).
+async fn on_cpu<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(out) => out,
+        Err(error) => std::panic::resume_unwind(error.into_panic()),
+    }
 }
 
 /// Offsets of the blocks that `ranges` touch, within a volume of `size`.

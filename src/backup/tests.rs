@@ -201,7 +201,7 @@ async fn a_corrupt_or_missing_block_fails_the_restore_naming_it() {
     let report = f.backup(&volume, "b1", None, &[0..SIZE]).await;
     let block = &report.config.blocks[0];
     let path = f.store_block_path(&block.checksum);
-    let other = lz4_flex::block::compress_prepend_size(&[0x34; 2 << 20]);
+    let other = super::block::encode(&[0x34; 2 << 20]);
     f.objects.put(&path, other.into()).await.unwrap();
     let error = f.restore_error("b1").await;
     assert!(
