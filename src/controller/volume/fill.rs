@@ -23,7 +23,9 @@ use crate::protocol::Access;
 use crate::protocol::control::{
     MarkCleanRequest, SetRevisionRequest, Snapshot as Layer, SyncFromRequest,
 };
-use crate::types::{CLONE_FOR, Condition, ConditionStatus, FILLED, Replica, Snapshot};
+use crate::types::{
+    CLONE_FOR, Condition, ConditionStatus, DesireState, FILLED, InstanceState, Replica, Snapshot,
+};
 
 /// Where filling stands after a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +65,22 @@ impl Pass<'_> {
     pub(super) async fn fill(&mut self) -> Result<Filling, ControllerError> {
         if self.holds_its_data() {
             self.drop_clone_source().await?;
+            return Ok(Filling::Done);
+        }
+        if self.engine_started() {
+            // An engine starts only once the volume holds its data: this one
+            // means a fill completed whose record a lost status write
+            // dropped. Filling again would write over what the volume's
+            // users wrote since, and fence its engine out.
+            warn!("the engine runs but Filled was not recorded; recording it");
+            let message = "holds its data source's data".to_owned();
+            Condition::set(
+                &mut self.status.conditions,
+                FILLED,
+                ConditionStatus::True,
+                "Filled",
+                message,
+            );
             return Ok(Filling::Done);
         }
         let spec = &self.volume.spec;
@@ -154,6 +172,14 @@ impl Pass<'_> {
         }
         settle(&targets, &access).await?;
         Ok(Step::Done(format!("holds the data of snapshot {name}")))
+    }
+
+    /// Whether the volume's engine runs or is asked to.
+    fn engine_started(&self) -> bool {
+        self.engine.as_ref().is_some_and(|e| {
+            e.spec.instance.desire_state != DesireState::Stopped
+                || super::engine_state(e) != InstanceState::Stopped
+        })
     }
 
     /// The volume's usable replicas with their control addresses, once
