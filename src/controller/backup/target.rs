@@ -205,7 +205,7 @@ async fn reconcile_volumes(
     for volume in volumes {
         if known.contains(volume.as_str()) {
             let existing = backup_volume_name(&name, volume);
-            super::target::request_sync::<BackupVolume>(ctx, &existing).await?;
+            request_sync::<BackupVolume>(ctx, &existing).await?;
             continue;
         }
         create_backup_volume(ctx, target, volume, requested.clone()).await?;

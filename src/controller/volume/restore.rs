@@ -11,11 +11,11 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
 use super::super::ControllerError;
-use super::Pass;
 use super::fill::{Step, settle};
+use super::{Pass, replica_address};
 use crate::backup::{BackupError, VolumeWriter};
 use crate::protocol::Connection;
-use crate::types::{BackupState, FILLED, InstanceState, Replica};
+use crate::types::{BackupState, FILLED, Replica};
 
 /// The Filled reason of a restore that found its backup damaged.
 const RESTORE_FAILED: &str = "RestoreFailed";
@@ -63,7 +63,7 @@ impl Pass<'_> {
         let access = self.access();
         let mut replicas = Vec::with_capacity(targets.len());
         for (replica, _) in &targets {
-            let address = data_address(replica).unwrap_or_default();
+            let address = replica_address(replica).unwrap_or_default();
             let connection = Connection::connect(&address, &access).await;
             replicas.push(connection.map_err(|e| restore_failed(replica, e))?);
         }
@@ -99,17 +99,10 @@ impl Pass<'_> {
     }
 }
 
-/// A running replica's data address.
-fn data_address(replica: &Replica) -> Option<String> {
-    let status = replica.status.as_ref()?;
-    (status.current_state == InstanceState::Running && status.port > 0)
-        .then(|| format!("{}:{}", status.ip, status.port))
-}
-
 fn restore_failed(replica: &Replica, error: impl std::fmt::Display) -> ControllerError {
     ControllerError::DataPlane {
         target: format!("replica {}", kube::ResourceExt::name_any(replica)),
-        address: data_address(replica).unwrap_or_default(),
+        address: replica_address(replica).unwrap_or_default(),
         status: Box::new(tonic::Status::unavailable(error.to_string())),
     }
 }
