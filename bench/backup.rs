@@ -23,7 +23,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use oxhorn::backup::{BLOCK_SIZE, Backupstore, NewBackup, VolumeReader, VolumeWriter};
+use oxhorn::backup::{BLOCK_SIZE, Backupstore, Compression, NewBackup, VolumeReader, VolumeWriter};
 use oxhorn::controller::backup::SnapshotReader;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
@@ -237,6 +237,7 @@ async fn timed_backup(
         changed: &changed,
         owner: "bench",
         labels: &labels,
+        compression: Compression::default(),
         progress: None,
     };
     let started = Instant::now();

@@ -11,9 +11,9 @@
 //!   its config does not exist;
 //! - `volumes/<volume>/blocks/<c0c1>/<checksum>.blk`: the blocks, of
 //!   [`BLOCK_SIZE`] (the last one of a volume may be shorter), named by the
-//!   BLAKE3 hash of their data and LZ4-compressed when that makes them
-//!   smaller (see [`block`]). Identical blocks are stored once across all
-//!   the volume's backups; a block of zeros is never stored;
+//!   BLAKE3 hash of their data and compressed (LZ4 or zstd, by setting) when
+//!   that makes them smaller (see [`block`]). Identical blocks are stored
+//!   once across all the volume's backups; a block of zeros is never stored;
 //! - `volumes/<volume>/lock`: held by the one backup or deletion of the
 //!   volume under way (see [`lock`]): a deletion never removes a block a
 //!   backup being written counts on.
@@ -25,6 +25,7 @@ pub mod target;
 #[cfg(test)]
 mod tests;
 
+pub use block::Compression;
 pub use lock::LockInfo;
 pub use store::{
     BLOCK_SIZE, BackupConfig, BackupReport, Backupstore, BlockRef, NewBackup, VolumeReader,

@@ -14,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{BackupError, block, lock};
+use super::{BackupError, Compression, block, lock};
 use crate::names::validate_dns_subdomain;
 
 /// The unit a backup stores, deduplicates and restores.
@@ -22,7 +22,6 @@ pub const BLOCK_SIZE: u64 = 2 << 20;
 /// Blocks read and uploaded, or downloaded and written, at once: each holds
 /// its data and its compressed copy, so at most 8 x 2 x 2 MiB in memory.
 const PARALLEL: usize = 8;
-const COMPRESSION: &str = "lz4";
 /// Backup configs read at once when listing a volume's backups.
 const LIST_PARALLEL: usize = 16;
 
@@ -91,6 +90,8 @@ pub struct NewBackup<'a> {
     /// Who takes it, for the volume's lock.
     pub owner: &'a str,
     pub labels: &'a BTreeMap<String, String>,
+    /// How blocks this backup uploads are compressed.
+    pub compression: Compression,
     /// Told the blocks done and the blocks to do after each block.
     pub progress: Option<&'a (dyn Fn(usize, usize) + Sync)>,
 }
@@ -216,7 +217,7 @@ impl Backupstore {
             created: jiff::Timestamp::now().to_string(),
             size: new.size,
             block_size: BLOCK_SIZE,
-            compression: COMPRESSION.to_owned(),
+            compression: new.compression.name().to_owned(),
             blocks: blocks
                 .into_iter()
                 .map(|(offset, checksum)| BlockRef { offset, checksum })
@@ -277,7 +278,8 @@ impl Backupstore {
         if !fresh {
             return Ok((offset, Some((checksum, None))));
         }
-        let compressed = on_cpu(move || block::encode(&data)).await;
+        let compression = new.compression;
+        let compressed = on_cpu(move || block::encode(&data, compression)).await;
         let sent = compressed.len() as u64;
         self.store
             .put(&self.block_path(new.volume, &checksum), compressed.into())

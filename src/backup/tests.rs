@@ -68,6 +68,7 @@ fn request<'a>(
         changed,
         owner: "node-1",
         labels: &NO_LABELS,
+        compression: Compression::default(),
         progress: None,
     }
 }
@@ -191,6 +192,46 @@ async fn backups_are_incremental_deduplicated_and_restore_exactly() {
     assert_eq!(f.store.volumes().await.unwrap(), ["vol"]);
 }
 
+/// The compression setting changes only how new blocks are stored: a
+/// backup taken with zstd and an incremental one with LZ4 on top of it
+/// both restore exactly, also once the first is deleted, and the second
+/// reuses the first's blocks whatever their encoding.
+#[tokio::test]
+async fn backups_in_either_compression_restore_and_share_blocks() {
+    let f = fixture();
+    let volume = Volume::new(SIZE);
+    volume.fill(0, 4 * MIB, 0x5a);
+    let mut new = request("vol", "b1", None, &[0..SIZE]);
+    new.compression = Compression::Zstd;
+    let first = f.store.create(&new, &volume).await.unwrap();
+    let at_first = volume.data();
+    assert_eq!(first.config.compression, "zstd");
+    assert_eq!(first.blocks_uploaded, 1, "two equal blocks, stored once");
+    assert!(first.bytes_uploaded < 4096, "{}", first.bytes_uploaded);
+
+    volume.fill(2 * MIB, 4096, 0x01);
+    let changed = [2 * MIB..2 * MIB + 4096];
+    let mut new = request("vol", "b2", Some("b1"), &changed);
+    new.compression = Compression::Lz4;
+    let second = f.store.create(&new, &volume).await.unwrap();
+    let at_second = volume.data();
+    assert_eq!(
+        (second.config.compression.as_str(), second.blocks_uploaded),
+        ("lz4", 1)
+    );
+
+    assert!(
+        f.restored("b1").await == at_first,
+        "the zstd backup restores"
+    );
+    f.store.delete("vol", "b1", "node-1").await.unwrap();
+    assert!(
+        f.restored("b2").await == at_second,
+        "b2 keeps b1's zstd block"
+    );
+    assert_eq!(f.block_files(), 2);
+}
+
 /// A block changed in the store fails the restore, naming it; one missing
 /// too.
 #[tokio::test]
@@ -201,7 +242,7 @@ async fn a_corrupt_or_missing_block_fails_the_restore_naming_it() {
     let report = f.backup(&volume, "b1", None, &[0..SIZE]).await;
     let block = &report.config.blocks[0];
     let path = f.store_block_path(&block.checksum);
-    let other = super::block::encode(&[0x34; 2 << 20]);
+    let other = super::block::encode(&[0x34; 2 << 20], Compression::default());
     f.objects.put(&path, other.into()).await.unwrap();
     let error = f.restore_error("b1").await;
     assert!(

@@ -676,6 +676,8 @@ pub async fn run(ctx: Arc<Context>) {
         .for_each(|_| futures::future::ready(()))
     };
 
+    let default_backup_target = backup::run_default_target(Arc::clone(&ctx));
+
     futures::join!(
         volumes,
         engines,
@@ -685,7 +687,8 @@ pub async fn run(ctx: Arc<Context>) {
         snapshots,
         backup_targets,
         backup_volumes,
-        backups
+        backups,
+        default_backup_target
     );
 }
 

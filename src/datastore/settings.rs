@@ -8,13 +8,23 @@ use std::time::Duration;
 
 use kube::runtime::reflector::Store;
 
+use crate::backup::Compression;
+use crate::backup::target::TargetUrl;
+use crate::names::validate_dns_subdomain;
 use crate::scheduler::SchedulerSettings;
 use crate::types::Setting;
 
 /// What a setting's value must look like.
 enum Kind {
-    Integer { min: i64, max: i64 },
+    Integer {
+        min: i64,
+        max: i64,
+    },
     Boolean,
+    /// One of these words.
+    Choice(&'static [&'static str]),
+    /// Text this function accepts; its error is for users.
+    Text(fn(&str) -> Result<(), String>),
 }
 
 struct Definition {
@@ -35,6 +45,12 @@ const REBUILDS_PER_NODE: &str = "concurrent-replica-rebuild-per-node-limit";
 const REBUILD_BANDWIDTH: &str = "replica-rebuild-bandwidth-limit";
 /// Whether `oxhorn uninstall` may delete volumes, and their data.
 pub const DELETING_CONFIRMATION: &str = "deleting-confirmation-flag";
+/// The default BackupTarget is made from these three (see
+/// `controller::backup::default_target`).
+pub const BACKUP_TARGET: &str = "backup-target";
+pub const BACKUP_TARGET_CREDENTIAL_SECRET: &str = "backup-target-credential-secret";
+pub const BACKUPSTORE_POLL_INTERVAL: &str = "backupstore-poll-interval";
+const BACKUP_COMPRESSION: &str = "backup-compression-method";
 
 const DEFINITIONS: &[Definition] = &[
     Definition {
@@ -105,7 +121,57 @@ const DEFINITIONS: &[Definition] = &[
         kind: Kind::Boolean,
         default: "false",
     },
+    // Empty: no default target.
+    Definition {
+        key: BACKUP_TARGET,
+        kind: Kind::Text(backup_target_url),
+        default: "",
+    },
+    Definition {
+        key: BACKUP_TARGET_CREDENTIAL_SECRET,
+        kind: Kind::Text(secret_name),
+        default: "",
+    },
+    // Seconds; 0: synced only when asked.
+    Definition {
+        key: BACKUPSTORE_POLL_INTERVAL,
+        kind: Kind::Integer {
+            min: 0,
+            max: 31_536_000,
+        },
+        default: "300",
+    },
+    Definition {
+        key: BACKUP_COMPRESSION,
+        kind: Kind::Choice(Compression::NAMES),
+        default: "lz4",
+    },
 ];
+
+fn backup_target_url(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    TargetUrl::parse(value)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn secret_name(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    validate_dns_subdomain("the Secret's name", value)
+}
+
+/// The default BackupTarget the settings describe: its URL (empty: none),
+/// credential Secret and poll interval in seconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DefaultBackupTarget {
+    pub url: String,
+    pub credential_secret: String,
+    pub poll_interval: u64,
+}
 
 /// The settings in effect.
 #[derive(Clone, Debug, PartialEq)]
@@ -125,6 +191,9 @@ pub struct Settings {
     /// Bytes per second one rebuild (or one replica's fill from a
     /// snapshot) may average; 0: no limit.
     pub rebuild_bandwidth: u64,
+    pub default_backup_target: DefaultBackupTarget,
+    /// How new backup blocks are compressed.
+    pub backup_compression: Compression,
 }
 
 impl Settings {
@@ -156,6 +225,13 @@ impl Settings {
             auto_salvage: boolean(AUTO_SALVAGE),
             rebuilds_per_node: usize::try_from(int(REBUILDS_PER_NODE)).unwrap_or(5),
             rebuild_bandwidth: int(REBUILD_BANDWIDTH).unsigned_abs() << 20,
+            default_backup_target: DefaultBackupTarget {
+                url: value(BACKUP_TARGET),
+                credential_secret: value(BACKUP_TARGET_CREDENTIAL_SECRET),
+                poll_interval: int(BACKUPSTORE_POLL_INTERVAL).unsigned_abs(),
+            },
+            backup_compression: Compression::from_name(&value(BACKUP_COMPRESSION))
+                .unwrap_or_default(),
         }
     }
 }
@@ -186,6 +262,12 @@ pub fn validate(key: &str, value: &str) -> Result<(), String> {
                 "{key} must be a whole number from {min} to {max}, not {value:?}"
             )),
         },
+        Kind::Choice(words) if words.contains(&value) => Ok(()),
+        Kind::Choice(words) => Err(format!(
+            "{key} must be one of {}, not {value:?}",
+            words.join(", ")
+        )),
+        Kind::Text(check) => check(value).map_err(|e| format!("{key}: {e}")),
     }
 }
 
@@ -204,6 +286,17 @@ mod tests {
                 .unwrap_err()
                 .contains("true or false")
         );
+        assert!(validate(BACKUP_TARGET, "").is_ok());
+        assert!(validate(BACKUP_TARGET, "s3://bucket@us-east-1/path").is_ok());
+        let url = validate(BACKUP_TARGET, "s3://bucket").unwrap_err();
+        assert!(
+            url.starts_with("backup-target: invalid backup target URL"),
+            "{url}"
+        );
+        let secret = validate(BACKUP_TARGET_CREDENTIAL_SECRET, "My_Secret").unwrap_err();
+        assert!(secret.contains("Secret"), "{secret}");
+        let codec = validate(BACKUP_COMPRESSION, "gzip").unwrap_err();
+        assert!(codec.contains("one of lz4, zstd, none"), "{codec}");
         let unknown = validate("replica-count", "3").unwrap_err();
         assert!(unknown.contains("unknown setting") && unknown.contains(DEFAULT_REPLICA_COUNT));
     }

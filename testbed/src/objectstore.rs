@@ -39,12 +39,44 @@ pub struct ObjectServer {
     process: Option<Supervised>,
     dir: PathBuf,
     port: u16,
+    /// The CA (PEM) of the certificate a MinIO started with TLS serves.
+    ca_pem: Option<String>,
 }
 
 impl ObjectServer {
     /// Starts the server on a free loopback port with its data and log in
     /// `dir`, holding the (empty) `buckets` (containers, for Azurite).
     pub fn start(kind: ObjectServerKind, dir: &Path, buckets: &[&str]) -> Result<Self> {
+        Self::start_with(kind, dir, buckets, None)
+    }
+
+    /// Starts MinIO serving HTTPS only, with a certificate for 127.0.0.1
+    /// of a CA of its own ([`ca_pem`](Self::ca_pem)).
+    pub fn start_tls(dir: &Path, buckets: &[&str]) -> Result<Self> {
+        let pki = crate::certs::generate()?;
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).map_err(|e| Error::io(&certs, e))?;
+        for (name, pem) in [
+            ("public.crt", &pki.serving_cert_pem),
+            ("private.key", &pki.serving_key_pem),
+        ] {
+            let path = certs.join(name);
+            std::fs::write(&path, pem).map_err(|e| Error::io(&path, e))?;
+        }
+        Self::start_with(ObjectServerKind::Minio, dir, buckets, Some(pki.ca_pem))
+    }
+
+    /// The CA of the server's certificate, when it serves HTTPS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    fn start_with(
+        kind: ObjectServerKind,
+        dir: &Path,
+        buckets: &[&str],
+        ca_pem: Option<String>,
+    ) -> Result<Self> {
         if kind == ObjectServerKind::Minio {
             // A directory in MinIO's single-drive data is a bucket.
             for bucket in buckets {
@@ -57,6 +89,7 @@ impl ObjectServer {
             process: None,
             dir: dir.to_owned(),
             port: crate::controlplane::free_ports(1)?,
+            ca_pem,
         };
         server.resume()?;
         if kind == ObjectServerKind::Azurite {
@@ -71,6 +104,9 @@ impl ObjectServer {
     /// endpoint of Azurite's development account.
     pub fn endpoint(&self) -> String {
         match self.kind {
+            ObjectServerKind::Minio if self.ca_pem.is_some() => {
+                format!("https://127.0.0.1:{}", self.port)
+            }
             ObjectServerKind::Minio => format!("http://127.0.0.1:{}", self.port),
             ObjectServerKind::Azurite => {
                 format!("http://127.0.0.1:{}/{AZURITE_ACCOUNT}", self.port)
@@ -106,7 +142,9 @@ impl ObjectServer {
                     // update checks over the network.
                     .env("MINIO_BROWSER", "off")
                     .env("MINIO_UPDATE", "off");
-                ("minio", command, ("GET /minio/health/ready", "200"))
+                // Over TLS, a plain request is refused once it listens.
+                let answer = if self.ca_pem.is_some() { "400" } else { "200" };
+                ("minio", command, ("GET /minio/health/ready", answer))
             }
             ObjectServerKind::Azurite => {
                 let mut command = Command::new(crate::tools_dir().join("azurite-blob"));

@@ -88,6 +88,13 @@ impl Sidecars {
         Self::spawn_all(commands, dir)
     }
 
+    /// Only Kubernetes' garbage collector, which deletes the dependents of
+    /// a deleted owner (its ownerReferences), as every cluster runs it.
+    pub fn start_garbage_collector(kubeconfig: &Path) -> Result<Self> {
+        let gc = kube_controller_manager(kubeconfig, "garbage-collector-controller")?;
+        Self::spawn_all(vec![("kube-controller-manager", gc)], logs_dir()?)
+    }
+
     fn start_with(kubeconfig: &Path, socket: &Path, kubelets: bool) -> Result<Self> {
         let dir = logs_dir()?;
         let csi = |name: &str| -> Result<Command> {

@@ -7,12 +7,19 @@
 //! as BackupVolumes and Backups, on the poll timer or at once when asked.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 use oxhorn::backup::{Backupstore, VolumeWriter};
 use oxhorn::types::*;
 use oxhorn_testbed::{
@@ -47,8 +54,17 @@ impl Store {
         }
     }
 
-    /// A credential Secret's data, with the right secret or a wrong one.
+    /// A credential Secret's data, with the right secret or a wrong one;
+    /// for a server serving HTTPS, its CA bundle too.
     fn credentials(&self, right: bool) -> BTreeMap<String, String> {
+        let mut data = self.keys(right);
+        if let Some(ca) = self.server.ca_pem() {
+            data.insert("AWS_CERT".into(), ca.into());
+        }
+        data
+    }
+
+    fn keys(&self, right: bool) -> BTreeMap<String, String> {
         let pairs = match self.server.kind {
             ObjectServerKind::Minio => [
                 ("AWS_ACCESS_KEY_ID", MINIO_ACCESS_KEY),
@@ -78,6 +94,36 @@ impl Store {
             .collect()
     }
 
+    /// The bucket's objects, as a client of the server reads them.
+    fn objects(&self) -> Arc<dyn ObjectStore> {
+        // reqwest has no crypto provider of its own (see backup::target).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let endpoint = self.server.endpoint();
+        match self.server.kind {
+            ObjectServerKind::Minio => Arc::new(
+                AmazonS3Builder::new()
+                    .with_bucket_name(BUCKET)
+                    .with_region("us-east-1")
+                    .with_access_key_id(MINIO_ACCESS_KEY)
+                    .with_secret_access_key(MINIO_SECRET_KEY)
+                    .with_endpoint(endpoint)
+                    .with_allow_http(true)
+                    .build()
+                    .unwrap(),
+            ),
+            ObjectServerKind::Azurite => Arc::new(
+                MicrosoftAzureBuilder::new()
+                    .with_account(AZURITE_ACCOUNT)
+                    .with_access_key(AZURITE_ACCOUNT_KEY)
+                    .with_container_name(BUCKET)
+                    .with_endpoint(endpoint)
+                    .with_allow_http(true)
+                    .build()
+                    .unwrap(),
+            ),
+        }
+    }
+
     /// The store as the test reads it directly.
     fn backupstore(&self) -> Backupstore {
         oxhorn::backup::target::open(&self.url(BUCKET), "s", &self.credentials(true)).unwrap()
@@ -90,12 +136,16 @@ const WRONG_KEY: &str = "bm90LXRoZS1hY2NvdW50LWtleS1ub3QtdGhlLWFjY291bnQta2V5LW5
 
 /// A Secret holding `store`'s credentials, as a user writes one.
 async fn credential_secret(cluster: &Cluster, name: &str, store: &Store, right: bool) {
+    secret(cluster, name, store.credentials(right)).await;
+}
+
+async fn secret(cluster: &Cluster, name: &str, data: BTreeMap<String, String>) {
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
             ..Default::default()
         },
-        string_data: Some(store.credentials(right).into_iter().collect()),
+        string_data: Some(data.into_iter().collect()),
         ..Default::default()
     };
     cluster
@@ -376,12 +426,40 @@ async fn restore_and_compare(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restore_from_a_damaged_backup_names_the_block_and_never_attaches() {
+async fn a_restore_from_a_damaged_s3_backup_names_the_block_and_never_attaches() {
+    let store = Store::start(ObjectServerKind::Minio);
+    a_restore_from_a_damaged_backup_names_the_block_and_never_attaches(Some(&store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_from_a_damaged_azure_backup_names_the_block_and_never_attaches() {
+    let store = Store::start(ObjectServerKind::Azurite);
+    a_restore_from_a_damaged_backup_names_the_block_and_never_attaches(Some(&store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_from_a_damaged_file_backup_names_the_block_and_never_attaches() {
+    a_restore_from_a_damaged_backup_names_the_block_and_never_attaches(None).await;
+}
+
+/// A backup in `store` (a directory without one) whose block is changed
+/// in the store behind its back.
+async fn a_restore_from_a_damaged_backup_names_the_block_and_never_attaches(store: Option<&Store>) {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start("bkbad", 1).await;
     let node = cluster.nodes[0].node_id().to_owned();
-    let url = format!("file://{}", dir.path().display());
-    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "", "300s").await;
+    let (url, secret, objects, root) = match store {
+        Some(store) => {
+            credential_secret(&cluster, "creds", store, true).await;
+            (store.url(BUCKET), "creds", store.objects(), "cluster")
+        }
+        None => {
+            let local = LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+            let url = format!("file://{}", dir.path().display());
+            (url, "", Arc::new(local) as Arc<dyn ObjectStore>, "")
+        }
+    };
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, secret, "300s").await;
     until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
     cluster.create_volume("vol", 16 * MIB, 1).await;
     let device = cluster.attach("vol", &node).await;
@@ -390,18 +468,28 @@ async fn a_restore_from_a_damaged_backup_names_the_block_and_never_attaches() {
     assert_eq!(until_backup_completed(&cluster, "only").await.blocks, 2);
 
     // One of its two blocks, its last byte flipped.
-    let blocks = dir.path().join("volumes/vol/blocks");
-    let damaged = std::fs::read_dir(&blocks)
+    let blocks = ObjectPath::from(root)
+        .join("volumes")
+        .join("vol")
+        .join("blocks");
+    let listed: Vec<_> = objects.list(Some(&blocks)).try_collect().await.unwrap();
+    let damaged = &listed[0].location;
+    let checksum = damaged
+        .filename()
         .unwrap()
-        .flat_map(|fan| std::fs::read_dir(fan.unwrap().path()).unwrap())
-        .map(|block| block.unwrap().path())
-        .next()
-        .unwrap();
-    let checksum = damaged.file_stem().unwrap().to_string_lossy().into_owned();
-    let mut bytes = std::fs::read(&damaged).unwrap();
+        .trim_end_matches(".blk")
+        .to_owned();
+    let mut bytes = objects
+        .get(damaged)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
-    std::fs::write(&damaged, bytes).unwrap();
+    objects.put(damaged, bytes.into()).await.unwrap();
 
     let spec =
         json!({"size": 16 * MIB, "numberOfReplicas": 1, "fromBackup": "only", "nodeID": node});
@@ -477,20 +565,53 @@ async fn a_target_says_why_its_store_does_not_answer_and_recovers(kind: ObjectSe
         assert!(reasons.contains(reason), "no {reason} event in {reasons:?}");
     }
     // No secret in any status or event.
-    let statuses = serde_json::to_string(
-        &cluster
-            .api::<BackupTarget>()
-            .list(&Default::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let all = Default::default();
+    let targets = cluster.api::<BackupTarget>().list(&all).await.unwrap();
+    let events = cluster.api::<k8s_openapi::api::events::v1::Event>();
+    let said = [
+        serde_json::to_string(&targets).unwrap(),
+        serde_json::to_string(&events.list(&all).await.unwrap()).unwrap(),
+    ];
     for secret in [MINIO_SECRET_KEY, WRONG, AZURITE_ACCOUNT_KEY, WRONG_KEY] {
-        assert!(
-            !statuses.contains(secret),
-            "a secret in a status: {statuses}"
-        );
+        for text in &said {
+            assert!(!text.contains(secret), "a secret said: {text}");
+        }
     }
+}
+
+/// An S3 store serving HTTPS with a certificate of a private CA: a target
+/// whose Secret holds that CA in `AWS_CERT` syncs, and a backup through it
+/// holds the volume's data; a target without it is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_target_over_tls_trusts_the_ca_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjectServer::start_tls(dir.path(), &[BUCKET]).unwrap();
+    assert!(server.endpoint().starts_with("https://"));
+    let store = Store { server, _dir: dir };
+    let cluster = Cluster::start("bktls", 1).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    credential_secret(&cluster, "with-ca", &store, true).await;
+    secret(&cluster, "without-ca", store.keys(true)).await;
+    let url = store.url(BUCKET);
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "with-ca", "300s").await;
+    create_target(&cluster, "untrusted", &url, "without-ca", "300s").await;
+    until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    let refused = until_target(&cluster, "untrusted", "CertificateUntrusted").await;
+    assert!(!refused.available);
+    let message = &refused.conditions[0].message;
+    assert!(message.contains("certificate"), "{message}");
+
+    cluster.create_volume("vol", SIZE, 1).await;
+    let device = cluster.attach("vol", &node).await;
+    let mut expected = vec![0; usize::try_from(SIZE).unwrap()];
+    expected[..4 << 20].copy_from_slice(&write_pattern(&device, 4 << 20, 21));
+    create_backup(&cluster, "over-tls", "vol").await;
+    let done = until_backup_completed(&cluster, "over-tls").await;
+    assert!(done.url.contains(BUCKET), "{done:?}");
+    assert!(restored(&store.backupstore(), "vol", "over-tls").await == expected);
+    delete_backup(&cluster, "over-tls").await;
+    cluster.detach("vol").await;
+    cluster.delete_volume("vol").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,6 +663,163 @@ async fn a_target_syncs_on_its_poll_timer_and_when_asked() {
     assert!(after > asked);
 }
 
+/// The settings make the `default` target and keep it what they say: an
+/// edit of its spec is put back, a new URL syncs the new store at once,
+/// and emptying `backup-target` forgets the target; a `default` target a
+/// user made while the setting is empty stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_settings_make_and_keep_the_default_target() {
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let url = |dir: &tempfile::TempDir| format!("file://{}", dir.path().display());
+    let objects = oxhorn::backup::target::open(&url(&second), "", &BTreeMap::new()).unwrap();
+    let request = oxhorn::backup::NewBackup {
+        volume: "moved",
+        name: "moved-b1",
+        snapshot: "moved-b1",
+        size: 4096,
+        previous: None,
+        changed: &[],
+        owner: "test",
+        labels: &BTreeMap::new(),
+        compression: oxhorn::backup::Compression::Zstd,
+        progress: None,
+    };
+    objects.create(&request, &Zeros).await.unwrap();
+
+    let cluster = Cluster::start("bkdefault", 1).await;
+    let api = cluster.api::<BackupTarget>();
+    cluster.set("backupstore-poll-interval", "0").await;
+    cluster.set("backup-target", &url(&first)).await;
+    let made = until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    assert!(made.available);
+    let target = api.get(DEFAULT_BACKUP_TARGET).await.unwrap();
+    assert_eq!(target.spec.backup_target_url, url(&first));
+    assert_eq!(target.spec.poll_interval, "0s");
+    assert!(target.labels().contains_key("oxhorn.io/from-settings"));
+
+    let edit = json!({"spec": {"pollInterval": "5s"}});
+    api.patch(
+        DEFAULT_BACKUP_TARGET,
+        &PatchParams::default(),
+        &Patch::Merge(&edit),
+    )
+    .await
+    .unwrap();
+    cluster
+        .until("the settings' poll interval put back", || async {
+            let target = api.get(DEFAULT_BACKUP_TARGET).await.unwrap();
+            (target.spec.poll_interval == "0s").then_some(())
+        })
+        .await;
+
+    // Synced at once although it polls never.
+    cluster.set("backup-target", &url(&second)).await;
+    cluster
+        .until("the new store's volume a BackupVolume", || async {
+            let api = cluster.api::<BackupVolume>();
+            let volumes = api.list(&Default::default()).await.unwrap().items;
+            volumes
+                .iter()
+                .any(|bv| bv.spec.volume_name == "moved")
+                .then_some(())
+        })
+        .await;
+
+    cluster.set("backup-target", "").await;
+    cluster
+        .until("the default target gone", || async {
+            api.get_opt(DEFAULT_BACKUP_TARGET)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    assert_eq!(
+        objects.volumes().await.unwrap(),
+        ["moved"],
+        "the store kept"
+    );
+
+    // A user's own: synced, and left alone through its changes.
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url(&first), "", "0s").await;
+    let synced = until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    let asked = request_sync(&cluster, DEFAULT_BACKUP_TARGET).await;
+    cluster
+        .until("synced again when asked", || async {
+            let target = api.get_opt(DEFAULT_BACKUP_TARGET).await.unwrap()?;
+            let at = target.status?.last_synced_at?.0;
+            (at > asked && Some(at) > synced.last_synced_at.as_ref().map(|t| t.0)).then_some(())
+        })
+        .await;
+    let target = api.get(DEFAULT_BACKUP_TARGET).await.unwrap();
+    assert!(!target.labels().contains_key("oxhorn.io/from-settings"));
+    assert_eq!(target.spec.poll_interval, "0s");
+}
+
+/// Deleting a BackupTarget forgets what was synced from it (Kubernetes'
+/// garbage collector deletes its BackupVolumes and Backups, their owner
+/// being gone) and leaves its store as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_target_forgets_its_resources_and_keeps_its_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let objects = oxhorn::backup::target::open(&url, "", &BTreeMap::new()).unwrap();
+    for name in ["kept-b1", "kept-b2"] {
+        let request = oxhorn::backup::NewBackup {
+            volume: "kept",
+            name,
+            snapshot: name,
+            size: 4096,
+            previous: None,
+            changed: &[],
+            owner: "test",
+            labels: &BTreeMap::new(),
+            compression: oxhorn::backup::Compression::default(),
+            progress: None,
+        };
+        objects.create(&request, &Zeros).await.unwrap();
+    }
+    let cluster = Cluster::start("bkforget", 1).await;
+    let gc = oxhorn_testbed::sidecars::Sidecars::start_garbage_collector(
+        oxhorn_testbed::shared().kubeconfig(),
+    )
+    .unwrap();
+    create_target(&cluster, "old", &url, "", "300s").await;
+    let counts = || async {
+        let all = Default::default();
+        let volumes = cluster.api::<BackupVolume>().list(&all).await.unwrap();
+        let backups = cluster.api::<Backup>().list(&all).await.unwrap();
+        (volumes.items.len(), backups.items.len())
+    };
+    cluster
+        .until("the store's backups synced", || async {
+            (counts().await == (1, 2)).then_some(())
+        })
+        .await;
+
+    cluster
+        .api::<BackupTarget>()
+        .delete("old", &DeleteParams::default())
+        .await
+        .unwrap();
+    let forgotten = eventually(PATIENCE, || async {
+        (counts().await == (0, 0)).then_some(())
+    })
+    .await;
+    if let Err(e) = forgotten {
+        panic!("{e}: {:?} left\n{}", counts().await, gc.logs(40));
+    }
+    let kept: Vec<String> = objects
+        .backups("kept")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(kept, ["kept-b1", "kept-b2"], "the store kept");
+}
+
 /// Asks target `name` for a sync now; returns when it asked.
 async fn request_sync(cluster: &Cluster, name: &str) -> jiff::Timestamp {
     let now = MicroTime(jiff::Timestamp::now());
@@ -584,6 +862,7 @@ async fn a_thousand_backups_in_a_store_become_resources() {
                 changed: &[],
                 owner: "test",
                 labels: &labels,
+                compression: oxhorn::backup::Compression::default(),
                 progress: None,
             };
             objects.create(&request, &Zeros).await.unwrap();

@@ -419,6 +419,7 @@ impl Cluster {
             .collect()
     }
 
+    /// Sets Setting `key` to `value`, creating it or changing it.
     pub async fn set(&self, key: &str, value: &str) {
         let setting = Setting::new(
             key,
@@ -426,8 +427,9 @@ impl Cluster {
                 value: value.into(),
             },
         );
+        let params = PatchParams::apply("oxhorn-tests").force();
         self.api::<Setting>()
-            .create(&PostParams::default(), &setting)
+            .patch(key, &params, &Patch::Apply(&setting))
             .await
             .unwrap();
     }

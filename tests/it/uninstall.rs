@@ -3,15 +3,23 @@
 //! Setting deleting-confirmation-flag says "true"; then it takes every
 //! volume away in order, and nothing is left on a finalizer or a node.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use oxhorn::types::{Node, Replica, Setting, Snapshot, Volume, VolumeState};
+use oxhorn::backup::target::open as open_target;
+use oxhorn::types::{
+    Backup, BackupState, BackupTarget, BackupVolume, DEFAULT_BACKUP_TARGET, Node, Replica, Setting,
+    Snapshot, Volume, VolumeState,
+};
 use oxhorn_testbed::install::NAMESPACE;
-use oxhorn_testbed::{self as testbed, loop_devices_under, mounts_under};
+use oxhorn_testbed::{
+    self as testbed, MINIO_ACCESS_KEY, MINIO_SECRET_KEY, ObjectServer, ObjectServerKind,
+    loop_devices_under, mounts_under,
+};
 use serde_json::json;
 
 use crate::common::MIB;
@@ -204,6 +212,13 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
         })
         .await;
 
+    // A backup of the volume, in a store the uninstall leaves alone.
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = ObjectServer::start(ObjectServerKind::Minio, store_dir.path(), &[BUCKET]).unwrap();
+    let credentials = minio_credentials(&store);
+    let objects = open_target(TARGET_URL, "s3", &credentials).unwrap();
+    take_backup(&installed, credentials, &volume).await;
+
     // Confirmed: the pod, claim, volume and its data go.
     let replicas = installed.cluster.api::<Replica>();
     let replica_dirs = replica_dirs(&replicas.list(&Default::default()).await.unwrap().items);
@@ -275,6 +290,92 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
     let on_nodes = installed.node_leftovers(&replica_dirs);
     assert!(on_nodes.is_empty(), "left on the nodes: {on_nodes:?}");
 
+    let forgotten = backup_leftovers(&installed).await;
+    assert!(forgotten.is_empty(), "backup resources left: {forgotten:?}");
+    let kept: Vec<String> = objects
+        .backups(&volume)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(kept, [BACKUP], "the store keeps the backup");
+
     installed.delete_uninstall().await;
     installed.stop().await;
+}
+
+const BUCKET: &str = "backups";
+const TARGET_URL: &str = "s3://backups@us-east-1/uninstalled";
+const BACKUP: &str = "before-uninstall";
+
+fn minio_credentials(store: &ObjectServer) -> BTreeMap<String, String> {
+    [
+        ("AWS_ACCESS_KEY_ID", MINIO_ACCESS_KEY.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", MINIO_SECRET_KEY.to_owned()),
+        ("AWS_ENDPOINTS", store.endpoint()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// The default target on `credentials`' store (the managers run on the
+/// hosts' network, so they reach it on loopback), and a completed backup
+/// of `volume` in it.
+async fn take_backup(installed: &Installed, credentials: BTreeMap<String, String>, volume: &str) {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("s3".into()),
+            ..Default::default()
+        },
+        string_data: Some(credentials),
+        ..Default::default()
+    };
+    let create = PostParams::default();
+    let cluster = &installed.cluster;
+    cluster
+        .api::<Secret>()
+        .create(&create, &secret)
+        .await
+        .unwrap();
+    let spec = json!({"backupTargetURL": TARGET_URL, "credentialSecret": "s3"});
+    let target = BackupTarget::new(DEFAULT_BACKUP_TARGET, serde_json::from_value(spec).unwrap());
+    cluster
+        .api::<BackupTarget>()
+        .create(&create, &target)
+        .await
+        .unwrap();
+    let spec = json!({"volumeName": volume});
+    let backup = Backup::new(BACKUP, serde_json::from_value(spec).unwrap());
+    let backups = cluster.api::<Backup>();
+    backups.create(&create, &backup).await.unwrap();
+    installed
+        .until("the backup completed", || async {
+            let status = backups.get_opt(BACKUP).await.ok()??.status?;
+            (status.state == BackupState::Completed).then_some(())
+        })
+        .await;
+}
+
+/// The BackupTargets, BackupVolumes and Backups left.
+async fn backup_leftovers(installed: &Installed) -> Vec<String> {
+    let cluster = &installed.cluster;
+    let all = Default::default();
+    let targets = cluster.api::<BackupTarget>().list(&all).await.unwrap();
+    let volumes = cluster.api::<BackupVolume>().list(&all).await.unwrap();
+    let backups = cluster.api::<Backup>().list(&all).await.unwrap();
+    let targets = targets
+        .items
+        .iter()
+        .map(|t| format!("target {}", t.name_any()));
+    let volumes = volumes
+        .items
+        .iter()
+        .map(|v| format!("backup volume {}", v.name_any()));
+    let backups = backups
+        .items
+        .iter()
+        .map(|b| format!("backup {}", b.name_any()));
+    targets.chain(volumes).chain(backups).collect()
 }

@@ -9,11 +9,13 @@
 //! (Kubernetes' garbage collector removes them), and a Backup whose target
 //! is gone or going lets go without deleting anything.
 
+mod default_target;
 mod reader;
 mod target;
 mod upload;
 mod volume;
 
+pub use default_target::{FROM_SETTINGS, run as run_default_target};
 pub use reader::SnapshotReader;
 pub use target::reconcile as reconcile_target;
 pub use upload::reconcile as reconcile_backup;
@@ -132,7 +134,14 @@ fn store_refusal(error: &object_store::Error) -> (&'static str, String) {
         (Some(code), None) => format!(" ({code})"),
         _ => String::new(),
     };
-    let message = format!("{head}{service}");
+    let mut message = format!("{head}{service}");
+    let cause = root_cause(error);
+    if cause.contains("certificate") {
+        // The client's own text says little more than "error sending
+        // request"; the TLS library's says what is wrong.
+        message = format!("{message}: {cause}");
+        return ("CertificateUntrusted", message);
+    }
     let reason = match error {
         object_store::Error::Unauthenticated { .. }
         | object_store::Error::PermissionDenied { .. } => "AccessDenied",
@@ -144,6 +153,15 @@ fn store_refusal(error: &object_store::Error) -> (&'static str, String) {
         _ => "Unreachable",
     };
     (reason, message)
+}
+
+/// The innermost error under `error`, as text.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
 }
 
 /// What kept a sync from the store.
@@ -242,6 +260,18 @@ mod tests {
         assert_eq!(reason, "StoreError");
         let (reason, _) = refusal("error sending request: Connection refused");
         assert_eq!(reason, "Unreachable");
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_named_by_its_cause() {
+        let tls = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let error = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(tls),
+        };
+        let (reason, message) = store_refusal(&error);
+        assert_eq!(reason, "CertificateUntrusted");
+        assert!(message.ends_with("UnknownIssuer"), "{message}");
     }
 
     #[test]

@@ -379,6 +379,7 @@ impl Job<'_> {
             changed: &changed,
             owner: &owner,
             labels,
+            compression: self.ctx.settings().backup_compression,
             progress: Some(&progress),
         };
         let ctx = self.ctx;
