@@ -21,10 +21,9 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tracing::{Instrument, info, info_span};
 
-use super::{Context, ControllerError, delete, patch_guarded, process, release, replace_status};
+use super::{Context, ControllerError, delete, hold, process, release, replace_status};
 use crate::datastore::Settings;
 use crate::protocol::Access;
 use crate::types::{
@@ -174,20 +173,8 @@ impl<'a> Pass<'a> {
             self.hold_deletion().await;
         } else if self.volume.metadata.deletion_timestamp.is_some() {
             return self.delete_all().await;
-        } else if !self.volume.finalizers().iter().any(|f| f == FINALIZER) {
-            let finalizers: Vec<String> = self
-                .volume
-                .finalizers()
-                .iter()
-                .cloned()
-                .chain([FINALIZER.to_owned()])
-                .collect();
-            self.volume = patch_guarded(
-                &self.ctx.api(),
-                &self.volume,
-                json!({"metadata": {"finalizers": finalizers}}),
-            )
-            .await?;
+        } else {
+            self.volume = hold(&self.ctx.api(), self.volume.clone()).await?;
         }
         self.adopt_snapshots().await?;
         let Some(engine) = self.ensure_engine().await? else {

@@ -50,7 +50,7 @@ pub use chain::SnapshotInfo;
 pub use error::{Result, StorageError};
 pub use extents::ExtentSet;
 pub use meta::IoPath;
-pub use naming::{VOLUME_HEAD, validate_snapshot_name};
+pub use naming::{SNAPSHOT_NAME_MAX, VOLUME_HEAD, validate_snapshot_name};
 pub use service::{ReplicaConfig, run};
 pub use store::{LayerFile, ReplicaStore};
 pub use sync::{ChunkSummary, LayerSpec};

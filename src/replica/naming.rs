@@ -19,7 +19,9 @@ const SNAP_PREFIX: &str = "snap-";
 const HEAD_PREFIX: &str = "head-";
 const IMG_SUFFIX: &str = ".img";
 const META_SUFFIX: &str = ".meta";
-const MAX_NAME_LEN: usize = 63;
+/// The longest snapshot name: snapshots are named by CSI, Snapshot and
+/// Backup objects alike, and each checks its name against this.
+pub const SNAPSHOT_NAME_MAX: usize = 63;
 
 /// Checks a snapshot name against `[a-z0-9][a-z0-9._-]{0,62}`.
 pub fn validate_snapshot_name(name: &str) -> Result<()> {
@@ -28,7 +30,7 @@ pub fn validate_snapshot_name(name: &str) -> Result<()> {
         .next()
         .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c));
-    if first_ok && rest_ok && name.len() <= MAX_NAME_LEN {
+    if first_ok && rest_ok && name.len() <= SNAPSHOT_NAME_MAX {
         Ok(())
     } else {
         Err(StorageError::InvalidName(name.to_string()))

@@ -26,6 +26,8 @@ use crate::types::{
 
 /// The condition saying whether the store answered the last sync.
 pub const AVAILABLE: &str = "Available";
+/// The longest wait between tries of a store that does not answer.
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 pub async fn reconcile(
     target: Arc<BackupTarget>,
@@ -60,9 +62,12 @@ async fn poll(
     status: &BackupTargetStatus,
 ) -> Result<Action, ControllerError> {
     let interval = poll_interval(&target.spec.poll_interval);
-    // A store that did not answer is tried again soon, whatever the poll.
+    // A store that did not answer is tried again sooner, whatever the poll.
     let interval = match interval {
-        _ if !status.available => RETRY.min(interval.unwrap_or(RETRY)),
+        _ if !status.available => {
+            let backoff = retry_after(status);
+            backoff.min(interval.unwrap_or(backoff))
+        }
         Some(interval) => interval,
         None => return Ok(Action::await_change()),
     };
@@ -77,6 +82,24 @@ async fn poll(
     }
     request_sync::<BackupTarget>(ctx, &target.name_any()).await?;
     Ok(Action::await_change())
+}
+
+/// How long after a failed sync the next is tried: as long as the store
+/// had been unavailable at that sync, from [`RETRY`] up to [`RETRY_MAX`],
+/// so the waits double (5, 5, 10, 20 s, ...) and reset once it answers.
+fn retry_after(status: &BackupTargetStatus) -> Duration {
+    let since = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == AVAILABLE)
+        .and_then(|c| c.last_transition_time.as_ref());
+    let (Some(since), Some(synced)) = (since, status.last_synced_at.as_ref()) else {
+        return RETRY;
+    };
+    let down = synced.0.duration_since(since.0);
+    Duration::try_from(down)
+        .unwrap_or_default()
+        .clamp(RETRY, RETRY_MAX)
 }
 
 /// Sets `name`'s spec.syncRequestedAt to now.
@@ -258,6 +281,7 @@ pub fn backup_volume_name(target: &str, volume: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[test]
     fn poll_intervals_read_as_go_durations() {
@@ -268,6 +292,36 @@ mod tests {
         assert_eq!(poll_interval("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(poll_interval("0s"), None, "never");
         assert_eq!(poll_interval("5 minutes"), None);
+    }
+
+    #[test]
+    fn an_unavailable_store_is_tried_again_after_doubling_waits() {
+        let down_at = |synced_after: i64| {
+            let since = jiff::Timestamp::from_second(1_000_000).unwrap();
+            let synced = since + jiff::SignedDuration::from_secs(synced_after);
+            let mut status = BackupTargetStatus {
+                last_synced_at: Some(MicroTime(synced)),
+                ..BackupTargetStatus::default()
+            };
+            Condition::set(
+                &mut status.conditions,
+                AVAILABLE,
+                ConditionStatus::False,
+                "Unreachable",
+                String::new(),
+            );
+            status.conditions[0].last_transition_time = Some(Time(since));
+            retry_after(&status).as_secs()
+        };
+        let mut waits = Vec::new();
+        let mut synced = 0;
+        for _ in 0..10 {
+            let wait = down_at(synced);
+            waits.push(wait);
+            synced += i64::try_from(wait).unwrap();
+        }
+        assert_eq!(waits, [5, 5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(retry_after(&BackupTargetStatus::default()).as_secs(), 5);
     }
 
     #[test]

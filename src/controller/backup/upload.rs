@@ -18,7 +18,6 @@ use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::reader::SnapshotReader;
@@ -27,18 +26,17 @@ use super::{RETRY, Unavailable, bounded, lock_node, lock_owner, unavailable};
 use crate::backup::{BackupConfig, BackupError, BackupReport, Backupstore, NewBackup};
 use crate::controller::control::{self, replica_control_address};
 use crate::controller::{
-    Context, ControllerError, delete, patch_guarded, release, replace_status, update_status,
+    Context, ControllerError, delete, hold, release, replace_status, update_status,
 };
+use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{
     BACKUP_FOR, Backup, BackupState, BackupStatus, BackupTarget, Condition, ConditionStatus,
-    FINALIZER, Snapshot, SnapshotSpec, Volume,
+    Snapshot, SnapshotSpec, Volume,
 };
 
 const COMPLETED: &str = "Completed";
 /// How often an upload under way writes its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
-/// Snapshot names are data-plane layer names, at most 63 characters.
-const SNAPSHOT_NAME_MAX: usize = 63;
 
 pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     let volume = ctx.cached_volume(&backup.spec.volume_name);
@@ -54,7 +52,7 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action,
         if backup.metadata.deletion_timestamp.is_some() {
             return remove(&ctx, &backup).await;
         }
-        let backup = with_finalizer(&ctx, backup).await?;
+        let backup = hold(&ctx.api::<Backup>(), backup).await?;
         let status = backup.status.clone().unwrap_or_default();
         if status.state == BackupState::Completed {
             return Ok(Action::await_change());
@@ -70,16 +68,6 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action,
     }
     .instrument(span)
     .await
-}
-
-async fn with_finalizer(ctx: &Context, backup: Backup) -> Result<Backup, ControllerError> {
-    if backup.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(backup);
-    }
-    let mut finalizers = backup.finalizers().to_vec();
-    finalizers.push(FINALIZER.to_owned());
-    let patch = json!({"metadata": {"finalizers": finalizers}});
-    patch_guarded(&ctx.api::<Backup>(), &backup, patch).await
 }
 
 /// Deletes the backup from the store, then lets the Backup go.

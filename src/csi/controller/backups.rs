@@ -18,13 +18,12 @@ use super::{CSI_NAME, ControllerService};
 use crate::csi::error::ControllerError;
 use crate::csi::proto::{CreateSnapshotResponse, DeleteSnapshotResponse, Snapshot as CsiSnapshot};
 use crate::names::{object_name, validate_dns_subdomain};
+use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{Backup, BackupSpec, BackupState, DEFAULT_BACKUP_TARGET};
 
 /// What a backup's CSI snapshot id starts with; plain snapshot ids, Snapshot
 /// names, never hold a `/`.
 const ID_PREFIX: &str = "backup/";
-/// A backup's name is also its snapshot's: a data-plane layer name.
-const BACKUP_NAME_MAX: usize = 63;
 /// How long CreateSnapshot waits for the backup to complete before it
 /// answers ready_to_use=false (the CO asks again).
 const READY_WAIT: Duration = Duration::from_secs(20);
@@ -98,7 +97,8 @@ pub async fn create(
     name: &str,
     target: String,
 ) -> Result<CreateSnapshotResponse, ControllerError> {
-    let id = object_name(name, BACKUP_NAME_MAX);
+    // A backup's name is also its snapshot's: a data-plane layer name.
+    let id = object_name(name, SNAPSHOT_NAME_MAX);
     let _guard = service.locks.try_lock(&format!("{ID_PREFIX}{id}"))?;
     let api = backups_api(service);
     let existing = api
@@ -235,10 +235,7 @@ fn csi_snapshot(backup: &Backup) -> CsiSnapshot {
         size_bytes: status.size,
         snapshot_id: format!("{ID_PREFIX}{}", backup.name_any()),
         source_volume_id: backup.spec.volume_name.clone(),
-        creation_time: created.map(|t| prost_types::Timestamp {
-            seconds: t.as_second(),
-            nanos: t.subsec_nanosecond(),
-        }),
+        creation_time: created.map(super::snapshots::timestamp),
         ready_to_use: status.state == BackupState::Completed,
         group_snapshot_id: String::new(),
     }

@@ -18,10 +18,9 @@ use crate::csi::proto::{
 };
 use crate::datastore::Datastore;
 use crate::names::object_name;
+use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec};
 
-/// Snapshot names are data-plane layer names, at most 63 characters.
-const SNAPSHOT_NAME_MAX: usize = 63;
 /// How long CreateSnapshot waits for the snapshot to be taken before it
 /// answers ready_to_use=false (the CO asks again).
 const READY_WAIT: Duration = Duration::from_secs(20);
@@ -261,11 +260,16 @@ fn csi_snapshot(snapshot: &Snapshot) -> CsiSnapshot {
         size_bytes: status.size,
         snapshot_id: snapshot.name_any(),
         source_volume_id: snapshot.spec.volume.clone(),
-        creation_time: created.map(|t| prost_types::Timestamp {
-            seconds: t.as_second(),
-            nanos: t.subsec_nanosecond(),
-        }),
+        creation_time: created.map(timestamp),
         ready_to_use: status.ready_to_use,
         group_snapshot_id: String::new(),
+    }
+}
+
+/// A time as CSI sends it.
+pub(super) fn timestamp(time: jiff::Timestamp) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: time.as_second(),
+        nanos: time.subsec_nanosecond(),
     }
 }
