@@ -10,8 +10,10 @@
 //!    no new pod, so a StatefulSet's replacement pods cannot take it), then
 //!    the pods that use them, so the kubelets unmount them and the
 //!    attachments go;
-//! 2. the VolumeSnapshots of Oxhorn snapshots (through the snapshot
-//!    controller and csi-snapshotter, which hold their finalizers);
+//! 2. the backup resources are forgotten (see below), then the
+//!    VolumeSnapshots of Oxhorn snapshots (through the snapshot controller
+//!    and csi-snapshotter, which hold their finalizers): those of a backup
+//!    class let go of their backups, which stay in the store;
 //! 3. the Volume objects and their PVs (the volume controller stops the
 //!    engines and removes the replicas' data), any volume attached by hand
 //!    detached first; the Setting is "false" again.
@@ -122,6 +124,10 @@ async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), Uninstall
             })
             .await?;
         }
+        // Before the VolumeSnapshots: with their targets gone, those of a
+        // backup class let go of their backups without deleting them from
+        // the store.
+        forget_backups(&client, namespace, &wait).await?;
         delete_volume_snapshots(&client).await?;
         wait.until("the volumes' snapshots deleted", || {
             snapshot_contents(&client)

@@ -308,7 +308,7 @@ where
         .collect()
 }
 
-fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+pub(crate) fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind);
     ApiResource::from_gvk_with_plural(&gvk, plural)
 }

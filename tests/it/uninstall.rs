@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use oxhorn::backup::target::open as open_target;
 use oxhorn::types::{
@@ -25,6 +25,7 @@ use serde_json::json;
 use crate::common::MIB;
 use crate::install::OXHORN_SYSTEM;
 use crate::installed::{CLAIM, Installed, MOUNT, is_ready, rbac_mismatches, replica_dirs};
+use crate::provisioning::snapshot_resource;
 
 const JOB: &str = "oxhorn-uninstall";
 const FLAG: &str = "deleting-confirmation-flag";
@@ -218,6 +219,7 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
     let credentials = minio_credentials(&store);
     let objects = open_target(TARGET_URL, "s3", &credentials).unwrap();
     take_backup(&installed, credentials, &volume).await;
+    let csi_backup = take_csi_backup(&installed).await;
 
     // Confirmed: the pod, claim, volume and its data go.
     let replicas = installed.cluster.api::<Replica>();
@@ -299,7 +301,11 @@ async fn uninstall_is_refused_while_a_volume_is_attached_and_once_confirmed_leav
         .into_iter()
         .map(|b| b.name)
         .collect();
-    assert_eq!(kept, [BACKUP], "the store keeps the backup");
+    assert_eq!(
+        kept,
+        [BACKUP.to_owned(), csi_backup],
+        "the store keeps the backups"
+    );
 
     installed.delete_uninstall().await;
     installed.stop().await;
@@ -356,6 +362,46 @@ async fn take_backup(installed: &Installed, credentials: BTreeMap<String, String
             (status.state == BackupState::Completed).then_some(())
         })
         .await;
+}
+
+/// A backup of the claim through a VolumeSnapshot of the manifest's class
+/// `oxhorn-backup`; its Backup's name, which sorts after [`BACKUP`].
+async fn take_csi_backup(installed: &Installed) -> String {
+    let resource = snapshot_resource("VolumeSnapshot", "volumesnapshots");
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(installed.client(), installed.users.name(), &resource);
+    let snapshot = DynamicObject::new("in-a-backup", &resource).data(json!({"spec": {
+        "volumeSnapshotClassName": "oxhorn-backup",
+        "source": {"persistentVolumeClaimName": CLAIM},
+    }}));
+    snapshots
+        .create(&PostParams::default(), &snapshot)
+        .await
+        .unwrap();
+    let handle = installed
+        .until("the backup's VolumeSnapshot ready", || async {
+            let snapshot = snapshots.get("in-a-backup").await.ok()?;
+            let ready = snapshot.data.pointer("/status/readyToUse")?.as_bool()?;
+            let content = snapshot
+                .data
+                .pointer("/status/boundVolumeSnapshotContentName")?;
+            ready.then(|| content.as_str().map(str::to_owned))?
+        })
+        .await;
+    let backups = installed
+        .cluster
+        .api::<Backup>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let name = backups
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .find(|name| name != BACKUP)
+        .unwrap_or_else(|| panic!("no Backup for VolumeSnapshotContent {handle}"));
+    assert!(name.as_str() > BACKUP, "{name}");
+    name
 }
 
 /// The BackupTargets, BackupVolumes and Backups left.
