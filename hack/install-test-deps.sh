@@ -56,6 +56,7 @@ apt_packages=(
 	buildah mmdebstrap           # hack/build-image.sh: the product and sidecar images, and their Debian base
 	libiscsi-bin tgt             # tests/it/iscsi and bench/: libiscsi's conformance suite and tools, and tgtd to compare with
 	libiscsi-dev gcc libc6-dev   # hack/iscsi-pattern.c, the iSCSI integrity tests' client
+	nfs-ganesha nfs-ganesha-vfs rpcbind  # tests/it/backup_nfs: an NFSv3 server in userspace (no kernel nfsd here)
 )
 # Node.js and npm for Azurite. A machine with an npm already keeps its own:
 # NodeSource's nodejs package, for one, conflicts with Debian's npm.

@@ -1,5 +1,6 @@
-//! Backups: a volume's snapshots kept in an object store (S3, Azure Blob or
-//! a filesystem, through `object_store`), incremental and deduplicated.
+//! Backups: a volume's snapshots kept in an object store (S3, Azure Blob,
+//! a filesystem through `object_store`, or an NFS export through [`nfs`]),
+//! incremental and deduplicated.
 //!
 //! # Store layout
 //!
@@ -20,6 +21,7 @@
 
 mod block;
 mod lock;
+pub mod nfs;
 mod store;
 pub mod target;
 #[cfg(test)]

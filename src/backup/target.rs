@@ -12,6 +12,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 
 use super::Backupstore;
+use super::nfs::{NfsStore, Server};
 
 /// S3: the access key pair, an endpoint for a store other than AWS (MinIO,
 /// Ceph RGW) and a CA bundle (PEM) for its certificate. Longhorn's keys.
@@ -42,10 +43,11 @@ pub enum TargetUrl {
     File {
         dir: std::path::PathBuf,
     },
-    Nfs {
-        server: String,
-        export: String,
-    },
+    /// `nfs://server:/export[/dir...][?nfsport=N&mountport=M]`: the
+    /// directory at that path of an NFSv3 server's export (made on first
+    /// write), reached on the ports given or, by default, those the
+    /// server's portmapper (port 111) names.
+    Nfs(Server),
 }
 
 /// Why a target cannot be used; each says what to fix.
@@ -57,8 +59,6 @@ pub enum TargetError {
     Credentials(String, String),
     #[error("{0}")]
     Store(String),
-    #[error("NFS backup targets are not supported yet; mount the export and use file://")]
-    NfsUnsupported,
 }
 
 impl TargetUrl {
@@ -94,19 +94,47 @@ impl TargetUrl {
                 }
                 Ok(Self::File { dir: rest.into() })
             }
-            "nfs" => {
-                let (server, export) = rest
-                    .split_once(":/")
-                    .filter(|(s, _)| !s.is_empty())
-                    .ok_or_else(|| bad("expected nfs://server:/export"))?;
-                Ok(Self::Nfs {
-                    server: server.into(),
-                    export: format!("/{export}"),
-                })
-            }
+            "nfs" => parse_nfs(rest).map(Self::Nfs).map_err(bad),
             _ => Err(bad("the scheme must be s3, azblob, file or nfs")),
         }
     }
+}
+
+/// What follows `nfs://`: `server:/path`, the server a host name, an IPv4
+/// address or an IPv6 one in brackets, and the ports as query keys.
+fn parse_nfs(rest: &str) -> Result<Server, &'static str> {
+    let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (host, path) = location
+        .split_once(":/")
+        .filter(|(host, _)| !host.is_empty() && !host.contains('/'))
+        .ok_or("expected nfs://server:/export")?;
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.iter().any(|p| *p == "." || *p == "..") {
+        return Err("the export path must not hold . or ..");
+    }
+    let mut server = Server {
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        path: format!("/{}", parts.join("/")),
+        nfs_port: None,
+        mount_port: None,
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let port = value
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or("nfsport and mountport must be port numbers");
+        match key {
+            "nfsport" => server.nfs_port = Some(port?),
+            "mountport" => server.mount_port = Some(port?),
+            _ => return Err("the only query keys of nfs:// are nfsport and mountport"),
+        }
+    }
+    Ok(server)
 }
 
 /// The backup store `url` names, reached with the credentials in `secret`
@@ -178,7 +206,7 @@ pub fn open(
             let local = LocalFileSystem::new_with_prefix(&dir).map_err(store_error)?;
             (Arc::new(local), String::new())
         }
-        TargetUrl::Nfs { .. } => return Err(TargetError::NfsUnsupported),
+        TargetUrl::Nfs(server) => (Arc::new(NfsStore::new(server)), String::new()),
     };
     Ok(Backupstore::new(store, Path::from(path)))
 }
@@ -239,11 +267,35 @@ mod tests {
         );
         assert_eq!(
             TargetUrl::parse("nfs://10.0.0.1:/exports/b").unwrap(),
-            TargetUrl::Nfs {
-                server: "10.0.0.1".into(),
-                export: "/exports/b".into()
-            }
+            TargetUrl::Nfs(Server {
+                host: "10.0.0.1".into(),
+                path: "/exports/b".into(),
+                nfs_port: None,
+                mount_port: None,
+            })
         );
+    }
+
+    #[test]
+    fn nfs_urls_take_a_directory_in_the_export_and_ports() {
+        let nfs = |url| match TargetUrl::parse(url).unwrap() {
+            TargetUrl::Nfs(server) => server,
+            other => panic!("{url}: {other:?}"),
+        };
+        let server = nfs("nfs://nas.local:/export/cluster-a/?nfsport=2049&mountport=20048");
+        assert_eq!(server.host, "nas.local");
+        assert_eq!(server.path, "/export/cluster-a");
+        assert_eq!(
+            (server.nfs_port, server.mount_port),
+            (Some(2049), Some(20048))
+        );
+        let server = nfs("nfs://[fd00::1]:/srv//nfs?nfsport=2049");
+        assert_eq!(
+            (server.host.as_str(), server.path.as_str()),
+            ("fd00::1", "/srv/nfs")
+        );
+        assert_eq!((server.nfs_port, server.mount_port), (Some(2049), None));
+        assert_eq!(nfs("nfs://10.0.0.1:/").path, "/");
     }
 
     #[test]
@@ -256,6 +308,11 @@ mod tests {
             ("file:///a/../etc", "absolute path"),
             ("gs://bucket@x", "the scheme must be"),
             ("nfs://server/export", "expected nfs://"),
+            ("nfs://:/export", "expected nfs://"),
+            ("nfs://server:/a/../b", "must not hold . or .."),
+            ("nfs://server:/e?port=1", "the only query keys"),
+            ("nfs://server:/e?nfsport=0", "port numbers"),
+            ("nfs://server:/e?mountport=x", "port numbers"),
         ] {
             let error = TargetUrl::parse(url).unwrap_err().to_string();
             assert!(error.contains(why), "{url}: {error}");
@@ -278,6 +335,16 @@ mod tests {
             panic!("opened without a key");
         };
         assert!(error.to_string().contains(AZBLOB_ACCOUNT_KEY), "{error}");
+    }
+
+    #[test]
+    fn an_nfs_target_opens_without_reaching_its_server() {
+        let opened = open(
+            "nfs://192.0.2.1:/export?nfsport=2049&mountport=2050",
+            "",
+            &BTreeMap::new(),
+        );
+        assert!(opened.is_ok(), "the server is reached on first use");
     }
 
     #[test]

@@ -323,6 +323,10 @@ mod tests {
                 "s3://b@us-east-1/p?backup=nightly-1&volume=pvc-1",
                 "nightly-1",
             ),
+            (
+                "nfs://nas:/export?nfsport=2049&mountport=20048&backup=nightly-1&volume=pvc-1",
+                "nightly-1",
+            ),
         ] {
             let parsed = VolumeParameters::parse(&params(&[("fromBackup", value)])).unwrap();
             assert_eq!(parsed.from_backup, name, "{value}");

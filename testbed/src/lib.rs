@@ -25,6 +25,7 @@ mod manager;
 mod mount;
 mod namespace;
 pub mod netns;
+mod nfs;
 mod objectstore;
 mod process;
 pub mod sidecars;
@@ -40,6 +41,7 @@ pub use manager::{
 };
 pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
+pub use nfs::NfsServer;
 pub use objectstore::{
     AZURITE_ACCOUNT, AZURITE_ACCOUNT_KEY, MINIO_ACCESS_KEY, MINIO_SECRET_KEY, ObjectServer,
     ObjectServerKind,

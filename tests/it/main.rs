@@ -7,6 +7,7 @@ mod common;
 
 mod api;
 mod backup;
+mod backup_nfs;
 mod cli;
 mod controllers;
 mod csi_controller;

@@ -103,7 +103,6 @@ fn unavailable(error: &Unavailable) -> (&'static str, String) {
     let reason = match error {
         Unavailable::Target(TargetError::Url(..)) => "InvalidURL",
         Unavailable::Target(TargetError::Credentials(..)) => "InvalidCredentials",
-        Unavailable::Target(TargetError::NfsUnsupported) => "Unsupported",
         Unavailable::Target(TargetError::Store(_)) => "InvalidTarget",
         Unavailable::Timeout => "Unreachable",
         Unavailable::Store(BackupError::Store(e)) => return store_refusal(e),

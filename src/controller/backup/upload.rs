@@ -494,10 +494,7 @@ impl Job<'_> {
         status.progress = 100;
         status.snapshot_name.clone_from(&config.snapshot);
         status.size = i64::try_from(config.size).unwrap_or(i64::MAX);
-        status.url = format!(
-            "{}?backup={}&volume={}",
-            target.spec.backup_target_url, config.name, config.volume
-        );
+        status.url = backup_url(&target.spec.backup_target_url, &config.name, &config.volume);
         status.blocks = i64::try_from(config.blocks.len()).unwrap_or(i64::MAX);
         status.blocks_uploaded =
             report.map_or(0, |r| i64::try_from(r.blocks_uploaded).unwrap_or(i64::MAX));
@@ -532,5 +529,30 @@ async fn take(
             store.create(request, reader).await
         }
         other => other,
+    }
+}
+
+/// Where a backup is, as `fromBackup` takes it: the target's URL with the
+/// backup and its volume as query keys (after the target's own, an NFS
+/// target's ports).
+fn backup_url(target_url: &str, backup: &str, volume: &str) -> String {
+    let separator = if target_url.contains('?') { '&' } else { '?' };
+    format!("{target_url}{separator}backup={backup}&volume={volume}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_url_adds_its_keys_to_the_target_url_query() {
+        assert_eq!(
+            backup_url("s3://b@us-east-1/p", "nightly-1", "pvc-1"),
+            "s3://b@us-east-1/p?backup=nightly-1&volume=pvc-1"
+        );
+        assert_eq!(
+            backup_url("nfs://nas:/export?nfsport=2049", "nightly-1", "pvc-1"),
+            "nfs://nas:/export?nfsport=2049&backup=nightly-1&volume=pvc-1"
+        );
     }
 }
