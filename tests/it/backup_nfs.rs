@@ -331,6 +331,37 @@ async fn an_nfs_store_reconnects_after_its_server_restarts() {
     assert_eq!(got, "{}");
 }
 
+/// Puts cut short in mid-write (their callers gone, as when a backup's
+/// other blocks fail or its time runs out) leave no connection out of
+/// step: every call after them answers at once, and right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_cut_short_leave_the_store_usable() {
+    let export = Export::start();
+    let store = export.store("cut");
+    let big = Bytes::from(vec![0x5a; 8 << 20]);
+    let path = Path::from("volumes/v/blocks/5a/big.blk");
+    let mut cut = 0;
+    for wait in 1..=12 {
+        let put = store.put(&path, big.clone().into());
+        match tokio::time::timeout(Duration::from_millis(wait), put).await {
+            Err(_) => cut += 1,
+            Ok(put) => {
+                put.unwrap();
+            }
+        }
+    }
+    assert!(cut > 0, "no put was cut short");
+    for i in 0..12 {
+        let small = Path::from(format!("volumes/v/small-{i}"));
+        let body = Bytes::from(format!("small {i}"));
+        let put = store.put(&small, body.clone().into());
+        let put = tokio::time::timeout(Duration::from_secs(10), put).await;
+        put.expect("a put after cut ones hangs").unwrap();
+        let got = store.get(&small).await.unwrap().bytes().await.unwrap();
+        assert_eq!(got, body);
+    }
+}
+
 async fn create_target(cluster: &Cluster, name: &str, url: &str) {
     let spec = json!({"backupTargetURL": url, "credentialSecret": "", "pollInterval": "300s"});
     let target = BackupTarget::new(name, serde_json::from_value(spec).unwrap());

@@ -61,6 +61,8 @@ pub enum NfsError {
     },
     #[error("{path}: {why}")]
     Path { path: String, why: &'static str },
+    #[error("NFS server answered READDIRPLUS of {path} with a page that does not go on")]
+    Listing { path: String },
 }
 
 impl NfsError {
@@ -83,7 +85,9 @@ fn hint(status: nfsstat3) -> &'static str {
             " (the export must be writable by root: rw and no_root_squash)"
         }
         nfsstat3::NFS3ERR_NOSPC | nfsstat3::NFS3ERR_DQUOT => " (the NFS export is full)",
-        nfsstat3::NFS3ERR_STALE => " (the export changed on the server; it is mounted again)",
+        nfsstat3::NFS3ERR_STALE => {
+            " (the export changed on the server; it is mounted again on the next call)"
+        }
         _ => "",
     }
 }

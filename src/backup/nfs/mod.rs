@@ -287,7 +287,15 @@ impl Lease<'_> {
         payload: &PutPayload,
     ) -> Result<Option<fattr3>, NfsError> {
         let file = self.create(dir, &place.name, true, &place.path).await?;
-        self.write_all(&file, payload, &place.path).await
+        let written = self.write_all(&file, payload, &place.path).await;
+        // Half written, it would be a lock no one could read or break.
+        if written.is_err()
+            && !self.is_broken()
+            && let Err(error) = self.remove(dir, &place.name, &place.path).await
+        {
+            warn!(%error, "a partly written object is left behind");
+        }
+        written
     }
 }
 

@@ -39,6 +39,7 @@ const SESSIONS: usize = 4;
 /// A session idle this long is asked whether it is alive before use: the
 /// server may have closed it, or restarted.
 const IDLE_CHECK: Duration = Duration::from_secs(20);
+const IDLE_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest READ or WRITE, whatever the server allows: the client reads
 /// each answer whole into memory.
 const MAX_TRANSFER: u32 = 1 << 20;
@@ -114,6 +115,8 @@ impl Pool {
                 return Ok(self.leased(session, slot));
             }
             debug!(host = %self.server.host, "an idle NFS connection is gone");
+            // The others likely share its fate: connect afresh.
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
     }
 
@@ -205,7 +208,7 @@ impl Session {
         };
         let (client, broken, host) = session.parts();
         let info = call(host, broken, "FSINFO", client.fsinfo(&args)).await?;
-        let info = status(info, "FSINFO", &server.path)?;
+        let info = status(info, "FSINFO", &server.path, &mut session.broken)?;
         session.rtmax = transfer_size(info.rtmax);
         session.wtmax = transfer_size(info.wtmax);
         session.links = info.properties & nfs3::FSF3_LINK != 0;
@@ -214,9 +217,15 @@ impl Session {
     }
 
     /// Whether the server still answers on this connection.
+    /// Whether an idle session still answers: a NULL call, bounded by
+    /// [`IDLE_CHECK_TIMEOUT`] rather than a call's limit, so that a server
+    /// gone silent costs seconds, not a call's limit per idle session.
     async fn alive(&mut self) -> bool {
-        let (client, broken, host) = self.parts();
-        call(host, broken, "NULL", client.null()).await.is_ok()
+        let (client, broken, _) = self.parts();
+        *broken = true;
+        let answered = tokio::time::timeout(IDLE_CHECK_TIMEOUT, client.null()).await;
+        *broken = !matches!(answered, Ok(Ok(_)));
+        !*broken
     }
 
     /// The client, its broken flag and the host, to make a call with.
@@ -239,7 +248,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let found = call(host, broken, "LOOKUP", client.lookup(&args)).await?;
-        let found = status(found, "LOOKUP", path)?;
+        let found = status(found, "LOOKUP", path, &mut self.broken)?;
         Ok((found.object, attributes(found.obj_attributes)))
     }
 
@@ -249,7 +258,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let got = call(host, broken, "GETATTR", client.getattr(&args)).await?;
-        Ok(status(got, "GETATTR", path)?.obj_attributes)
+        Ok(status(got, "GETATTR", path, &mut self.broken)?.obj_attributes)
     }
 
     /// Makes directory `name` in `dir`; NFS3ERR_EXIST if it is there.
@@ -260,7 +269,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let made = call(host, broken, "MKDIR", client.mkdir(&args)).await?;
-        status(made, "MKDIR", path).map(drop)
+        status(made, "MKDIR", path, &mut self.broken).map(drop)
     }
 
     /// Creates file `name` in `dir`, empty: truncating one that is there
@@ -283,7 +292,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let made = call(host, broken, "CREATE", client.create(&args)).await?;
-        match status(made, "CREATE", path)?.obj {
+        match status(made, "CREATE", path, &mut self.broken)?.obj {
             Nfs3Option::Some(handle) => Ok(handle),
             // The server may leave the handle out: ask for it.
             Nfs3Option::None => self.lookup(dir, name, path).await.map(|(h, _)| h),
@@ -311,7 +320,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let written = call(host, broken, "WRITE", client.write(&args)).await?;
-        let written = status(written, "WRITE", path)?;
+        let written = status(written, "WRITE", path, &mut self.broken)?;
         let stable = written.committed == stable_how::FILE_SYNC;
         Ok((written.count, stable, attributes(written.file_wcc.after)))
     }
@@ -325,7 +334,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let done = call(host, broken, "COMMIT", client.commit(&args)).await?;
-        status(done, "COMMIT", path).map(drop)
+        status(done, "COMMIT", path, &mut self.broken).map(drop)
     }
 
     /// Up to `count` bytes at `offset`: fewer at the file's end.
@@ -343,7 +352,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let read = call(host, broken, "READ", client.read(&args)).await?;
-        let read = status(read, "READ", path)?;
+        let read = status(read, "READ", path, &mut self.broken)?;
         Ok(read.data.into_owned())
     }
 
@@ -360,7 +369,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let renamed = call(host, broken, "RENAME", client.rename(&args)).await?;
-        status(renamed, "RENAME", path).map(drop)
+        status(renamed, "RENAME", path, &mut self.broken).map(drop)
     }
 
     /// Links `file` as `name` in `dir`; NFS3ERR_EXIST if that is taken.
@@ -377,7 +386,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let linked = call(host, broken, "LINK", client.link(&args)).await?;
-        status(linked, "LINK", path).map(drop)
+        status(linked, "LINK", path, &mut self.broken).map(drop)
     }
 
     pub async fn remove(&mut self, dir: &nfs_fh3, name: &str, path: &str) -> Result<(), NfsError> {
@@ -386,7 +395,7 @@ impl Session {
         };
         let (client, broken, host) = self.parts();
         let removed = call(host, broken, "REMOVE", client.remove(&args)).await?;
-        status(removed, "REMOVE", path).map(drop)
+        status(removed, "REMOVE", path, &mut self.broken).map(drop)
     }
 
     /// Every entry of `dir` but `.` and `..`, page by page by cookie.
@@ -403,8 +412,9 @@ impl Session {
             };
             let (client, broken, host) = self.parts();
             let page = call(host, broken, "READDIRPLUS", client.readdirplus(&args)).await?;
-            let page = status(page, "READDIRPLUS", path)?;
+            let page = status(page, "READDIRPLUS", path, &mut self.broken)?;
             verifier = page.cookieverf;
+            let before = cookie;
             for entry in page.reply.entries.into_inner() {
                 cookie = entry.cookie;
                 let name = String::from_utf8_lossy(entry.name.as_ref()).into_owned();
@@ -423,22 +433,41 @@ impl Session {
             if page.reply.eof {
                 return Ok(entries);
             }
+            // A page that leads nowhere would be asked for again forever.
+            if cookie == before {
+                return Err(NfsError::Listing {
+                    path: path.to_owned(),
+                });
+            }
         }
     }
 }
 
 /// Runs one call, bounded; a timeout or a transport failure breaks the
-/// session.
+/// session. So does a call dropped before its answer (its caller was
+/// cancelled): the session is marked broken until the answer is in, or
+/// the next call on it would read this one's reply, or finish sending
+/// this one's request with its own bytes.
 async fn call<T>(
     host: &str,
     broken: &mut bool,
     procedure: &'static str,
     call: impl Future<Output = Result<T, RpcError>>,
 ) -> Result<T, NfsError> {
+    *broken = true;
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(Ok(answer)) => Ok(answer),
+        Ok(Ok(answer)) => {
+            *broken = false;
+            Ok(answer)
+        }
         Ok(Err(source)) => {
-            *broken |= !source.is_connection_reusable();
+            // A reply to another call, or one that does not parse: the
+            // stream is out of step, whatever the library thinks.
+            *broken = !source.is_connection_reusable()
+                || matches!(
+                    source,
+                    RpcError::UnexpectedXid | RpcError::Xdr(_) | RpcError::NotFullyParsed { .. }
+                );
             Err(NfsError::Rpc {
                 host: host.to_owned(),
                 procedure,
@@ -456,17 +485,28 @@ async fn call<T>(
     }
 }
 
+/// The answer of a call, or the status it failed with. A handle the
+/// server no longer knows (the export re-created, or a server whose
+/// handles do not outlive a restart) breaks the session, so that the next
+/// one mounts the export again.
 fn status<T, E>(
     answer: Nfs3Result<T, E>,
     procedure: &'static str,
     path: &str,
+    broken: &mut bool,
 ) -> Result<T, NfsError> {
     match answer {
         Nfs3Result::Ok(ok) => Ok(ok),
-        Nfs3Result::Err((status, _)) => Err(NfsError::Status {
-            procedure,
-            path: path.to_owned(),
-            status,
+        Nfs3Result::Err((status, _)) => Err({
+            *broken |= matches!(
+                status,
+                nfs3::nfsstat3::NFS3ERR_STALE | nfs3::nfsstat3::NFS3ERR_BADHANDLE
+            );
+            NfsError::Status {
+                procedure,
+                path: path.to_owned(),
+                status,
+            }
         }),
     }
 }

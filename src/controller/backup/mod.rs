@@ -21,8 +21,8 @@ pub use target::reconcile as reconcile_target;
 pub use upload::reconcile as reconcile_backup;
 pub use volume::{from_store, reconcile as reconcile_volume};
 
-use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
@@ -31,7 +31,7 @@ use kube::{Resource, ResourceExt};
 
 use super::Context;
 use crate::backup::target::{TargetError, open as open_target};
-use crate::backup::{BackupError, Backupstore};
+use crate::backup::{BackupError, Backupstore, LockInfo};
 use crate::types::BackupTarget;
 
 /// Longest a sync waits on the store before it counts as unreachable.
@@ -40,21 +40,87 @@ const STORE_TIMEOUT: Duration = Duration::from_secs(60);
 /// looked at again.
 const RETRY: Duration = Duration::from_secs(5);
 
-/// Who holds a volume's lock in a store: this node's manager, this run of
-/// it. A lock left by an earlier run of the same manager is its own to
-/// break; one held by this run belongs to an operation under way.
-static LOCK_OWNER_RUN: LazyLock<String> = LazyLock::new(|| {
-    let nonce = crate::protocol::random();
-    nonce[..8].iter().map(|b| format!("{b:02x}")).collect()
-});
+/// This run of this manager: a lock an earlier run left is its own to
+/// break.
+static LOCK_OWNER_RUN: LazyLock<String> = LazyLock::new(|| hex(&crate::protocol::random()[..8]));
 
-fn lock_owner(node: &str) -> String {
-    format!("{node}/{}", *LOCK_OWNER_RUN)
+/// The owners of the volume locks this run's operations are taking or
+/// hold. A lock of this run owned by none of them was left by an operation
+/// whose end was lost (a reply that never came, a call cut short by its
+/// time limit): it is broken once it is [`LOCK_QUIET`] old.
+static LOCKS_IN_USE: LazyLock<Mutex<HashSet<String>>> = LazyLock::new(Mutex::default);
+
+/// How old a lock this run left must be before it is broken: whatever
+/// its operation had sent has long landed by then, so that no deletion of
+/// it can fall into the next operation's time.
+const LOCK_QUIET: Duration = Duration::from_secs(120);
+
+/// Who takes a volume's lock in a store: this node's manager, this run of
+/// it, and one operation, which it names from before the lock is asked
+/// for until it is dropped, after the operation ended.
+pub(super) struct LockOwner(String);
+
+impl LockOwner {
+    fn new(node: &str) -> Self {
+        let owner = format!(
+            "{node}/{}/{}",
+            *LOCK_OWNER_RUN,
+            hex(&crate::protocol::random()[..4])
+        );
+        in_use().insert(owner.clone());
+        Self(owner)
+    }
+
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for LockOwner {
+    fn drop(&mut self) {
+        in_use().remove(&self.0);
+    }
+}
+
+fn in_use() -> std::sync::MutexGuard<'static, HashSet<String>> {
+    // Poisoned only by a panic while inserting or removing a string.
+    LOCKS_IN_USE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The node a lock's owner names.
 fn lock_node(owner: &str) -> &str {
     owner.split_once('/').map_or(owner, |(node, _)| node)
+}
+
+/// Whether a volume's lock in a store was left by an operation that no
+/// longer runs: one of a node that is down, of an earlier run of this
+/// manager, or of this run and quiet for [`LOCK_QUIET`].
+fn stale_lock(ctx: &Context, held: &LockInfo) -> bool {
+    let node = lock_node(&held.owner);
+    if node != ctx.node.node_id {
+        return !ctx.liveness.is_up(node);
+    }
+    abandoned_here(held, jiff::Timestamp::now())
+}
+
+/// Whether a lock of this node's was left by an earlier run, or by an
+/// operation of this run that has ended and was quiet long enough.
+fn abandoned_here(held: &LockInfo, now: jiff::Timestamp) -> bool {
+    let this_run = format!("{}/{}/", lock_node(&held.owner), *LOCK_OWNER_RUN);
+    if !held.owner.starts_with(&this_run) {
+        return true;
+    }
+    let quiet = held
+        .acquired
+        .parse::<jiff::Timestamp>()
+        .ok()
+        .and_then(|at| Duration::try_from(now.duration_since(at)).ok())
+        .is_some_and(|age| age >= LOCK_QUIET);
+    quiet && !in_use().contains(&held.owner)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Context {
@@ -274,10 +340,45 @@ mod tests {
     }
 
     #[test]
-    fn a_lock_names_the_node_and_the_run() {
-        let owner = lock_owner("node-1");
-        assert_eq!(lock_node(&owner), "node-1");
-        assert_ne!(owner, "node-1");
+    fn a_lock_names_the_node_the_run_and_the_operation_while_it_runs() {
+        let (first, second) = (LockOwner::new("node-1"), LockOwner::new("node-1"));
+        assert_eq!(lock_node(first.as_str()), "node-1");
+        assert!(
+            first
+                .as_str()
+                .starts_with(&format!("node-1/{}/", *LOCK_OWNER_RUN))
+        );
+        assert_ne!(first.as_str(), second.as_str());
+        let name = first.as_str().to_owned();
+        assert!(in_use().contains(&name));
+        drop(first);
+        assert!(!in_use().contains(&name));
         assert_eq!(lock_node("node-2"), "node-2");
+    }
+
+    #[test]
+    fn a_lock_of_this_node_is_broken_once_no_operation_of_this_run_can_hold_it() {
+        let now = jiff::Timestamp::now();
+        let lock = |owner: &str, age: u64| LockInfo {
+            owner: owner.to_owned(),
+            operation: "backup b1".into(),
+            acquired: (now - Duration::from_secs(age)).to_string(),
+        };
+        assert!(
+            abandoned_here(&lock("node-1/0123abcd/01", 0), now),
+            "an earlier run's"
+        );
+        assert!(
+            abandoned_here(&lock("node-1", 0), now),
+            "an older version's"
+        );
+        let running = LockOwner::new("node-1");
+        assert!(!abandoned_here(&lock(running.as_str(), 600), now), "held");
+        let ended = LockOwner::new("node-1").as_str().to_owned();
+        assert!(
+            !abandoned_here(&lock(&ended, 10), now),
+            "its requests may land"
+        );
+        assert!(abandoned_here(&lock(&ended, 121), now));
     }
 }

@@ -22,7 +22,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::reader::SnapshotReader;
 use super::volume::from_store;
-use super::{RETRY, Unavailable, bounded, lock_node, lock_owner, unavailable};
+use super::{LockOwner, RETRY, Unavailable, bounded, stale_lock, unavailable};
 use crate::backup::{BackupConfig, BackupError, BackupReport, Backupstore, NewBackup};
 use crate::controller::control::{self, replica_control_address};
 use crate::controller::{
@@ -139,12 +139,12 @@ async fn delete_from(
     backup: &Backup,
 ) -> Result<(), BackupError> {
     let (volume, name) = (&backup.spec.volume_name, backup.name_any());
-    let owner = lock_owner(&ctx.node.node_id);
-    let deleted = match store.delete(volume, &name, &owner).await {
-        Err(BackupError::Busy { held, .. }) if stale_lock(ctx, &held.owner) => {
+    let owner = LockOwner::new(&ctx.node.node_id);
+    let deleted = match store.delete(volume, &name, owner.as_str()).await {
+        Err(BackupError::Busy { held, .. }) if stale_lock(ctx, &held) => {
             warn!(holder = %held.owner, "breaking a lock its holder left");
             store.break_lock(volume, &held.owner).await?;
-            store.delete(volume, &name, &owner).await
+            store.delete(volume, &name, owner.as_str()).await
         }
         other => other,
     };
@@ -156,16 +156,6 @@ async fn delete_from(
         Err(BackupError::NotFound(..)) => Ok(()),
         Err(error) => Err(error),
     }
-}
-
-/// Whether a volume's lock in a store was left by a manager that no longer
-/// runs it: one of a node that is down, or an earlier run of this one.
-fn stale_lock(ctx: &Context, owner: &str) -> bool {
-    let node = lock_node(owner);
-    if node == ctx.node.node_id {
-        return owner != lock_owner(node);
-    }
-    !ctx.liveness.is_up(node)
 }
 
 /// One pass over a Backup not yet completed.
@@ -351,7 +341,7 @@ impl Job<'_> {
         self.write_status().await?;
         info!(previous = ?previous.as_ref().map(|(b, _)| b), ranges = changed.len(), "backing up");
 
-        let owner = lock_owner(&self.ctx.node.node_id);
+        let owner = LockOwner::new(&self.ctx.node.node_id);
         let name = self.backup.name_any();
         let done = Mutex::new((0usize, 0usize));
         let progress = |now: usize, of: usize| {
@@ -365,7 +355,7 @@ impl Job<'_> {
             size,
             previous: previous.as_ref().map(|(backup, _)| backup.as_str()),
             changed: &changed,
-            owner: &owner,
+            owner: owner.as_str(),
             labels,
             compression: self.ctx.settings().backup_compression,
             progress: Some(&progress),
@@ -523,7 +513,7 @@ async fn take(
     reader: &SnapshotReader,
 ) -> Result<BackupReport, BackupError> {
     match store.create(request, reader).await {
-        Err(BackupError::Busy { held, .. }) if stale_lock(ctx, &held.owner) => {
+        Err(BackupError::Busy { held, .. }) if stale_lock(ctx, &held) => {
             warn!(holder = %held.owner, "breaking a lock its holder left");
             store.break_lock(request.volume, &held.owner).await?;
             store.create(request, reader).await
