@@ -58,21 +58,9 @@ impl HostTurn {
     pub async fn take() -> Result<Self> {
         let in_process = ONE_AT_A_TIME.lock().await;
         let path = Path::new(HOST_LOCK);
-        let file = tokio::task::spawn_blocking(move || {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-            }
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(path)
-                .map_err(|e| Error::io(path, e))?;
-            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-                .map_err(|(_, e)| Error::Failed(format!("locking {HOST_LOCK}: {e}")))
-        })
-        .await
-        .map_err(|e| Error::Failed(format!("locking {HOST_LOCK}: {e}")))??;
+        let file = tokio::task::spawn_blocking(move || crate::process::lock_exclusive(path))
+            .await
+            .map_err(|e| Error::Failed(format!("locking {HOST_LOCK}: {e}")))??;
         Ok(Self {
             _across_processes: file,
             _in_process: in_process,

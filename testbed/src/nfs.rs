@@ -81,7 +81,7 @@ impl NfsServer {
     pub fn resume(&mut self) -> Result<()> {
         // Poisoned only by a panic while starting, which left nothing held.
         let _in_process = STARTING.lock().unwrap_or_else(|e| e.into_inner());
-        let _across_processes = lock_file(Path::new(RPCBIND_LOCK))?;
+        let _across_processes = crate::process::lock_exclusive(Path::new(RPCBIND_LOCK))?;
         let rpcbind = start_rpcbind(self.state.path())?;
         let dir = self.state.path();
         let mut command = Command::new("ganesha.nfsd");
@@ -209,17 +209,6 @@ fn start_rpcbind(dir: &Path) -> Result<Option<Supervised>> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(Some(process))
-}
-
-fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| Error::io(path, e.into()))
 }
 
 /// Whether `program` answers the NULL procedure of `version` on `port`

@@ -138,3 +138,20 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
+
+/// An exclusive lock on the file at `path` (made, with its directory, if
+/// missing), held by other processes too until the result is dropped;
+/// waits for it.
+pub(crate) fn lock_exclusive(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::Failed(format!("locking {}: {e}", path.display())))
+}

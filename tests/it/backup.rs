@@ -155,7 +155,13 @@ async fn secret(cluster: &Cluster, name: &str, data: BTreeMap<String, String>) {
         .unwrap();
 }
 
-async fn create_target(cluster: &Cluster, name: &str, url: &str, secret: &str, poll: &str) {
+pub(crate) async fn create_target(
+    cluster: &Cluster,
+    name: &str,
+    url: &str,
+    secret: &str,
+    poll: &str,
+) {
     let target = BackupTarget::new(
         name,
         serde_json::from_value(json!({
@@ -171,7 +177,11 @@ async fn create_target(cluster: &Cluster, name: &str, url: &str, secret: &str, p
 }
 
 /// Waits until target `name`'s Available condition has `reason`.
-async fn until_target(cluster: &Cluster, name: &str, reason: &str) -> BackupTargetStatus {
+pub(crate) async fn until_target(
+    cluster: &Cluster,
+    name: &str,
+    reason: &str,
+) -> BackupTargetStatus {
     cluster
         .until(&format!("target {name} {reason}"), || async {
             let target = cluster.api::<BackupTarget>().get_opt(name).await.unwrap()?;
@@ -825,7 +835,7 @@ async fn deleting_a_target_forgets_its_resources_and_keeps_its_store() {
 }
 
 /// Asks target `name` for a sync now; returns when it asked.
-async fn request_sync(cluster: &Cluster, name: &str) -> jiff::Timestamp {
+pub(crate) async fn request_sync(cluster: &Cluster, name: &str) -> jiff::Timestamp {
     let now = MicroTime(jiff::Timestamp::now());
     let patch = json!({"spec": {"syncRequestedAt": now}});
     cluster

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
 use oxhorn::backup::nfs::NfsStore;
@@ -26,6 +25,7 @@ use oxhorn::types::*;
 use oxhorn_testbed::NfsServer;
 use serde_json::json;
 
+use crate::backup::{create_target, request_sync, until_target};
 use crate::common::*;
 
 const SIZE: u64 = 64 << 20;
@@ -362,38 +362,6 @@ async fn puts_cut_short_leave_the_store_usable() {
     }
 }
 
-async fn create_target(cluster: &Cluster, name: &str, url: &str) {
-    let spec = json!({"backupTargetURL": url, "credentialSecret": "", "pollInterval": "300s"});
-    let target = BackupTarget::new(name, serde_json::from_value(spec).unwrap());
-    cluster
-        .api::<BackupTarget>()
-        .create(&PostParams::default(), &target)
-        .await
-        .unwrap();
-}
-
-/// Waits until target `name`'s Available condition has `reason`.
-async fn until_target(cluster: &Cluster, name: &str, reason: &str) -> BackupTargetStatus {
-    cluster
-        .until(&format!("target {name} {reason}"), || async {
-            let target = cluster.api::<BackupTarget>().get_opt(name).await.unwrap()?;
-            let status = target.status?;
-            let available = status.conditions.iter().find(|c| c.type_ == "Available")?;
-            (available.reason == reason).then_some(status)
-        })
-        .await
-}
-
-/// Asks target `name` for a sync now.
-async fn request_sync(cluster: &Cluster, name: &str) {
-    let patch = json!({"spec": {"syncRequestedAt": MicroTime(jiff::Timestamp::now())}});
-    cluster
-        .api::<BackupTarget>()
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-}
-
 /// The whole path: an `nfs://` target syncs, a Backup of a volume
 /// completes through it, and a volume restored from it reads back what was
 /// written.
@@ -403,7 +371,7 @@ async fn a_volume_backed_up_to_an_nfs_target_is_restored() {
     let cluster = Cluster::start("bknfs", 1).await;
     let node = cluster.nodes[0].node_id().to_owned();
     let url = export.server.url("cluster");
-    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url).await;
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "", "300s").await;
     let synced = until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
     assert!(synced.available, "{synced:?}");
 
@@ -473,7 +441,7 @@ async fn a_volume_backed_up_to_an_nfs_target_is_restored() {
 async fn an_nfs_target_is_unreachable_while_its_server_is_down() {
     let mut export = Export::start();
     let cluster = Cluster::start("bknfsdown", 1).await;
-    create_target(&cluster, "nas", &export.server.url("cluster")).await;
+    create_target(&cluster, "nas", &export.server.url("cluster"), "", "300s").await;
     until_target(&cluster, "nas", "Synced").await;
 
     export.server.stop().unwrap();
