@@ -31,12 +31,9 @@ impl Compression {
     pub const NAMES: &'static [&'static str] = &["lz4", "zstd", "none"];
 
     pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "lz4" => Some(Self::Lz4),
-            "zstd" => Some(Self::Zstd),
-            "none" => Some(Self::None),
-            _ => None,
-        }
+        [Self::Lz4, Self::Zstd, Self::None]
+            .into_iter()
+            .find(|c| c.name() == name)
     }
 
     pub fn name(self) -> &'static str {

@@ -400,19 +400,20 @@ where
         .await?)
 }
 
-/// Holds `object` until [`release`]: adds oxhorn's finalizer, unless it
-/// has it; returns the object as it is now.
-pub async fn hold<K>(api: &Api<K>, object: K) -> Result<K, ControllerError>
+/// Holds `object` until [`release`]: adds oxhorn's finalizer unless it
+/// has it, `object` then becoming what the API server answered.
+pub async fn hold<K>(api: &Api<K>, object: &mut K) -> Result<(), ControllerError>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
     if object.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(object);
+        return Ok(());
     }
     let mut finalizers = object.finalizers().to_vec();
     finalizers.push(FINALIZER.to_owned());
     let patch = serde_json::json!({ "metadata": { "finalizers": finalizers } });
-    patch_guarded(api, &object, patch).await
+    *object = patch_guarded(api, object, patch).await?;
+    Ok(())
 }
 
 /// Lets `object` go: removes oxhorn's finalizer. Gone already is fine.

@@ -12,13 +12,12 @@ use crate::datastore::settings::validate;
 use crate::types::{Setting, SettingStatus};
 
 /// Records in the Setting's status whether its value is in effect. One
-/// manager does this: the first, by name, of the nodes that are up.
+/// manager does this (see [`writes_for_settings`]).
 pub async fn reconcile(
     setting: Arc<Setting>,
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
-    let writer = ctx.liveness.up_nodes().into_iter().next();
-    if writer.as_deref() != Some(ctx.node.node_id.as_str()) {
+    if !writes_for_settings(&ctx) {
         return Ok(Action::await_change());
     }
     let status = match validate(&setting.name_any(), &setting.spec.value) {
@@ -39,4 +38,11 @@ pub async fn reconcile(
         replace_status(&api, &updated).await?;
     }
     Ok(Action::await_change())
+}
+
+/// Whether this manager writes what follows from the settings, which are
+/// cluster-wide: one does, the first, by name, of the nodes that are up.
+pub(super) fn writes_for_settings(ctx: &Context) -> bool {
+    let writer = ctx.liveness.up_nodes().into_iter().next();
+    writer.as_deref() == Some(ctx.node.node_id.as_str())
 }

@@ -174,7 +174,7 @@ impl<'a> Pass<'a> {
         } else if self.volume.metadata.deletion_timestamp.is_some() {
             return self.delete_all().await;
         } else {
-            self.volume = hold(&self.ctx.api(), self.volume.clone()).await?;
+            hold(&self.ctx.api(), &mut self.volume).await?;
         }
         self.adopt_snapshots().await?;
         let Some(engine) = self.ensure_engine().await? else {

@@ -139,7 +139,7 @@ async fn credential_secret(cluster: &Cluster, name: &str, store: &Store, right: 
     secret(cluster, name, store.credentials(right)).await;
 }
 
-async fn secret(cluster: &Cluster, name: &str, data: BTreeMap<String, String>) {
+pub(crate) async fn secret(cluster: &Cluster, name: &str, data: BTreeMap<String, String>) {
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
@@ -192,7 +192,7 @@ pub(crate) async fn until_target(
         .await
 }
 
-async fn create_backup(cluster: &Cluster, name: &str, volume: &str) {
+pub(crate) async fn create_backup(cluster: &Cluster, name: &str, volume: &str) {
     let backup = Backup::new(
         name,
         serde_json::from_value(json!({"volumeName": volume})).unwrap(),
@@ -686,19 +686,7 @@ async fn the_settings_make_and_keep_the_default_target() {
     let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let url = |dir: &tempfile::TempDir| format!("file://{}", dir.path().display());
     let objects = oxhorn::backup::target::open(&url(&second), "", &BTreeMap::new()).unwrap();
-    let request = oxhorn::backup::NewBackup {
-        volume: "moved",
-        name: "moved-b1",
-        snapshot: "moved-b1",
-        size: 4096,
-        previous: None,
-        changed: &[],
-        owner: "test",
-        labels: &BTreeMap::new(),
-        compression: oxhorn::backup::Compression::Zstd,
-        progress: None,
-    };
-    objects.create(&request, &Zeros).await.unwrap();
+    back_up_nothing(&objects, "moved", "moved-b1").await;
 
     let cluster = Cluster::start("bkdefault", 1).await;
     let api = cluster.api::<BackupTarget>();
@@ -780,19 +768,7 @@ async fn deleting_a_target_forgets_its_resources_and_keeps_its_store() {
     let url = format!("file://{}", dir.path().display());
     let objects = oxhorn::backup::target::open(&url, "", &BTreeMap::new()).unwrap();
     for name in ["kept-b1", "kept-b2"] {
-        let request = oxhorn::backup::NewBackup {
-            volume: "kept",
-            name,
-            snapshot: name,
-            size: 4096,
-            previous: None,
-            changed: &[],
-            owner: "test",
-            labels: &BTreeMap::new(),
-            compression: oxhorn::backup::Compression::default(),
-            progress: None,
-        };
-        objects.create(&request, &Zeros).await.unwrap();
+        back_up_nothing(&objects, "kept", name).await;
     }
     let cluster = Cluster::start("bkforget", 1).await;
     let gc = oxhorn_testbed::sidecars::Sidecars::start_garbage_collector(
@@ -846,6 +822,24 @@ pub(crate) async fn request_sync(cluster: &Cluster, name: &str) -> jiff::Timesta
     now.0
 }
 
+/// Writes backup `name` of a 4 KiB `volume` holding nothing into
+/// `objects`, straight to the store: a store filled quickly.
+async fn back_up_nothing(objects: &Backupstore, volume: &str, name: &str) {
+    let request = oxhorn::backup::NewBackup {
+        volume,
+        name,
+        snapshot: name,
+        size: 4096,
+        previous: None,
+        changed: &[],
+        owner: "test",
+        labels: &BTreeMap::new(),
+        compression: oxhorn::backup::Compression::default(),
+        progress: None,
+    };
+    objects.create(&request, &Zeros).await.unwrap();
+}
+
 /// Reads zeros: backups of nothing, to fill a store quickly.
 struct Zeros;
 
@@ -862,24 +856,10 @@ async fn a_thousand_backups_in_a_store_become_resources() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
     let objects = oxhorn::backup::target::open(&url, "", &BTreeMap::new()).unwrap();
-    let labels = BTreeMap::new();
     for v in 0..VOLUMES {
         let volume = format!("old-{v}");
         for b in 0..PER_VOLUME {
-            let name = format!("old-{v}-b{b}");
-            let request = oxhorn::backup::NewBackup {
-                volume: &volume,
-                name: &name,
-                snapshot: &name,
-                size: 4096,
-                previous: None,
-                changed: &[],
-                owner: "test",
-                labels: &labels,
-                compression: oxhorn::backup::Compression::default(),
-                progress: None,
-            };
-            objects.create(&request, &Zeros).await.unwrap();
+            back_up_nothing(&objects, &volume, &format!("old-{v}-b{b}")).await;
         }
     }
 

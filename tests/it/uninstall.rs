@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use oxhorn::backup::target::open as open_target;
@@ -22,6 +22,7 @@ use oxhorn_testbed::{
 };
 use serde_json::json;
 
+use crate::backup::{create_backup, create_target, secret};
 use crate::common::MIB;
 use crate::install::OXHORN_SYSTEM;
 use crate::installed::{CLAIM, Installed, MOUNT, is_ready, rbac_mismatches, replica_dirs};
@@ -330,32 +331,11 @@ fn minio_credentials(store: &ObjectServer) -> BTreeMap<String, String> {
 /// hosts' network, so they reach it on loopback), and a completed backup
 /// of `volume` in it.
 async fn take_backup(installed: &Installed, credentials: BTreeMap<String, String>, volume: &str) {
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("s3".into()),
-            ..Default::default()
-        },
-        string_data: Some(credentials),
-        ..Default::default()
-    };
-    let create = PostParams::default();
     let cluster = &installed.cluster;
-    cluster
-        .api::<Secret>()
-        .create(&create, &secret)
-        .await
-        .unwrap();
-    let spec = json!({"backupTargetURL": TARGET_URL, "credentialSecret": "s3"});
-    let target = BackupTarget::new(DEFAULT_BACKUP_TARGET, serde_json::from_value(spec).unwrap());
-    cluster
-        .api::<BackupTarget>()
-        .create(&create, &target)
-        .await
-        .unwrap();
-    let spec = json!({"volumeName": volume});
-    let backup = Backup::new(BACKUP, serde_json::from_value(spec).unwrap());
+    secret(cluster, "s3", credentials).await;
+    create_target(cluster, DEFAULT_BACKUP_TARGET, TARGET_URL, "s3", "300s").await;
+    create_backup(cluster, BACKUP, volume).await;
     let backups = cluster.api::<Backup>();
-    backups.create(&create, &backup).await.unwrap();
     installed
         .until("the backup completed", || async {
             let status = backups.get_opt(BACKUP).await.ok()??.status?;

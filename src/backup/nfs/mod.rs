@@ -152,6 +152,15 @@ fn e_tag(attributes: &fattr3) -> String {
     )
 }
 
+/// What a LOOKUP of a missing object answers.
+fn not_found(place: &Place) -> NfsError {
+    NfsError::Status {
+        procedure: "LOOKUP",
+        path: place.path.clone(),
+        status: nfsstat3::NFS3ERR_NOENT,
+    }
+}
+
 impl Lease<'_> {
     /// The handle of directory `dirs` under the target's root; `Ok(None)`
     /// if it does not exist.
@@ -189,17 +198,16 @@ impl Lease<'_> {
         Ok(handle)
     }
 
+    /// The handle of the directory holding the object at `place`, which
+    /// must be there.
+    async fn dir_of(&mut self, place: &Place) -> Result<nfs_fh3, NfsError> {
+        let dir = self.walk(&place.dirs, &place.path).await?;
+        dir.ok_or_else(|| not_found(place))
+    }
+
     /// The handle and attributes of the object at `place`.
     async fn find(&mut self, place: &Place) -> Result<(nfs_fh3, fattr3), NfsError> {
-        let not_found = || NfsError::Status {
-            procedure: "LOOKUP",
-            path: place.path.clone(),
-            status: nfsstat3::NFS3ERR_NOENT,
-        };
-        let dir = self
-            .walk(&place.dirs, &place.path)
-            .await?
-            .ok_or_else(not_found)?;
+        let dir = self.dir_of(place).await?;
         let (handle, attributes) = self.lookup(&dir, &place.name, &place.path).await?;
         let attributes = match attributes {
             Some(attributes) => attributes,
@@ -207,7 +215,7 @@ impl Lease<'_> {
         };
         // A directory is no object (as on a local filesystem).
         if !is_file(&attributes) {
-            return Err(not_found());
+            return Err(not_found(place));
         }
         Ok((handle, attributes))
     }
@@ -362,15 +370,7 @@ impl NfsStore {
     async fn delete(&self, location: &Path) -> object_store::Result<()> {
         let place = place(location)?;
         let mut lease = self.pool.lease().await?;
-        let not_found = || NfsError::Status {
-            procedure: "LOOKUP",
-            path: place.path.clone(),
-            status: nfsstat3::NFS3ERR_NOENT,
-        };
-        let dir = lease
-            .walk(&place.dirs, &place.path)
-            .await?
-            .ok_or_else(not_found)?;
+        let dir = lease.dir_of(&place).await?;
         lease.remove(&dir, &place.name, &place.path).await?;
         Ok(())
     }

@@ -207,8 +207,7 @@ impl Session {
             fsroot: session.root.clone(),
         };
         let (client, broken, host) = session.parts();
-        let info = call(host, broken, "FSINFO", client.fsinfo(&args)).await?;
-        let info = status(info, "FSINFO", &server.path, &mut session.broken)?;
+        let info = call(host, broken, "FSINFO", &server.path, client.fsinfo(&args)).await?;
         session.rtmax = transfer_size(info.rtmax);
         session.wtmax = transfer_size(info.wtmax);
         session.links = info.properties & nfs3::FSF3_LINK != 0;
@@ -247,8 +246,7 @@ impl Session {
             what: dir_op(dir, name),
         };
         let (client, broken, host) = self.parts();
-        let found = call(host, broken, "LOOKUP", client.lookup(&args)).await?;
-        let found = status(found, "LOOKUP", path, &mut self.broken)?;
+        let found = call(host, broken, "LOOKUP", path, client.lookup(&args)).await?;
         Ok((found.object, attributes(found.obj_attributes)))
     }
 
@@ -257,8 +255,9 @@ impl Session {
             object: file.clone(),
         };
         let (client, broken, host) = self.parts();
-        let got = call(host, broken, "GETATTR", client.getattr(&args)).await?;
-        Ok(status(got, "GETATTR", path, &mut self.broken)?.obj_attributes)
+        Ok(call(host, broken, "GETATTR", path, client.getattr(&args))
+            .await?
+            .obj_attributes)
     }
 
     /// Makes directory `name` in `dir`; NFS3ERR_EXIST if it is there.
@@ -268,8 +267,9 @@ impl Session {
             attributes: mode(0o755),
         };
         let (client, broken, host) = self.parts();
-        let made = call(host, broken, "MKDIR", client.mkdir(&args)).await?;
-        status(made, "MKDIR", path, &mut self.broken).map(drop)
+        call(host, broken, "MKDIR", path, client.mkdir(&args))
+            .await
+            .map(drop)
     }
 
     /// Creates file `name` in `dir`, empty: truncating one that is there
@@ -291,8 +291,8 @@ impl Session {
             how,
         };
         let (client, broken, host) = self.parts();
-        let made = call(host, broken, "CREATE", client.create(&args)).await?;
-        match status(made, "CREATE", path, &mut self.broken)?.obj {
+        let made = call(host, broken, "CREATE", path, client.create(&args)).await?;
+        match made.obj {
             Nfs3Option::Some(handle) => Ok(handle),
             // The server may leave the handle out: ask for it.
             Nfs3Option::None => self.lookup(dir, name, path).await.map(|(h, _)| h),
@@ -319,8 +319,7 @@ impl Session {
             data: Opaque::borrowed(data),
         };
         let (client, broken, host) = self.parts();
-        let written = call(host, broken, "WRITE", client.write(&args)).await?;
-        let written = status(written, "WRITE", path, &mut self.broken)?;
+        let written = call(host, broken, "WRITE", path, client.write(&args)).await?;
         let stable = written.committed == stable_how::FILE_SYNC;
         Ok((written.count, stable, attributes(written.file_wcc.after)))
     }
@@ -333,8 +332,9 @@ impl Session {
             count: 0,
         };
         let (client, broken, host) = self.parts();
-        let done = call(host, broken, "COMMIT", client.commit(&args)).await?;
-        status(done, "COMMIT", path, &mut self.broken).map(drop)
+        call(host, broken, "COMMIT", path, client.commit(&args))
+            .await
+            .map(drop)
     }
 
     /// Up to `count` bytes at `offset`: fewer at the file's end.
@@ -351,8 +351,7 @@ impl Session {
             count,
         };
         let (client, broken, host) = self.parts();
-        let read = call(host, broken, "READ", client.read(&args)).await?;
-        let read = status(read, "READ", path, &mut self.broken)?;
+        let read = call(host, broken, "READ", path, client.read(&args)).await?;
         Ok(read.data.into_owned())
     }
 
@@ -368,8 +367,9 @@ impl Session {
             to: dir_op(dir, to),
         };
         let (client, broken, host) = self.parts();
-        let renamed = call(host, broken, "RENAME", client.rename(&args)).await?;
-        status(renamed, "RENAME", path, &mut self.broken).map(drop)
+        call(host, broken, "RENAME", path, client.rename(&args))
+            .await
+            .map(drop)
     }
 
     /// Links `file` as `name` in `dir`; NFS3ERR_EXIST if that is taken.
@@ -385,8 +385,9 @@ impl Session {
             link: dir_op(dir, name),
         };
         let (client, broken, host) = self.parts();
-        let linked = call(host, broken, "LINK", client.link(&args)).await?;
-        status(linked, "LINK", path, &mut self.broken).map(drop)
+        call(host, broken, "LINK", path, client.link(&args))
+            .await
+            .map(drop)
     }
 
     pub async fn remove(&mut self, dir: &nfs_fh3, name: &str, path: &str) -> Result<(), NfsError> {
@@ -394,8 +395,9 @@ impl Session {
             object: dir_op(dir, name),
         };
         let (client, broken, host) = self.parts();
-        let removed = call(host, broken, "REMOVE", client.remove(&args)).await?;
-        status(removed, "REMOVE", path, &mut self.broken).map(drop)
+        call(host, broken, "REMOVE", path, client.remove(&args))
+            .await
+            .map(drop)
     }
 
     /// Every entry of `dir` but `.` and `..`, page by page by cookie.
@@ -411,8 +413,7 @@ impl Session {
                 maxcount: 256 << 10,
             };
             let (client, broken, host) = self.parts();
-            let page = call(host, broken, "READDIRPLUS", client.readdirplus(&args)).await?;
-            let page = status(page, "READDIRPLUS", path, &mut self.broken)?;
+            let page = call(host, broken, "READDIRPLUS", path, client.readdirplus(&args)).await?;
             verifier = page.cookieverf;
             let before = cookie;
             for entry in page.reply.entries.into_inner() {
@@ -443,22 +444,24 @@ impl Session {
     }
 }
 
-/// Runs one call, bounded; a timeout or a transport failure breaks the
-/// session. So does a call dropped before its answer (its caller was
-/// cancelled): the session is marked broken until the answer is in, or
-/// the next call on it would read this one's reply, or finish sending
-/// this one's request with its own bytes.
-async fn call<T>(
+/// Runs one call of `path`, bounded, and returns its answer or the status
+/// it failed with. A timeout or a transport failure breaks the session.
+/// So does a call dropped before its answer (its caller was cancelled):
+/// the session is marked broken until the answer is in, or the next call
+/// on it would read this one's reply, or finish sending this one's request
+/// with its own bytes.
+async fn call<T, E>(
     host: &str,
     broken: &mut bool,
     procedure: &'static str,
-    call: impl Future<Output = Result<T, RpcError>>,
+    path: &str,
+    call: impl Future<Output = Result<Nfs3Result<T, E>, RpcError>>,
 ) -> Result<T, NfsError> {
     *broken = true;
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(answer)) => {
             *broken = false;
-            Ok(answer)
+            status(answer, procedure, path, broken)
         }
         Ok(Err(source)) => {
             // A reply to another call, or one that does not parse: the

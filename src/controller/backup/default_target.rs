@@ -7,8 +7,8 @@
 //! never touches the store; a `default` target a user made while the
 //! setting was empty is the user's.
 //!
-//! Settings are cluster-wide, so one manager does this, as for the
-//! Settings' statuses: the first, by name, of the nodes that are up. It
+//! Settings are cluster-wide, so one manager does this, the one that
+//! writes the Settings' statuses (`settings::writes_for_settings`). It
 //! looks again on every change of a Setting or of the target, and every
 //! [`RECHECK`], since neither cache tells of a deletion.
 
@@ -22,6 +22,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::now;
+use crate::controller::settings::writes_for_settings;
 use crate::controller::{Context, ControllerError, delete};
 use crate::datastore::changed_only;
 use crate::datastore::settings::DefaultBackupTarget;
@@ -55,8 +56,7 @@ pub async fn run(ctx: Arc<Context>) {
 }
 
 async fn reconcile(ctx: &Context) -> Result<(), ControllerError> {
-    let writer = ctx.liveness.up_nodes().into_iter().next();
-    if writer.as_deref() != Some(ctx.node.node_id.as_str()) {
+    if !writes_for_settings(ctx) {
         return Ok(());
     }
     let wanted = ctx.settings().default_backup_target;

@@ -18,7 +18,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{RETRY, Unavailable, bounded, now, owned_by, sync_due, unavailable};
+use super::{RETRY, Unavailable, bounded, hex, now, owned_by, sync_due, unavailable};
 use crate::controller::{Context, ControllerError, delete, update_status};
 use crate::types::{
     BackupTarget, BackupTargetStatus, BackupVolume, BackupVolumeSpec, Condition, ConditionStatus,
@@ -271,11 +271,7 @@ async fn create_backup_volume(
 /// that two targets holding one volume never collide.
 pub fn backup_volume_name(target: &str, volume: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, target.as_bytes());
-    let short: String = digest.as_ref()[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{volume}-{short}")
+    format!("{volume}-{}", hex(&digest.as_ref()[..4]))
 }
 
 #[cfg(test)]

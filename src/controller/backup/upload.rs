@@ -44,7 +44,7 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action,
         .as_ref()
         .and_then(|v| v.status.as_ref())
         .map_or("", |s| s.owner_id.as_str());
-    let Some(backup) = ctx.claim_preferring(&*backup, preferred).await? else {
+    let Some(mut backup) = ctx.claim_preferring(&*backup, preferred).await? else {
         return Ok(Action::await_change());
     };
     let span = info_span!("backup", backup = %backup.name_any(), volume = %backup.spec.volume_name);
@@ -52,7 +52,7 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action,
         if backup.metadata.deletion_timestamp.is_some() {
             return remove(&ctx, &backup).await;
         }
-        let backup = hold(&ctx.api::<Backup>(), backup).await?;
+        hold(&ctx.api::<Backup>(), &mut backup).await?;
         let status = backup.status.clone().unwrap_or_default();
         if status.state == BackupState::Completed {
             return Ok(Action::await_change());
