@@ -31,7 +31,6 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-    PostParams,
 };
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -40,6 +39,7 @@ use tracing::{info, warn};
 use crate::controller::{ControllerError, delete};
 use crate::csi::DRIVER_NAME;
 use crate::datastore::settings::{self, DELETING_CONFIRMATION};
+use crate::datastore::{create_if_absent, unless_gone};
 use crate::types::{
     Backup, BackupTarget, BackupVolume, DEFAULT_NAMESPACE, Engine, Replica, Setting, SettingSpec,
     Snapshot, Volume,
@@ -204,11 +204,7 @@ async fn confirmation(client: &Client, namespace: &str) -> Result<bool, Uninstal
                     value: "false".into(),
                 },
             );
-            match settings.create(&PostParams::default(), &unset).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+            create_if_absent(&settings, &unset).await?;
             return Ok(false);
         }
     };
@@ -392,7 +388,7 @@ async fn release_claims(
     for (namespace, name) in claims.keys() {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
         info!(claim = %format!("{namespace}/{name}"), "deleting the claim");
-        ignore_gone(api.delete(name, &DeleteParams::default()).await)?;
+        unless_gone(api.delete(name, &DeleteParams::default()).await)?;
     }
     let pods: Vec<Pod> = list(&Api::all(client.clone())).await?;
     for pod in pods.iter().filter(|pod| uses(pod, claims)) {
@@ -428,18 +424,17 @@ fn snapshot_content_api(client: &Client) -> Api<DynamicObject> {
 /// The VolumeSnapshotContents of Oxhorn snapshots; none where the snapshot
 /// CRDs are not installed.
 async fn oxhorn_snapshot_contents(client: &Client) -> Result<Vec<DynamicObject>, UninstallError> {
-    match snapshot_content_api(client)
+    let listed = snapshot_content_api(client)
         .list(&ListParams::default())
-        .await
-    {
-        Ok(list) => Ok(list
-            .items
-            .into_iter()
-            .filter(|c| c.data["spec"]["driver"] == DRIVER_NAME)
-            .collect()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
-    }
+        .await;
+    let Some(list) = unless_gone(listed)? else {
+        return Ok(Vec::new());
+    };
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|c| c.data["spec"]["driver"] == DRIVER_NAME)
+        .collect())
 }
 
 async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallError> {
@@ -462,9 +457,9 @@ async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> 
             let snapshots: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), namespace, &resource);
             info!(snapshot = %format!("{namespace}/{name}"), "deleting the VolumeSnapshot");
-            ignore_gone(snapshots.delete(name, &DeleteParams::default()).await)?;
+            unless_gone(snapshots.delete(name, &DeleteParams::default()).await)?;
         }
-        ignore_gone(
+        unless_gone(
             contents
                 .delete(&content.name_any(), &DeleteParams::default())
                 .await,
@@ -590,7 +585,7 @@ async fn delete_volumes(api: &Api<Volume>) -> Result<(), UninstallError> {
         if !volume.spec.node_id.is_empty() {
             warn!(volume = %name, node = %volume.spec.node_id, "detaching a volume no CSI attachment holds");
             let detach = serde_json::json!({"spec": {"nodeID": ""}});
-            ignore_gone(
+            unless_gone(
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&detach))
                     .await,
             )?;
@@ -605,14 +600,6 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     Ok(api.list(&ListParams::default()).await?.items)
-}
-
-fn ignore_gone<T>(result: kube::Result<T>) -> Result<(), UninstallError> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// One deadline for all the steps.

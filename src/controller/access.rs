@@ -8,10 +8,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta};
 use tracing::info;
 
 use super::ControllerError;
+use crate::datastore::create_if_absent;
 use crate::protocol::Key;
 
 /// The Secret, in the managers' namespace, holding the cluster's key.
@@ -38,13 +39,10 @@ pub async fn cluster_key(client: &Client, namespace: &str) -> Result<Key, Contro
             type_: Some("Opaque".into()),
             ..Secret::default()
         };
-        match api.create(&PostParams::default(), &secret).await {
-            Ok(created) => {
-                info!(secret = KEY_SECRET, "created the cluster's data-plane key");
-                return parse(&created);
-            }
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(error) => return Err(error.into()),
+        // None: another manager created it since our get.
+        if let Some(created) = create_if_absent(&api, &secret).await? {
+            info!(secret = KEY_SECRET, "created the cluster's data-plane key");
+            return parse(&created);
         }
     }
     Err(ControllerError::DataPlaneKey(format!(

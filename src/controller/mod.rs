@@ -42,7 +42,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tracing::{debug, info, warn};
 
-use crate::datastore::{Datastore, Liveness, Settings, changed_only};
+use crate::datastore::{Datastore, Liveness, Settings, changed_only, unless_gone};
 use crate::instance::{InstanceError, InstanceManager};
 use crate::protocol::{Access, Key};
 use crate::types::{Backup, BackupState, Engine, FINALIZER, Node, Replica, Snapshot, Volume};
@@ -249,25 +249,22 @@ impl Context {
 
     /// The volume `name` as the cache has it.
     pub fn cached_volume(&self, name: &str) -> Option<Arc<Volume>> {
-        let key = ObjectRef::new(name).within(&self.ds.namespace);
-        self.ds.volumes.store.get(&key)
+        self.ds.volumes.get(name)
     }
 
     /// The replica `name` as the cache has it.
     pub fn cached_replica(&self, name: &str) -> Option<Arc<Replica>> {
-        let key = ObjectRef::new(name).within(&self.ds.namespace);
-        self.ds.replicas.store.get(&key)
+        self.ds.replicas.get(name)
     }
 
     /// oxhorn's Node of `node_id`, as last cached.
     pub fn cached_node(&self, node_id: &str) -> Option<Arc<Node>> {
-        let key = ObjectRef::new(node_id).within(&self.ds.namespace);
-        self.ds.nodes.store.get(&key)
+        self.ds.nodes.get(node_id)
     }
 
     /// The settings in effect now.
     pub fn settings(&self) -> Settings {
-        Settings::read(&self.ds.settings.store, &self.ds.namespace)
+        Settings::read(&self.ds.settings)
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -386,18 +383,17 @@ pub async fn patch_guarded<K>(
     api: &Api<K>,
     object: &K,
     mut patch: serde_json::Value,
-) -> Result<K, ControllerError>
+) -> kube::Result<K>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
 {
     patch["metadata"]["resourceVersion"] = object.resource_version().into();
-    Ok(api
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?)
+    api.patch(
+        &object.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
 }
 
 /// Holds `object` until [`release`]: adds oxhorn's finalizer unless it
@@ -427,10 +423,8 @@ where
         .filter(|f| *f != FINALIZER)
         .collect();
     let patch = serde_json::json!({ "metadata": { "finalizers": remaining } });
-    match patch_guarded(api, object, patch).await {
-        Err(ControllerError::Kube(kube::Error::Api(status))) if status.code == 404 => Ok(()),
-        other => other.map(drop),
-    }
+    unless_gone(patch_guarded(api, object, patch).await)?;
+    Ok(())
 }
 
 /// Deletes `object` unless it is already going. Gone already is fine.
@@ -441,13 +435,11 @@ where
     if object.meta().deletion_timestamp.is_some() {
         return Ok(());
     }
-    match api
-        .delete(&object.name_any(), &DeleteParams::default())
-        .await
-    {
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        other => other.map(drop).map_err(Into::into),
-    }
+    unless_gone(
+        api.delete(&object.name_any(), &DeleteParams::default())
+            .await,
+    )?;
+    Ok(())
 }
 
 /// Retries soon after a conflict, later after anything else.

@@ -8,15 +8,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Context, ControllerError, replace_status};
+use crate::datastore::create_if_absent;
 use crate::host::frontends;
 use crate::scheduler::promised_bytes;
 use crate::types::{
@@ -54,10 +52,8 @@ pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {
             tags: Vec::new(),
         },
     );
-    match api.create(&PostParams::default(), &node).await {
-        Ok(_) => info!(disk = %data_dir.display(), "created this node's Node object"),
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => return Err(error.into()),
+    if create_if_absent(&api, &node).await?.is_some() {
+        info!(disk = %data_dir.display(), "created this node's Node object");
     }
     Ok(())
 }
@@ -88,11 +84,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Con
 
 /// This manager's own node: disks measured, Ready from the Kubernetes node.
 fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
-    let kube_node = ctx
-        .ds
-        .kube_nodes
-        .store
-        .get(&ObjectRef::<KubeNode>::new(&ctx.node.node_id));
+    let kube_node = ctx.ds.kube_nodes.get(&ctx.node.node_id);
     let label = |key: &str| {
         kube_node
             .as_ref()

@@ -17,19 +17,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, info, info_span};
 
 use super::{Context, ControllerError, delete, hold, process, release, replace_status};
-use crate::datastore::Settings;
+use crate::datastore::{Settings, create_if_absent};
 use crate::protocol::Access;
 use crate::types::{
     Condition, ConditionStatus, DELETION_HELD, DesireState, Engine, EngineSpec, FINALIZER,
     InstanceSpec, InstanceState, Replica, ReplicaMode, Robustness, Snapshot, Volume, VolumeState,
-    VolumeStatus,
+    VolumeStatus, engine_name,
 };
 
 /// Longest a volume goes unlooked-at: time-based rules (stale replicas,
@@ -302,7 +302,7 @@ impl<'a> Pass<'a> {
             return Ok(Some(Arc::clone(engine)));
         }
         let mut engine = Engine::new(
-            &format!("{}-e", self.name()),
+            &engine_name(&self.name()),
             EngineSpec {
                 instance: self.instance_spec(),
                 replica_address_map: Default::default(),
@@ -316,21 +316,13 @@ impl<'a> Pass<'a> {
         );
         engine.metadata.owner_references = self.owner_reference().map(|r| vec![r]);
         engine.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
-        match self
-            .ctx
-            .api::<Engine>()
-            .create(&PostParams::default(), &engine)
-            .await
-        {
-            Ok(created) => {
-                info!(engine = %created.name_any(), "engine created");
-                self.ctx.expected.created(&self.name(), created.name_any());
-                Ok(Some(Arc::new(created)))
-            }
-            // Created by an earlier pass the cache has not shown yet.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        // None: created by an earlier pass the cache has not shown yet.
+        let Some(created) = create_if_absent(&self.ctx.api::<Engine>(), &engine).await? else {
+            return Ok(None);
+        };
+        info!(engine = %created.name_any(), "engine created");
+        self.ctx.expected.created(&self.name(), created.name_any());
+        Ok(Some(Arc::new(created)))
     }
 
     /// Whether the caches show every write earlier passes made to the

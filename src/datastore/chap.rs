@@ -5,7 +5,6 @@
 //! `.username_in`/`.password_in` too, it proves those in return (mutual).
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::reflector::ObjectRef;
 
 use super::Datastore;
 use crate::engine::CHAP_MIN_SECRET;
@@ -25,8 +24,7 @@ impl Datastore {
         if name.is_empty() {
             return Ok(None);
         }
-        let key = ObjectRef::new(name).within(&self.namespace);
-        let secret = self.secrets.store.get(&key).ok_or_else(|| {
+        let secret = self.secrets.get(name).ok_or_else(|| {
             format!(
                 "CHAP Secret {name} does not exist in namespace {}",
                 self.namespace

@@ -5,12 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::{Cache, Datastore, LeaseClock};
+use crate::types::{Node, lease_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::runtime::reflector::{ObjectRef, Store};
-
-use super::{Datastore, LeaseClock};
-use crate::types::{Node, lease_name};
 
 /// Why a node is unavailable, or `None` when it is up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,27 +50,25 @@ impl Down {
 /// Node availability, read from the shared caches.
 #[derive(Clone)]
 pub struct Liveness {
-    kube_nodes: Store<KubeNode>,
-    nodes: Store<Node>,
-    leases: Store<Lease>,
+    kube_nodes: Cache<KubeNode>,
+    nodes: Cache<Node>,
+    leases: Cache<Lease>,
     lease_clock: Arc<LeaseClock>,
-    namespace: String,
 }
 
 impl Liveness {
     pub fn new(ds: &Arc<Datastore>) -> Self {
         Self {
-            kube_nodes: ds.kube_nodes.store.clone(),
-            nodes: ds.nodes.store.clone(),
-            leases: ds.leases.store.clone(),
+            kube_nodes: ds.kube_nodes.clone(),
+            nodes: ds.nodes.clone(),
+            leases: ds.leases.clone(),
             lease_clock: Arc::clone(&ds.lease_clock),
-            namespace: ds.namespace.clone(),
         }
     }
 
     /// Why `node` is unavailable, or `None` when it is up.
     pub fn down(&self, node: &str) -> Option<Down> {
-        let Some(kube_node) = self.kube_nodes.get(&ObjectRef::new(node)) else {
+        let Some(kube_node) = self.kube_nodes.get(node) else {
             return Some(Down::KubeNodeMissing);
         };
         if !kube_node_ready(&kube_node) {
@@ -83,19 +79,11 @@ impl Liveness {
         // warming up, only a lease seen to expire counts.
         let now = Instant::now();
         let warming_up = self.lease_clock.warming_up(now);
-        if !warming_up
-            && self
-                .nodes
-                .get(&ObjectRef::new(node).within(&self.namespace))
-                .is_none()
-        {
+        if !warming_up && self.nodes.get(node).is_none() {
             return Some(Down::NodeMissing);
         }
         let name = lease_name(node);
-        let fresh = match self
-            .leases
-            .get(&ObjectRef::new(&name).within(&self.namespace))
-        {
+        let fresh = match self.leases.get(&name) {
             Some(_) => self.lease_clock.is_fresh(&name, now),
             None => warming_up,
         };
@@ -113,6 +101,7 @@ impl Liveness {
     pub fn up_nodes(&self) -> Vec<String> {
         let mut up: Vec<String> = self
             .kube_nodes
+            .store
             .state()
             .iter()
             .filter_map(|node| node.metadata.name.clone())

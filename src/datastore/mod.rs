@@ -7,11 +7,13 @@
 mod changes;
 mod chap;
 mod fanout;
+mod idempotent;
 mod lease_clock;
 mod liveness;
 pub mod settings;
 
 pub use changes::changed_only;
+pub use idempotent::{create_if_absent, unless_gone};
 pub use lease_clock::LeaseClock;
 pub use liveness::{Down, Liveness};
 pub use settings::Settings;
@@ -26,7 +28,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Secret};
-use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -42,12 +44,43 @@ use crate::types::{
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     pub store: Store<K>,
     changes: Arc<Fanout<K>>,
+    /// Where the cached objects are; `None` for a cluster-scoped kind.
+    namespace: Option<String>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Cache<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            changes: Arc::clone(&self.changes),
+            namespace: self.namespace.clone(),
+        }
+    }
 }
 
 impl<K> Cache<K>
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
+    /// The cache of `store`, holding the objects of `namespace`.
+    pub fn new(store: Store<K>, namespace: Option<&str>) -> Self {
+        Self {
+            changes: Arc::new(Fanout::new(store.clone())),
+            store,
+            namespace: namespace.map(str::to_owned),
+        }
+    }
+
+    /// The object `name` as the cache has it.
+    pub fn get(&self, name: &str) -> Option<Arc<K>> {
+        let key = ObjectRef::new(name);
+        let key = match &self.namespace {
+            Some(namespace) => key.within(namespace),
+            None => key,
+        };
+        self.store.get(&key)
+    }
+
     /// Every object in the cache now, then each object as it changes; every
     /// object again after a re-list, or when the subscriber fell behind.
     pub fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
@@ -201,8 +234,8 @@ where
     let (store, writer) = reflector::store();
     let ready = store.clone();
     synced.push(Box::pin(async move { ready.wait_until_ready().await }));
-    let changes = Arc::new(Fanout::new(store.clone()));
-    let fanout = Arc::clone(&changes);
+    let cache = Cache::new(store, api.namespace());
+    let fanout = Arc::clone(&cache.changes);
     let kind = K::kind(&());
     let stream = reflector(
         writer,
@@ -217,5 +250,5 @@ where
         futures::future::ready(())
     });
     tasks.spawn(stream.instrument(tracing::info_span!("watch", %kind)));
-    Cache { store, changes }
+    cache
 }

@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use kube::runtime::reflector::Store;
-
+use super::Cache;
 use crate::backup::Compression;
 use crate::backup::target::TargetUrl;
 use crate::names::validate_dns_subdomain;
@@ -197,13 +196,11 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The values in `store`, each falling back to its default when unset or
-    /// invalid.
-    pub fn read(store: &Store<Setting>, namespace: &str) -> Self {
+    /// The values in `settings`, each falling back to its default when unset
+    /// or invalid.
+    pub fn read(settings: &Cache<Setting>) -> Self {
         let value = |key: &str| -> String {
-            let object =
-                store.get(&kube::runtime::reflector::ObjectRef::new(key).within(namespace));
-            match object {
+            match settings.get(key) {
                 Some(setting) if validate(key, &setting.spec.value).is_ok() => {
                     setting.spec.value.trim().to_owned()
                 }
@@ -316,7 +313,7 @@ mod tests {
     #[test]
     fn the_rebuild_bandwidth_default_is_the_engines() {
         let (store, _writer) = kube::runtime::reflector::store::<Setting>();
-        let settings = Settings::read(&store, "oxhorn-system");
+        let settings = Settings::read(&Cache::new(store, Some("oxhorn-system")));
         assert_eq!(
             settings.rebuild_bandwidth,
             crate::engine::DEFAULT_REBUILD_LIMIT

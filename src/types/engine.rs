@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{Frontend, InstanceSpec, InstanceStatus};
 
+/// The name of `volume`'s one engine.
+pub fn engine_name(volume: &str) -> String {
+    format!("{volume}-e")
+}
+
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "oxhorn.io",

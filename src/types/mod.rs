@@ -22,7 +22,9 @@ pub use backup::{
     BackupTargetStatus, BackupVolume, BackupVolumeSpec, BackupVolumeStatus, DEFAULT_BACKUP_TARGET,
 };
 pub use condition::{Condition, ConditionStatus};
-pub use engine::{Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo};
+pub use engine::{
+    Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo, engine_name,
+};
 pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
 pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
 pub use node::{DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus};

@@ -17,15 +17,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tracing::{info, warn};
 
 use super::now;
 use crate::controller::settings::writes_for_settings;
 use crate::controller::{Context, ControllerError, delete};
-use crate::datastore::changed_only;
 use crate::datastore::settings::DefaultBackupTarget;
+use crate::datastore::{changed_only, create_if_absent};
 use crate::types::{BackupTarget, BackupTargetSpec, DEFAULT_BACKUP_TARGET};
 
 /// The label on a target the settings made.
@@ -93,19 +93,14 @@ fn spec_of(wanted: &DefaultBackupTarget) -> BackupTargetSpec {
 async fn create(ctx: &Context, wanted: &DefaultBackupTarget) -> Result<(), ControllerError> {
     let mut target = BackupTarget::new(DEFAULT_BACKUP_TARGET, spec_of(wanted));
     target.metadata.labels = Some([(FROM_SETTINGS.to_owned(), "true".to_owned())].into());
-    match ctx
-        .api::<BackupTarget>()
-        .create(&PostParams::default(), &target)
-        .await
+    // None: made meanwhile; the next look compares it.
+    if create_if_absent(&ctx.api::<BackupTarget>(), &target)
+        .await?
+        .is_some()
     {
-        Ok(_) => {
-            info!(url = %wanted.url, "default backup target made from the settings");
-            Ok(())
-        }
-        // Made meanwhile; the next look compares it.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(error) => Err(error.into()),
+        info!(url = %wanted.url, "default backup target made from the settings");
     }
+    Ok(())
 }
 
 /// Makes the target's spec the settings', asking for a sync at once when

@@ -26,7 +26,6 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
@@ -129,8 +128,7 @@ impl Context {
         &self,
         name: &str,
     ) -> Option<std::sync::Arc<BackupTarget>> {
-        let key = ObjectRef::new(name).within(&self.ds.namespace);
-        self.ds.backup_targets.store.get(&key)
+        self.ds.backup_targets.get(name)
     }
 
     /// The store `target` names, with its credentials.
@@ -142,9 +140,8 @@ impl Context {
         let data = if name.is_empty() {
             BTreeMap::new()
         } else {
-            let key = ObjectRef::new(name).within(&self.ds.namespace);
             let secret =
-                self.ds.secrets.store.get(&key).ok_or_else(|| {
+                self.ds.secrets.get(name).ok_or_else(|| {
                     TargetError::Credentials(name.clone(), "does not exist".into())
                 })?;
             secret_strings(&secret)

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -20,6 +20,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::{RETRY, Unavailable, bounded, hex, now, owned_by, sync_due, unavailable};
 use crate::controller::{Context, ControllerError, delete, update_status};
+use crate::datastore::create_if_absent;
 use crate::types::{
     BackupTarget, BackupTargetStatus, BackupVolume, BackupVolumeSpec, Condition, ConditionStatus,
 };
@@ -252,19 +253,14 @@ async fn create_backup_volume(
         },
     );
     object.metadata.owner_references = Some(vec![owned_by(target)]);
-    match ctx
-        .api::<BackupVolume>()
-        .create(&PostParams::default(), &object)
-        .await
+    // None: made by an earlier sync the cache does not show yet.
+    if create_if_absent(&ctx.api::<BackupVolume>(), &object)
+        .await?
+        .is_some()
     {
-        Ok(_) => {
-            info!(volume, "found in the store");
-            Ok(())
-        }
-        // Made by an earlier sync the cache does not show yet.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(error) => Err(error.into()),
+        info!(volume, "found in the store");
     }
+    Ok(())
 }
 
 /// A BackupVolume's name: the volume's, and a digest of the target's, so

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
@@ -28,6 +27,7 @@ use crate::controller::control::{self, replica_control_address};
 use crate::controller::{
     Context, ControllerError, delete, hold, release, replace_status, update_status,
 };
+use crate::datastore::create_if_absent;
 use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{
     BACKUP_FOR, Backup, BackupState, BackupStatus, BackupTarget, Condition, ConditionStatus,
@@ -114,8 +114,7 @@ async fn drop_snapshots_before(ctx: &Context, backup: &Backup) -> Result<(), Con
         if name == this {
             return false;
         }
-        let key = kube::runtime::reflector::ObjectRef::new(name).within(&ctx.ds.namespace);
-        ctx.ds.backups.store.get(&key).is_none_or(|other| {
+        ctx.ds.backups.get(name).is_none_or(|other| {
             other.spec.volume_name == backup.spec.volume_name
                 && other.spec.backup_target_name == backup.spec.backup_target_name
                 && other
@@ -255,13 +254,7 @@ impl Job<'_> {
             named.clone()
         };
         let api = self.ctx.api::<Snapshot>();
-        let snapshot = match self
-            .ctx
-            .ds
-            .snapshots
-            .store
-            .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&self.ctx.ds.namespace))
-        {
+        let snapshot = match self.ctx.ds.snapshots.get(&name) {
             Some(snapshot) => (*snapshot).clone(),
             None if named.is_empty() => {
                 if name.len() > SNAPSHOT_NAME_MAX {
@@ -278,13 +271,12 @@ impl Job<'_> {
                 );
                 let label = (BACKUP_FOR.to_owned(), self.backup.name_any());
                 snapshot.metadata.labels = Some([label].into());
-                match api.create(&PostParams::default(), &snapshot).await {
-                    Ok(created) => {
+                match create_if_absent(&api, &snapshot).await? {
+                    Some(created) => {
                         info!(snapshot = %name, "snapshot taken for the backup");
                         created
                     }
-                    Err(kube::Error::Api(e)) if e.code == 409 => snapshot,
-                    Err(error) => return Err(error.into()),
+                    None => snapshot,
                 }
             }
             None => {

@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{RETRY, Unavailable, bounded, now, owned_by, sync_due, unavailable};
 use crate::backup::BackupConfig;
 use crate::controller::{Context, ControllerError, delete, update_status};
+use crate::datastore::create_if_absent;
 use crate::types::{
     Backup, BackupSpec, BackupState, BackupTarget, BackupVolume, BackupVolumeStatus, Condition,
     ConditionStatus,
@@ -166,19 +166,12 @@ async fn create_backup(
     );
     backup.metadata.owner_references = Some(vec![owned_by(target)]);
     backup.metadata.labels = Some([(FROM_STORE.to_owned(), "true".to_owned())].into());
-    match ctx
-        .api::<Backup>()
-        .create(&PostParams::default(), &backup)
-        .await
+    // None: made by an earlier sync, or a Backup of that name elsewhere.
+    if create_if_absent(&ctx.api::<Backup>(), &backup)
+        .await?
+        .is_some()
     {
-        Ok(_) => {
-            info!(backup = %config.name, "found in the store");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            // Made by an earlier sync, or a Backup of that name elsewhere.
-            Ok(())
-        }
-        Err(error) => Err(error.into()),
+        info!(backup = %config.name, "found in the store");
     }
+    Ok(())
 }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
 use super::super::control::{self, CALL_TIMEOUT};
@@ -133,9 +132,7 @@ impl Pass<'_> {
     }
 
     async fn fill_from(&self, name: &str) -> Result<Step, ControllerError> {
-        let namespace = &self.ctx.ds.namespace;
-        let found = ObjectRef::new(name).within(namespace);
-        let Some(snapshot) = self.ctx.ds.snapshots.store.get(&found) else {
+        let Some(snapshot) = self.ctx.ds.snapshots.get(name) else {
             let message = format!("snapshot {name} does not exist");
             return Ok(Step::Waiting("SourceNotFound", message));
         };
@@ -241,8 +238,7 @@ impl Pass<'_> {
         let Some(name) = self.volume.spec.source_snapshot() else {
             return Ok(());
         };
-        let found = ObjectRef::new(name).within(&self.ctx.ds.namespace);
-        let Some(snapshot) = self.ctx.ds.snapshots.store.get(&found) else {
+        let Some(snapshot) = self.ctx.ds.snapshots.get(name) else {
             return Ok(());
         };
         let for_me = snapshot.labels().get(CLONE_FOR) == Some(&self.name());

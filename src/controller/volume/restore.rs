@@ -7,7 +7,6 @@
 //! good: the volume, not Filled, never attaches, and is to be deleted.
 
 use bytes::Bytes;
-use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
 use super::super::ControllerError;
@@ -29,8 +28,7 @@ impl Pass<'_> {
             return Ok(Step::Waiting(RESTORE_FAILED, failed.message.clone()));
         }
         let ctx = self.ctx;
-        let found = ObjectRef::new(name).within(&ctx.ds.namespace);
-        let Some(backup) = ctx.ds.backups.store.get(&found) else {
+        let Some(backup) = ctx.ds.backups.get(name) else {
             let message = format!("backup {name} does not exist");
             return Ok(Step::Waiting("SourceNotFound", message));
         };

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
 use super::{CSI_NAME, ControllerService};
 use crate::csi::error::ControllerError;
 use crate::csi::proto::{CreateSnapshotResponse, DeleteSnapshotResponse, Snapshot as CsiSnapshot};
+use crate::datastore::unless_gone;
 use crate::names::{object_name, validate_dns_subdomain};
 use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{Backup, BackupSpec, BackupState, DEFAULT_BACKUP_TARGET};
@@ -85,8 +85,7 @@ fn backups_api(service: &ControllerService) -> Api<Backup> {
 }
 
 fn cached(service: &ControllerService, id: &str) -> Option<Arc<Backup>> {
-    let key = ObjectRef::new(id).within(&service.ds.namespace);
-    service.ds.backups.store.get(&key)
+    service.ds.backups.get(id)
 }
 
 /// CreateSnapshot of `type: backup`: the Backup `name` names, of `volume`
@@ -196,13 +195,14 @@ pub async fn delete(
             restoring.join(", ")
         )));
     }
-    match backups_api(service)
-        .delete(id, &DeleteParams::default())
-        .await
-    {
-        Ok(_) => info!(backup = %id, "backup deletion requested"),
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(e) => return Err(ControllerError::api(format!("backup {id}"), e)),
+    let deleting = unless_gone(
+        backups_api(service)
+            .delete(id, &DeleteParams::default())
+            .await,
+    )
+    .map_err(|e| ControllerError::api(format!("backup {id}"), e))?;
+    if deleting.is_some() {
+        info!(backup = %id, "backup deletion requested");
     }
     service
         .wait_for(&format!("deleting backup {id}"), DELETE_WAIT, || {

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::info;
 
@@ -14,6 +13,7 @@ use crate::csi::error::ControllerError;
 use crate::csi::parameters::volume_size;
 use crate::csi::proto::*;
 use crate::types::InstanceState;
+use crate::types::engine_name;
 
 /// How long an attached volume's engine may take to show the new size.
 const GROW_WAIT: Duration = Duration::from_secs(60);
@@ -54,9 +54,9 @@ impl ControllerService {
 
     /// An attached volume has grown when its running engine reports the size.
     async fn wait_engine_size(&self, id: &str, size: i64) -> Result<(), ControllerError> {
-        let engine = ObjectRef::new(&format!("{id}-e")).within(&self.ds.namespace);
+        let engine = engine_name(id);
         self.wait_for(&format!("growing volume {id}"), GROW_WAIT, || {
-            let engine = self.ds.engines.store.get(&engine);
+            let engine = self.ds.engines.get(&engine);
             let status = engine.as_ref().and_then(|e| e.status.as_ref());
             Ok(status
                 .filter(|s| {

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
 use tonic::{Request, Response, Status};
 
 use super::error::ControllerError;
@@ -63,10 +62,7 @@ impl ControllerService {
     }
 
     fn cached_volume(&self, id: &str) -> Option<Arc<Volume>> {
-        self.ds
-            .volumes
-            .store
-            .get(&ObjectRef::new(id).within(&self.ds.namespace))
+        self.ds.volumes.get(id)
     }
 
     async fn get_volume(&self, id: &str) -> Result<Option<Volume>, ControllerError> {
@@ -106,7 +102,7 @@ impl ControllerService {
     }
 
     fn settings(&self) -> Settings {
-        Settings::read(&self.ds.settings.store, &self.ds.namespace)
+        Settings::read(&self.ds.settings)
     }
 }
 

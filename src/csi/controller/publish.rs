@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::info;
 
@@ -69,8 +68,7 @@ impl ControllerService {
     }
 
     fn existing_node(&self, node: &str) -> Result<(), ControllerError> {
-        let key = ObjectRef::new(node).within(&self.ds.namespace);
-        match self.ds.nodes.store.get(&key) {
+        match self.ds.nodes.get(node) {
             Some(_) => Ok(()),
             None => Err(ControllerError::NotFound(format!(
                 "node {node} is not an oxhorn node"

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
 use super::backups::{self, Kind};
@@ -16,7 +15,7 @@ use crate::csi::proto::{
     CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
 };
-use crate::datastore::Datastore;
+use crate::datastore::{Datastore, unless_gone};
 use crate::names::object_name;
 use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec};
@@ -72,11 +71,7 @@ pub async fn deletion_blocker(
 }
 
 fn cached(service: &ControllerService, id: &str) -> Option<Arc<Snapshot>> {
-    service
-        .ds
-        .snapshots
-        .store
-        .get(&ObjectRef::new(id).within(&service.ds.namespace))
+    service.ds.snapshots.get(id)
 }
 
 pub async fn create(
@@ -190,14 +185,15 @@ pub async fn delete(
             dependents.join(", ")
         )));
     }
-    match service
-        .snapshots_api()
-        .delete(id, &DeleteParams::default())
-        .await
-    {
-        Ok(_) => info!(snapshot = %id, "snapshot deletion requested"),
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(e) => return Err(ControllerError::api(format!("snapshot {id}"), e)),
+    let deleting = unless_gone(
+        service
+            .snapshots_api()
+            .delete(id, &DeleteParams::default())
+            .await,
+    )
+    .map_err(|e| ControllerError::api(format!("snapshot {id}"), e))?;
+    if deleting.is_some() {
+        info!(snapshot = %id, "snapshot deletion requested");
     }
     service
         .wait_for(&format!("deleting snapshot {id}"), DELETE_WAIT, || {

@@ -16,7 +16,7 @@ use crate::csi::error::ControllerError;
 use crate::csi::parameters::{VolumeParameters, volume_size};
 use crate::csi::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::csi::proto::*;
-use crate::datastore::Settings;
+use crate::datastore::{Settings, create_if_absent, unless_gone};
 use crate::names::object_name;
 use crate::types::{
     AccessMode, Backup, CLONE_FOR, Condition, ConditionStatus, DataSource, Robustness, Snapshot,
@@ -200,15 +200,10 @@ impl ControllerService {
         snapshot
             .labels_mut()
             .insert(CLONE_FOR.to_owned(), id.to_owned());
-        match self
-            .snapshots_api()
-            .create(&PostParams::default(), &snapshot)
+        create_if_absent(&self.snapshots_api(), &snapshot)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-            Err(e) => Err(ControllerError::api(format!("snapshot {name}"), e)),
-        }
+            .map_err(|e| ControllerError::api(format!("snapshot {name}"), e))?;
+        Ok(())
     }
 
     /// Waits for the first placement of the volume's replicas: done when every
@@ -255,10 +250,10 @@ impl ControllerService {
         if let Some(blocker) = snapshots::deletion_blocker(self, id).await? {
             return Err(ControllerError::FailedPrecondition(blocker));
         }
-        match self.volumes().delete(id, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(e) => return Err(ControllerError::api(format!("volume {id}"), e)),
+        let deleting = unless_gone(self.volumes().delete(id, &DeleteParams::default()).await)
+            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
+        if deleting.is_none() {
+            return Ok(());
         }
         info!(volume = %id, "volume deletion requested");
         self.wait_for(&format!("deleting volume {id}"), DELETE_WAIT, || {

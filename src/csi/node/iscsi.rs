@@ -8,7 +8,6 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use kube::runtime::reflector::ObjectRef;
 use tokio::time::{Instant, sleep};
 use tracing::{debug, info};
 
@@ -16,7 +15,7 @@ use super::{NodeError, NodeResult, NodeService, POLL};
 use crate::frontend::device_link::{self, DeviceLink};
 use crate::host::HostError;
 use crate::host::iscsi::target_name;
-use crate::types::{DesireState, Engine, Frontend, Volume, VolumeFrontend};
+use crate::types::{DesireState, Engine, Frontend, Volume, VolumeFrontend, engine_name};
 
 const SCHEME: &str = "iscsi://";
 
@@ -161,10 +160,10 @@ impl NodeService {
         not: &str,
         found: impl Fn(&Engine) -> Option<NodeResult<T>>,
     ) -> NodeResult<T> {
-        let key = ObjectRef::new(&format!("{volume_id}-e")).within(&self.datastore.namespace);
+        let name = engine_name(volume_id);
         let deadline = Instant::now() + self.device_wait;
         loop {
-            let engine = self.datastore.engines.store.get(&key);
+            let engine = self.datastore.engines.get(&name);
             if let Some(result) = engine.as_deref().and_then(&found) {
                 return result;
             }
@@ -201,12 +200,10 @@ impl NodeService {
         let iqn = target_name(volume_id);
         let link = self.device_link(volume_id);
         let linked = fs::read_link(&link).is_ok_and(|disk| self.initiator.is_disk_of(&disk, &iqn));
-        let key = ObjectRef::new(volume_id).within(&self.datastore.namespace);
         let frontend = self
             .datastore
             .volumes
-            .store
-            .get(&key)
+            .get(volume_id)
             .map(|v| v.spec.frontend);
         let detach = match (linked, frontend) {
             (true, _) => true,

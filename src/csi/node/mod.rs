@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::runtime::reflector::ObjectRef;
 use tokio::time::{Instant, sleep, timeout};
 use tonic::{Request, Response, Status};
 use tracing::info;
@@ -198,11 +197,9 @@ impl NodeService {
 
     async fn volume(&self, volume_id: &str) -> NodeResult<Arc<Volume>> {
         self.ready().await?;
-        let key = ObjectRef::new(volume_id).within(&self.datastore.namespace);
         self.datastore
             .volumes
-            .store
-            .get(&key)
+            .get(volume_id)
             .ok_or_else(|| NodeError::NotFound(format!("volume {volume_id} does not exist")))
     }
 
@@ -236,11 +233,7 @@ impl NodeService {
     /// worth a retry.
     fn device_missing(&self, volume_id: &str) -> NodeError {
         let link = self.device_link(volume_id);
-        let volume = self
-            .datastore
-            .volumes
-            .store
-            .get(&ObjectRef::new(volume_id).within(&self.datastore.namespace));
+        let volume = self.datastore.volumes.get(volume_id);
         let attached_to = volume.map(|v| v.spec.node_id.clone()).unwrap_or_default();
         if attached_to != self.config.node_id {
             return self.not_attached_here(volume_id, &attached_to);
@@ -382,11 +375,7 @@ impl Node for NodeService {
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         self.ready().await?;
-        let node = self
-            .datastore
-            .kube_nodes
-            .store
-            .get(&ObjectRef::new(&self.config.node_id));
+        let node = self.datastore.kube_nodes.get(&self.config.node_id);
         Ok(Response::new(NodeGetInfoResponse {
             node_id: self.config.node_id.clone(),
             max_volumes_per_node: self.config.max_volumes,
