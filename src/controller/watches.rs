@@ -1,0 +1,168 @@
+//! What else a controller watches: node availability, instance processes,
+//! and the objects of other kinds whose changes concern its own (the
+//! mappers from one kind's change to the objects it concerns).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tokio::sync::broadcast;
+use tracing::info;
+
+use crate::datastore::{Cache, Liveness};
+use crate::instance::InstanceManager;
+use crate::types::{Backup, BackupState, Engine, Node, Replica, Snapshot, Volume};
+
+/// How often availability of nodes is re-evaluated: lease expiry makes no
+/// watch event, so it has to be looked at.
+const LIVENESS_POLL: Duration = Duration::from_secs(1);
+
+/// Watches node availability and sends `()` each time the set of available
+/// nodes changes, so every object whose owner may have changed is looked at
+/// again. Subscribe once per controller.
+pub(super) fn watch_liveness(liveness: Liveness) -> broadcast::Sender<()> {
+    let (tx, _) = broadcast::channel(4);
+    let sender = tx.clone();
+    tokio::spawn(async move {
+        let mut last = liveness.up_nodes();
+        let mut tick = tokio::time::interval(LIVENESS_POLL);
+        loop {
+            tick.tick().await;
+            let now = liveness.up_nodes();
+            if now != last {
+                info!(up = ?now, was = ?last, "node availability changed");
+                last = now;
+                // No receiver yet is fine: controllers start from a full list.
+                let _ = sender.send(());
+            }
+        }
+    });
+    tx
+}
+
+pub(super) fn liveness_changes(
+    changes: &broadcast::Sender<()>,
+) -> impl Stream<Item = ()> + Send + use<> {
+    tokio_stream::wrappers::BroadcastStream::new(changes.subscribe())
+        .filter_map(|r| futures::future::ready(r.ok()))
+}
+
+/// Refers to the object named like each instance whose process state
+/// changed. Engines and replicas never share a name, so the controller of the
+/// other kind finds no such object and ignores it.
+pub(super) fn instance_changes<K>(
+    instances: &InstanceManager,
+    ns: &str,
+) -> impl Stream<Item = ObjectRef<K>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + 'static,
+{
+    let ns = ns.to_owned();
+    tokio_stream::wrappers::BroadcastStream::new(instances.subscribe()).filter_map(move |r| {
+        futures::future::ready(r.ok().map(|name| ObjectRef::new(name.as_str()).within(&ns)))
+    })
+}
+
+/// The volume of a replica: its replicas' states make the volume's.
+pub(super) fn replica_volume(ns: &str) -> impl Mapper<Replica, Option<ObjectRef<Volume>>> {
+    let ns = ns.to_owned();
+    move |replica| Some(ObjectRef::new(&replica.spec.instance.volume_name).within(&ns))
+}
+
+/// The volume of an engine: the engine's state makes the volume's.
+pub(super) fn engine_volume(ns: &str) -> impl Mapper<Engine, Option<ObjectRef<Volume>>> {
+    let ns = ns.to_owned();
+    move |engine| Some(ObjectRef::new(&engine.spec.instance.volume_name).within(&ns))
+}
+
+/// The replicas on a node: what a node change may affect.
+pub(super) fn replicas_on(replicas: &Cache<Replica>) -> impl Mapper<Node, Vec<ObjectRef<Replica>>> {
+    let replicas = replicas.store.clone();
+    move |node| {
+        let node = node.name_any();
+        replicas
+            .state()
+            .iter()
+            .filter(|r| r.spec.instance.node_id == node)
+            .map(|r| ObjectRef::from_obj(&**r))
+            .collect()
+    }
+}
+
+/// The volumes a snapshot change concerns: its own volume, whose owner takes
+/// and removes it, and the volumes filling from it, which wait for it.
+pub(super) fn snapshot_concerns(
+    volumes: &Cache<Volume>,
+) -> impl Mapper<Snapshot, Vec<ObjectRef<Volume>>> {
+    let volumes = volumes.store.clone();
+    move |snapshot| {
+        let ns = snapshot.namespace().unwrap_or_default();
+        let source = snapshot.name_any();
+        volumes
+            .state()
+            .iter()
+            .filter(|v| v.spec.source_snapshot() == Some(&source))
+            .map(|v| ObjectRef::from_obj(&**v))
+            .chain([ObjectRef::new(&snapshot.spec.volume).within(&ns)])
+            .collect()
+    }
+}
+
+/// The volumes a Backup change concerns: its own volume, whose replicas
+/// run while it is taken, and the volumes restoring from it.
+pub(super) fn backup_concerns(
+    volumes: &Cache<Volume>,
+) -> impl Mapper<Backup, Vec<ObjectRef<Volume>>> {
+    let volumes = volumes.store.clone();
+    move |backup| {
+        let ns = backup.namespace().unwrap_or_default();
+        let name = backup.name_any();
+        volumes
+            .state()
+            .iter()
+            .filter(|v| v.spec.source_backup() == Some(&name))
+            .map(|v| ObjectRef::from_obj(&**v))
+            .chain([ObjectRef::new(&backup.spec.volume_name).within(&ns)])
+            .collect()
+    }
+}
+
+/// The volume whose snapshot a volume fills from: its replicas are the
+/// source, so it must see how the filling goes.
+pub(super) fn filled_from(
+    snapshots: &Cache<Snapshot>,
+    ns: &str,
+) -> impl Mapper<Volume, Option<ObjectRef<Volume>>> {
+    let (snapshots, ns) = (snapshots.clone(), ns.to_owned());
+    move |volume| {
+        let snapshot = snapshots.get(volume.spec.source_snapshot()?)?;
+        Some(ObjectRef::new(&snapshot.spec.volume).within(&ns))
+    }
+}
+
+/// The Backups of a snapshot's volume not completed yet: a change of its
+/// snapshots may let them go on.
+pub(super) fn backups_of(backups: &Cache<Backup>) -> impl Mapper<Snapshot, Vec<ObjectRef<Backup>>> {
+    let backups = backups.store.clone();
+    move |snapshot| {
+        backups
+            .state()
+            .iter()
+            .filter(|b| {
+                b.spec.volume_name == snapshot.spec.volume
+                    && b.status
+                        .as_ref()
+                        .is_none_or(|s| s.state != BackupState::Completed)
+            })
+            .map(|b| ObjectRef::from_obj(&**b))
+            .collect()
+    }
+}
+
+/// A watch's mapper: from a changed object of kind `O` to the objects it
+/// concerns.
+pub(super) trait Mapper<O, I>: Fn(Arc<O>) -> I + Send + Sync + 'static {}
+
+impl<O, I, F: Fn(Arc<O>) -> I + Send + Sync + 'static> Mapper<O, I> for F {}
