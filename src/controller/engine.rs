@@ -15,8 +15,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::control::{self, Control};
-use super::process::{RUNNING, announce, hold_deletion, never_ran, reflect};
+use super::data_plane::{self, Control};
+use super::instance_status::{RUNNING, announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::engine::FrontendKind;
 use crate::frontend::iscsi::chap::ChapSecrets;
@@ -151,7 +151,8 @@ async fn run_here(
     }
     let address = format!("{}:{}", info.ip, info.port);
     let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
-    let mut api = control::engine_with_timeout(engine, &address, CONTROL_TIMEOUT, &access).await?;
+    let mut api =
+        data_plane::engine_with_timeout(engine, &address, CONTROL_TIMEOUT, &access).await?;
     let observed = converge(ctx, engine, &mut api).await?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))

@@ -4,17 +4,17 @@
 //! changed; a conflict means the cache was stale or another manager won, and
 //! the object is looked at again when its newer version arrives.
 
-mod access;
 pub mod backup;
+mod cluster_key;
 mod context;
-mod control;
+mod data_plane;
 mod engine;
 mod error;
 mod expectations;
+mod instance_status;
 mod lease;
 mod node;
 pub mod ownership;
-mod process;
 mod replica;
 pub mod settings;
 mod snapshot;
@@ -22,7 +22,7 @@ mod volume;
 mod watches;
 mod writes;
 
-pub use access::{KEY_SECRET, cluster_key};
+pub use cluster_key::{KEY_SECRET, cluster_key};
 pub use context::{Context, NodeConfig};
 pub use error::ControllerError;
 pub use expectations::Expectations;

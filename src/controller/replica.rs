@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::process::{announce, hold_deletion, never_ran, reflect};
+use super::instance_status::{announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::instance::{InstanceKind, InstanceRequest};
 use crate::types::{DesireState, InstanceState, InstanceStatus, Replica};

@@ -23,7 +23,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, info, info_span};
 
-use super::{Context, ControllerError, delete, hold, process, release, replace_status};
+use super::{Context, ControllerError, delete, hold, instance_status, release, replace_status};
 use crate::datastore::{Settings, create_if_absent};
 use crate::protocol::Access;
 use crate::types::{
@@ -412,7 +412,11 @@ impl Pass<'_> {
         // the engine through a stop, a start or a move.
         let failed = status
             .filter(|s| s.current_state == InstanceState::Error)
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == process::RUNNING))
+            .and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == instance_status::RUNNING)
+            })
             .filter(|c| c.status == ConditionStatus::False);
         if let Some(failed) = failed {
             let message = format!(

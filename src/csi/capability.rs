@@ -2,7 +2,7 @@
 //! pods of one node. Multi-node access needs a share manager, which does not
 //! exist yet.
 
-use super::error::ControllerError;
+use super::error::ControllerServiceError;
 use super::proto::VolumeCapability;
 use super::proto::volume_capability::access_mode::Mode;
 use super::proto::volume_capability::{AccessMode, AccessType};
@@ -43,16 +43,16 @@ pub fn check(capability: &VolumeCapability) -> Result<(), String> {
 }
 
 /// Checks a request's capabilities: at least one, each served.
-pub fn check_all(capabilities: &[VolumeCapability]) -> Result<(), ControllerError> {
+pub fn check_all(capabilities: &[VolumeCapability]) -> Result<(), ControllerServiceError> {
     if capabilities.is_empty() {
-        return Err(ControllerError::InvalidArgument(
+        return Err(ControllerServiceError::InvalidArgument(
             "volume_capabilities are required".into(),
         ));
     }
     capabilities
         .iter()
         .try_for_each(check)
-        .map_err(ControllerError::InvalidArgument)
+        .map_err(ControllerServiceError::InvalidArgument)
 }
 
 /// A mount capability needs its filesystem grown after the volume grows.

@@ -11,7 +11,7 @@ use crate::host::HostError;
 
 /// Why a Controller call failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ControllerError {
+pub enum ControllerServiceError {
     /// Calls before the caches synced would decide on an empty view.
     #[error("the manager's caches are still syncing")]
     NotReady,
@@ -53,7 +53,7 @@ pub enum ControllerError {
     Unimplemented(&'static str),
 }
 
-impl ControllerError {
+impl ControllerServiceError {
     /// A failed API call about `what` ("volume pvc-1").
     pub fn api(what: impl Into<String>, source: kube::Error) -> Self {
         Self::Api {
@@ -63,27 +63,29 @@ impl ControllerError {
     }
 }
 
-impl From<ControllerError> for Status {
-    fn from(err: ControllerError) -> Self {
+impl From<ControllerServiceError> for Status {
+    fn from(err: ControllerServiceError) -> Self {
         let message = err.to_string();
         match err {
-            ControllerError::Required(_) | ControllerError::InvalidArgument(_) => {
+            ControllerServiceError::Required(_) | ControllerServiceError::InvalidArgument(_) => {
                 Status::invalid_argument(message)
             }
-            ControllerError::VolumeNotFound(_) | ControllerError::NotFound(_) => {
+            ControllerServiceError::VolumeNotFound(_) | ControllerServiceError::NotFound(_) => {
                 Status::not_found(message)
             }
-            ControllerError::AlreadyExists(_) => Status::already_exists(message),
-            ControllerError::FailedPrecondition(_) => Status::failed_precondition(message),
-            ControllerError::OutOfRange(_) => Status::out_of_range(message),
-            ControllerError::Aborted(_) | ControllerError::Busy(_) => Status::aborted(message),
-            ControllerError::Unplaceable { .. } => Status::resource_exhausted(message),
-            ControllerError::NotReady | ControllerError::Unavailable(_) => {
+            ControllerServiceError::AlreadyExists(_) => Status::already_exists(message),
+            ControllerServiceError::FailedPrecondition(_) => Status::failed_precondition(message),
+            ControllerServiceError::OutOfRange(_) => Status::out_of_range(message),
+            ControllerServiceError::Aborted(_) | ControllerServiceError::Busy(_) => {
+                Status::aborted(message)
+            }
+            ControllerServiceError::Unplaceable { .. } => Status::resource_exhausted(message),
+            ControllerServiceError::NotReady | ControllerServiceError::Unavailable(_) => {
                 Status::unavailable(message)
             }
-            ControllerError::Timeout { .. } => Status::deadline_exceeded(message),
-            ControllerError::Api { what, source } => api_status(&what, source),
-            ControllerError::Unimplemented(_) => Status::unimplemented(message),
+            ControllerServiceError::Timeout { .. } => Status::deadline_exceeded(message),
+            ControllerServiceError::Api { what, source } => api_status(&what, source),
+            ControllerServiceError::Unimplemented(_) => Status::unimplemented(message),
         }
     }
 }
@@ -175,7 +177,7 @@ mod tests {
         let _held = locks.try_lock("vol-a").unwrap();
         let busy = || locks.try_lock("vol-a").unwrap_err();
         for status in [
-            Status::from(ControllerError::from(busy())),
+            Status::from(ControllerServiceError::from(busy())),
             Status::from(NodeError::from(busy())),
         ] {
             assert_eq!(status.code(), Code::Aborted);
@@ -189,7 +191,7 @@ mod tests {
     #[test]
     fn api_failures_keep_their_codes_and_name_the_object() {
         let api = |code: u16| {
-            let status = Status::from(ControllerError::api(
+            let status = Status::from(ControllerServiceError::api(
                 "volume pvc-1",
                 kube::Error::Api(
                     kube::core::Status::failure("the message", "Reason")

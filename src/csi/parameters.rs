@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::error::ControllerError;
+use super::error::ControllerServiceError;
 use crate::host::filesystem::FsType;
 use crate::types::{DataLocality, ReplicaAutoBalance, VolumeFrontend};
 
@@ -70,7 +70,7 @@ pub struct VolumeParameters {
 }
 
 impl VolumeParameters {
-    pub fn parse(parameters: &HashMap<String, String>) -> Result<Self, ControllerError> {
+    pub fn parse(parameters: &HashMap<String, String>) -> Result<Self, ControllerServiceError> {
         let mut parsed = Self::default();
         let mut keys: Vec<&String> = parameters.keys().collect();
         keys.sort();
@@ -80,11 +80,11 @@ impl VolumeParameters {
                 continue;
             }
             parsed.set(key, value).map_err(|why| {
-                ControllerError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
+                ControllerServiceError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
             })?;
         }
         if !parsed.chap_secret.is_empty() && parsed.frontend == VolumeFrontend::Fuse {
-            return Err(ControllerError::InvalidArgument(
+            return Err(ControllerServiceError::InvalidArgument(
                 "parameter chapSecret: CHAP authenticates iSCSI logins; frontend fuse has none"
                     .into(),
             ));
@@ -205,14 +205,14 @@ fn tags(value: &str) -> Result<Vec<String>, String> {
 /// The size of a new volume from a CSI capacity range: at least
 /// `required_bytes` (and [`MIN_VOLUME_SIZE`]), rounded up to a whole number of
 /// [`SIZE_GRANULE`], at most `limit_bytes`. OUT_OF_RANGE when no such size exists.
-pub fn volume_size(required: i64, limit: i64) -> Result<i64, ControllerError> {
+pub fn volume_size(required: i64, limit: i64) -> Result<i64, ControllerServiceError> {
     if required < 0 || limit < 0 {
-        return Err(ControllerError::InvalidArgument(
+        return Err(ControllerServiceError::InvalidArgument(
             "capacity_range bytes cannot be negative".into(),
         ));
     }
     if limit > 0 && required > limit {
-        return Err(ControllerError::OutOfRange(format!(
+        return Err(ControllerServiceError::OutOfRange(format!(
             "required_bytes {required} exceeds limit_bytes {limit}"
         )));
     }
@@ -223,10 +223,11 @@ pub fn volume_size(required: i64, limit: i64) -> Result<i64, ControllerError> {
     } else {
         DEFAULT_VOLUME_SIZE
     };
-    let size = round_up(wanted.max(MIN_VOLUME_SIZE))
-        .ok_or_else(|| ControllerError::OutOfRange(format!("{wanted} bytes is too large")))?;
+    let size = round_up(wanted.max(MIN_VOLUME_SIZE)).ok_or_else(|| {
+        ControllerServiceError::OutOfRange(format!("{wanted} bytes is too large"))
+    })?;
     if limit > 0 && size > limit {
-        return Err(ControllerError::OutOfRange(format!(
+        return Err(ControllerServiceError::OutOfRange(format!(
             "limit_bytes {limit} is below {size}, the smallest size oxhorn can give: volumes are at least {MIN_VOLUME_SIZE} bytes, in whole multiples of {SIZE_GRANULE}"
         )));
     }
@@ -350,7 +351,7 @@ mod tests {
     }
 
     /// The gRPC code a refused size answers with.
-    fn code(size: Result<i64, ControllerError>) -> Code {
+    fn code(size: Result<i64, ControllerServiceError>) -> Code {
         Status::from(size.unwrap_err()).code()
     }
 

@@ -23,7 +23,7 @@ use super::reader::SnapshotReader;
 use super::volume::from_store;
 use super::{LockOwner, RETRY, Unavailable, bounded, stale_lock, unavailable};
 use crate::backup::{BackupConfig, BackupError, BackupReport, Backupstore, NewBackup};
-use crate::controller::control::{self, replica_control_address};
+use crate::controller::data_plane::{self, replica_control_address};
 use crate::controller::{
     Context, ControllerError, delete, hold, release, replace_status, update_status,
 };
@@ -420,7 +420,7 @@ impl Job<'_> {
                 continue;
             };
             let access = self.ctx.access(volume, 0);
-            let mut control = control::replica(replica, &address, None, &access).await?;
+            let mut control = data_plane::replica(replica, &address, None, &access).await?;
             let status = control.status().await?;
             if status.rebuilding {
                 continue;

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::super::control::{self, CALL_TIMEOUT};
+use super::super::data_plane::{self, CALL_TIMEOUT};
 use super::super::{ControllerError, delete};
 use super::{Pass, SOON};
 use crate::protocol::Access;
@@ -189,7 +189,7 @@ impl Pass<'_> {
             .collect();
         let running: Vec<(Arc<Replica>, String)> = usable
             .iter()
-            .filter_map(|r| control::replica_control_address(r).map(|a| (Arc::clone(r), a)))
+            .filter_map(|r| data_plane::replica_control_address(r).map(|a| (Arc::clone(r), a)))
             .collect();
         if running.len() < usable.len() {
             return Vec::new();
@@ -215,7 +215,7 @@ impl Pass<'_> {
             .into_iter()
             .filter(|r| r.spec.instance.volume_name == snapshot.spec.volume)
             .filter(|r| r.spec.failed_at.is_none() && r.metadata.deletion_timestamp.is_none())
-            .filter_map(|r| control::replica_control_address(&r).map(|a| (r, a)))
+            .filter_map(|r| data_plane::replica_control_address(&r).map(|a| (r, a)))
             .collect();
         for (replica, address) in candidates {
             let chain = match chain_of(&replica, &address, access).await {
@@ -255,7 +255,7 @@ async fn chain_of(
     address: &str,
     access: &Access,
 ) -> Result<Vec<Layer>, ControllerError> {
-    let mut control = control::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
+    let mut control = data_plane::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
     Ok(control.status().await?.snapshots)
 }
 
@@ -274,7 +274,7 @@ async fn copy_layers(
     let (source, source_access) = source;
     info!(replica = %replica.name_any(), %source, layers = layers.len(), "copying the snapshot chain");
     // No deadline: the copy takes as long as the data does.
-    let mut control = control::replica(replica, address, None, access).await?;
+    let mut control = data_plane::replica(replica, address, None, access).await?;
     let request = SyncFromRequest {
         source: source.to_owned(),
         layers: layers.to_vec(),
@@ -306,7 +306,7 @@ pub(super) async fn settle(
     let mut controls = Vec::new();
     let mut revision = 0;
     for (replica, address) in replicas {
-        let mut control = control::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
+        let mut control = data_plane::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
         let status = control.status().await?;
         revision = revision.max(status.revision);
         controls.push(control);

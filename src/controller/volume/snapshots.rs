@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::super::control::{self, CALL_TIMEOUT, Control};
+use super::super::data_plane::{self, CALL_TIMEOUT, Control};
 use super::super::{ControllerError, delete, patch_guarded, release, update_status};
 use super::{Pass, SOON, engine_state};
 use crate::protocol::control::engine_control_client::EngineControlClient;
@@ -283,7 +283,7 @@ impl Pass<'_> {
         let desire = engine.spec.instance.desire_state;
         match (desire, engine_state(engine)) {
             (DesireState::Running, InstanceState::Running) => {
-                match control::engine_control_address(engine) {
+                match data_plane::engine_control_address(engine) {
                     Some(address) => {
                         DataPlane::On(vec![Site::Engine(engine, address, self.access())])
                     }
@@ -332,10 +332,10 @@ impl Site<'_> {
     async fn connect(&self) -> Result<SiteControl, ControllerError> {
         Ok(match self {
             Site::Engine(engine, address, access) => {
-                SiteControl::Engine(control::engine(engine, address, access).await?)
+                SiteControl::Engine(data_plane::engine(engine, address, access).await?)
             }
             Site::Replica(replica, address, access) => SiteControl::Replica(
-                control::replica(replica, address, Some(CALL_TIMEOUT), access).await?,
+                data_plane::replica(replica, address, Some(CALL_TIMEOUT), access).await?,
             ),
         })
     }

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tracing::info;
 
 use super::{CSI_NAME, ControllerService};
-use crate::csi::error::ControllerError;
+use crate::csi::error::ControllerServiceError;
 use crate::csi::proto::{CreateSnapshotResponse, DeleteSnapshotResponse, Snapshot as CsiSnapshot};
 use crate::datastore::unless_gone;
 use crate::names::{object_name, validate_dns_subdomain};
@@ -41,8 +41,8 @@ pub enum Kind {
 
 /// The kind of snapshot `parameters` ask for; the CO's own
 /// `csi.storage.k8s.io/` keys are not the class's.
-pub fn kind(parameters: &HashMap<String, String>) -> Result<Kind, ControllerError> {
-    let invalid = |why: String| ControllerError::InvalidArgument(why);
+pub fn kind(parameters: &HashMap<String, String>) -> Result<Kind, ControllerServiceError> {
+    let invalid = |why: String| ControllerServiceError::InvalidArgument(why);
     let mut kind = None;
     let mut target = None;
     for (key, value) in parameters {
@@ -95,7 +95,7 @@ pub async fn create(
     volume: &str,
     name: &str,
     target: String,
-) -> Result<CreateSnapshotResponse, ControllerError> {
+) -> Result<CreateSnapshotResponse, ControllerServiceError> {
     // A backup's name is also its snapshot's: a data-plane layer name.
     let id = object_name(name, SNAPSHOT_NAME_MAX);
     let _guard = service.locks.try_lock(&format!("{ID_PREFIX}{id}"))?;
@@ -103,12 +103,12 @@ pub async fn create(
     let existing = api
         .get_opt(&id)
         .await
-        .map_err(|e| ControllerError::api(format!("backup {id}"), e))?;
+        .map_err(|e| ControllerServiceError::api(format!("backup {id}"), e))?;
     match existing {
         Some(backup) => same_backup(&backup, name, volume)?,
         None => {
             if service.get_volume(volume).await?.is_none() {
-                return Err(ControllerError::NotFound(format!(
+                return Err(ControllerServiceError::NotFound(format!(
                     "source volume {volume} does not exist"
                 )));
             }
@@ -128,7 +128,7 @@ pub async fn create(
             }
             api.create(&PostParams::default(), &backup)
                 .await
-                .map_err(|e| ControllerError::api(format!("backup {id}"), e))?;
+                .map_err(|e| ControllerServiceError::api(format!("backup {id}"), e))?;
             info!(backup = %id, "backup requested");
         }
     }
@@ -140,8 +140,8 @@ pub async fn create(
         .await;
     let backup = match waited {
         Ok(backup) => backup,
-        Err(ControllerError::Timeout { .. }) => cached(service, &id).ok_or_else(|| {
-            ControllerError::Unavailable(format!("backup {id} is not cached yet"))
+        Err(ControllerServiceError::Timeout { .. }) => cached(service, &id).ok_or_else(|| {
+            ControllerServiceError::Unavailable(format!("backup {id} is not cached yet"))
         })?,
         Err(error) => return Err(error),
     };
@@ -158,7 +158,7 @@ fn completed(backup: &Backup) -> bool {
 }
 
 /// A repeated CreateSnapshot must name the same source volume.
-fn same_backup(backup: &Backup, name: &str, volume: &str) -> Result<(), ControllerError> {
+fn same_backup(backup: &Backup, name: &str, volume: &str) -> Result<(), ControllerServiceError> {
     let id = backup.name_any();
     let same_name = backup
         .annotations()
@@ -167,7 +167,7 @@ fn same_backup(backup: &Backup, name: &str, volume: &str) -> Result<(), Controll
     if same_name && backup.spec.volume_name == volume {
         Ok(())
     } else {
-        Err(ControllerError::AlreadyExists(format!(
+        Err(ControllerServiceError::AlreadyExists(format!(
             "backup {name} exists for volume {}, not {volume}",
             backup.spec.volume_name
         )))
@@ -178,7 +178,7 @@ fn same_backup(backup: &Backup, name: &str, volume: &str) -> Result<(), Controll
 pub async fn delete(
     service: &ControllerService,
     id: &str,
-) -> Result<DeleteSnapshotResponse, ControllerError> {
+) -> Result<DeleteSnapshotResponse, ControllerServiceError> {
     let _guard = service.locks.try_lock(&format!("{ID_PREFIX}{id}"))?;
     let restoring: Vec<String> = service
         .ds
@@ -190,7 +190,7 @@ pub async fn delete(
         .map(|v| v.name_any())
         .collect();
     if !restoring.is_empty() {
-        return Err(ControllerError::FailedPrecondition(format!(
+        return Err(ControllerServiceError::FailedPrecondition(format!(
             "backup {id} is still being restored into {}",
             restoring.join(", ")
         )));
@@ -200,7 +200,7 @@ pub async fn delete(
             .delete(id, &DeleteParams::default())
             .await,
     )
-    .map_err(|e| ControllerError::api(format!("backup {id}"), e))?;
+    .map_err(|e| ControllerServiceError::api(format!("backup {id}"), e))?;
     if deleting.is_some() {
         info!(backup = %id, "backup deletion requested");
     }

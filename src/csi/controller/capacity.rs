@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::ControllerService;
 use crate::csi::capability;
-use crate::csi::error::ControllerError;
+use crate::csi::error::ControllerServiceError;
 use crate::csi::parameters::{MIN_VOLUME_SIZE, VolumeParameters};
 use crate::csi::proto::*;
 use crate::datastore::Liveness;
@@ -15,12 +15,12 @@ impl ControllerService {
     pub(super) fn capacity(
         &self,
         request: &GetCapacityRequest,
-    ) -> Result<GetCapacityResponse, ControllerError> {
+    ) -> Result<GetCapacityResponse, ControllerServiceError> {
         request
             .volume_capabilities
             .iter()
             .try_for_each(capability::check)
-            .map_err(ControllerError::InvalidArgument)?;
+            .map_err(ControllerServiceError::InvalidArgument)?;
         let parameters = VolumeParameters::parse(&request.parameters)?;
         let settings = self.settings();
         let template = Volume::new(

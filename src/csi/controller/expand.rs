@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::{ControllerService, required};
 use crate::csi::capability;
-use crate::csi::error::ControllerError;
+use crate::csi::error::ControllerServiceError;
 use crate::csi::parameters::volume_size;
 use crate::csi::proto::*;
 use crate::types::InstanceState;
@@ -22,11 +22,11 @@ impl ControllerService {
     pub(super) async fn expand(
         &self,
         request: ControllerExpandVolumeRequest,
-    ) -> Result<ControllerExpandVolumeResponse, ControllerError> {
+    ) -> Result<ControllerExpandVolumeResponse, ControllerServiceError> {
         let id = required(&request.volume_id, "volume_id")?;
         let range = request
             .capacity_range
-            .ok_or_else(|| ControllerError::Required("capacity_range"))?;
+            .ok_or_else(|| ControllerServiceError::Required("capacity_range"))?;
         let size = volume_size(range.required_bytes, range.limit_bytes)?;
         let _guard = self.locks.try_lock(id)?;
         let volume = self.existing_volume(id).await?;
@@ -41,7 +41,7 @@ impl ControllerService {
         self.volumes()
             .patch(id, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
+            .map_err(|e| ControllerServiceError::api(format!("volume {id}"), e))?;
         info!(volume = %id, from = volume.spec.size, to = size, "volume expansion requested");
         if !volume.spec.node_id.is_empty() {
             self.wait_engine_size(id, size).await?;
@@ -53,7 +53,7 @@ impl ControllerService {
     }
 
     /// An attached volume has grown when its running engine reports the size.
-    async fn wait_engine_size(&self, id: &str, size: i64) -> Result<(), ControllerError> {
+    async fn wait_engine_size(&self, id: &str, size: i64) -> Result<(), ControllerServiceError> {
         let engine = engine_name(id);
         self.wait_for(&format!("growing volume {id}"), GROW_WAIT, || {
             let engine = self.ds.engines.get(&engine);

@@ -18,7 +18,7 @@ use kube::Client;
 use kube::api::Api;
 use tonic::{Request, Response, Status};
 
-use super::error::ControllerError;
+use super::error::ControllerServiceError;
 use super::guard::VolumeLocks;
 use super::proto::controller_server::Controller;
 use super::proto::controller_service_capability::{self, rpc};
@@ -53,11 +53,11 @@ impl ControllerService {
     }
 
     /// CSI calls before the caches synced would decide on an empty view.
-    fn ready(&self) -> Result<(), ControllerError> {
+    fn ready(&self) -> Result<(), ControllerServiceError> {
         if *self.ds.readiness().borrow() {
             Ok(())
         } else {
-            Err(ControllerError::NotReady)
+            Err(ControllerServiceError::NotReady)
         }
     }
 
@@ -65,11 +65,11 @@ impl ControllerService {
         self.ds.volumes.get(id)
     }
 
-    async fn get_volume(&self, id: &str) -> Result<Option<Volume>, ControllerError> {
+    async fn get_volume(&self, id: &str) -> Result<Option<Volume>, ControllerServiceError> {
         self.volumes()
             .get_opt(id)
             .await
-            .map_err(|e| ControllerError::api(format!("volume {id}"), e))
+            .map_err(|e| ControllerServiceError::api(format!("volume {id}"), e))
     }
 
     /// Polls `check` against the caches until it answers, or DEADLINE_EXCEEDED
@@ -78,15 +78,15 @@ impl ControllerService {
         &self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut() -> Result<Option<T>, ControllerError>,
-    ) -> Result<T, ControllerError> {
+        mut check: impl FnMut() -> Result<Option<T>, ControllerServiceError>,
+    ) -> Result<T, ControllerServiceError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(done) = check()? {
                 return Ok(done);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ControllerError::Timeout {
+                return Err(ControllerServiceError::Timeout {
                     what: what.to_owned(),
                     timeout,
                 });
@@ -95,10 +95,10 @@ impl ControllerService {
         }
     }
 
-    async fn existing_volume(&self, id: &str) -> Result<Volume, ControllerError> {
+    async fn existing_volume(&self, id: &str) -> Result<Volume, ControllerServiceError> {
         self.get_volume(id)
             .await?
-            .ok_or_else(|| ControllerError::VolumeNotFound(id.to_owned()))
+            .ok_or_else(|| ControllerServiceError::VolumeNotFound(id.to_owned()))
     }
 
     fn settings(&self) -> Settings {
@@ -107,9 +107,9 @@ impl ControllerService {
 }
 
 /// A required string field, or INVALID_ARGUMENT naming it.
-fn required<'a>(value: &'a str, field: &'static str) -> Result<&'a str, ControllerError> {
+fn required<'a>(value: &'a str, field: &'static str) -> Result<&'a str, ControllerServiceError> {
     if value.is_empty() {
-        Err(ControllerError::Required(field))
+        Err(ControllerServiceError::Required(field))
     } else {
         Ok(value)
     }
@@ -121,9 +121,9 @@ fn paginate<'a, T>(
     items: &'a [T],
     max_entries: i32,
     token: &str,
-) -> Result<(&'a [T], String), ControllerError> {
+) -> Result<(&'a [T], String), ControllerServiceError> {
     if max_entries < 0 {
-        return Err(ControllerError::InvalidArgument(
+        return Err(ControllerServiceError::InvalidArgument(
             "max_entries cannot be negative".into(),
         ));
     }
@@ -135,7 +135,7 @@ fn paginate<'a, T>(
             .ok()
             .filter(|&i| i <= items.len())
             .ok_or_else(|| {
-                ControllerError::Aborted(format!("starting_token {token:?} is not valid"))
+                ControllerServiceError::Aborted(format!("starting_token {token:?} is not valid"))
             })?
     };
     let rest = &items[start..];
@@ -293,10 +293,10 @@ impl Controller for ControllerService {
         _: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
         // Not advertised: csi-sanity v5.4 fails plugins that name the capability.
-        Err(
-            ControllerError::Unimplemented("GetSnapshot is not supported; use ListSnapshots")
-                .into(),
+        Err(ControllerServiceError::Unimplemented(
+            "GetSnapshot is not supported; use ListSnapshots",
         )
+        .into())
     }
 
     async fn controller_expand_volume(
@@ -322,7 +322,10 @@ impl Controller for ControllerService {
         &self,
         _: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Err(ControllerError::Unimplemented("volume attribute classes are not supported").into())
+        Err(
+            ControllerServiceError::Unimplemented("volume attribute classes are not supported")
+                .into(),
+        )
     }
 }
 
@@ -341,9 +344,12 @@ mod tests {
         assert_eq!((page, next.as_str()), (&[4][..], ""));
         for forged in ["invalid-token", "6", "-1"] {
             let refused = paginate(&items, 1, forged);
-            assert!(matches!(refused, Err(ControllerError::Aborted(_))));
+            assert!(matches!(refused, Err(ControllerServiceError::Aborted(_))));
         }
         let negative = paginate(&items, -1, "");
-        assert!(matches!(negative, Err(ControllerError::InvalidArgument(_))));
+        assert!(matches!(
+            negative,
+            Err(ControllerServiceError::InvalidArgument(_))
+        ));
     }
 }

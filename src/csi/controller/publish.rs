@@ -11,7 +11,7 @@ use tracing::info;
 
 use super::{ControllerService, required};
 use crate::csi::capability;
-use crate::csi::error::ControllerError;
+use crate::csi::error::ControllerServiceError;
 use crate::csi::proto::*;
 use crate::types::{Volume, VolumeState};
 
@@ -25,14 +25,14 @@ impl ControllerService {
     pub(super) async fn publish(
         &self,
         request: ControllerPublishVolumeRequest,
-    ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
+    ) -> Result<ControllerPublishVolumeResponse, ControllerServiceError> {
         let id = required(&request.volume_id, "volume_id")?;
         let node = required(&request.node_id, "node_id")?;
         let capability = request
             .volume_capability
             .as_ref()
-            .ok_or_else(|| ControllerError::Required("volume_capability"))?;
-        capability::check(capability).map_err(ControllerError::InvalidArgument)?;
+            .ok_or_else(|| ControllerServiceError::Required("volume_capability"))?;
+        capability::check(capability).map_err(ControllerServiceError::InvalidArgument)?;
         let _guard = self.locks.try_lock(id)?;
         let volume = self.existing_volume(id).await?;
         self.existing_node(node)?;
@@ -42,21 +42,21 @@ impl ControllerService {
             // A volume being deleted is held only while it stays attached:
             // it takes no new attachment that would keep it.
             "" if volume.metadata.deletion_timestamp.is_some() => {
-                return Err(ControllerError::FailedPrecondition(format!(
+                return Err(ControllerServiceError::FailedPrecondition(format!(
                     "volume {id} is being deleted; it cannot attach to {node}"
                 )));
             }
             "" => self.set_attachment(&volume, node, Some(&readonly)).await?,
             current if current == node => {
                 if published_readonly.is_some_and(|r| *r != readonly) {
-                    return Err(ControllerError::AlreadyExists(format!(
+                    return Err(ControllerServiceError::AlreadyExists(format!(
                         "volume {id} is published to {node} with readonly={}",
                         published_readonly.map_or("", String::as_str)
                     )));
                 }
             }
             other => {
-                return Err(ControllerError::FailedPrecondition(format!(
+                return Err(ControllerServiceError::FailedPrecondition(format!(
                     "volume {id} is attached to node {other}; a single-node volume cannot also attach to {node}"
                 )));
             }
@@ -67,10 +67,10 @@ impl ControllerService {
         })
     }
 
-    fn existing_node(&self, node: &str) -> Result<(), ControllerError> {
+    fn existing_node(&self, node: &str) -> Result<(), ControllerServiceError> {
         match self.ds.nodes.get(node) {
             Some(_) => Ok(()),
-            None => Err(ControllerError::NotFound(format!(
+            None => Err(ControllerServiceError::NotFound(format!(
                 "node {node} is not an oxhorn node"
             ))),
         }
@@ -83,7 +83,7 @@ impl ControllerService {
         volume: &Volume,
         node: &str,
         readonly: Option<&str>,
-    ) -> Result<(), ControllerError> {
+    ) -> Result<(), ControllerServiceError> {
         let id = volume.name_any();
         let patch = json!({
             "metadata": {
@@ -95,12 +95,12 @@ impl ControllerService {
         self.volumes()
             .patch(&id, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
+            .map_err(|e| ControllerServiceError::api(format!("volume {id}"), e))?;
         info!(volume = %id, node = %node, "volume attachment requested");
         Ok(())
     }
 
-    async fn wait_attached(&self, id: &str, node: &str) -> Result<(), ControllerError> {
+    async fn wait_attached(&self, id: &str, node: &str) -> Result<(), ControllerServiceError> {
         self.wait_for(
             &format!("attaching volume {id} to {node}"),
             ATTACH_WAIT,
@@ -118,7 +118,7 @@ impl ControllerService {
     pub(super) async fn unpublish(
         &self,
         request: ControllerUnpublishVolumeRequest,
-    ) -> Result<(), ControllerError> {
+    ) -> Result<(), ControllerServiceError> {
         let id = required(&request.volume_id, "volume_id")?;
         let node = request.node_id.as_str();
         let _guard = self.locks.try_lock(id)?;

@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::backups::{self, Kind};
 use super::{CSI_NAME, ControllerService, paginate, required};
-use crate::csi::error::ControllerError;
+use crate::csi::error::ControllerServiceError;
 use crate::csi::proto::{
     CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, Snapshot as CsiSnapshot, list_snapshots_response,
@@ -34,7 +34,7 @@ const DELETE_WAIT: Duration = Duration::from_secs(30);
 pub async fn deletion_blocker(
     service: &ControllerService,
     volume: &str,
-) -> Result<Option<String>, ControllerError> {
+) -> Result<Option<String>, ControllerServiceError> {
     let cached: Vec<String> = service
         .ds
         .snapshots
@@ -51,7 +51,7 @@ pub async fn deletion_blocker(
             .snapshots_api()
             .get_opt(&name)
             .await
-            .map_err(|e| ControllerError::api(format!("snapshot {name}"), e))?;
+            .map_err(|e| ControllerServiceError::api(format!("snapshot {name}"), e))?;
         kept.extend(current.filter(|s| s.metadata.deletion_timestamp.is_none()));
     }
     kept.sort_by_key(|s| s.name_any());
@@ -77,7 +77,7 @@ fn cached(service: &ControllerService, id: &str) -> Option<Arc<Snapshot>> {
 pub async fn create(
     service: &ControllerService,
     request: CreateSnapshotRequest,
-) -> Result<CreateSnapshotResponse, ControllerError> {
+) -> Result<CreateSnapshotResponse, ControllerServiceError> {
     let volume = required(&request.source_volume_id, "source_volume_id")?;
     let name = required(&request.name, "name")?;
     if let Kind::Backup(target) = backups::kind(&request.parameters)? {
@@ -89,12 +89,12 @@ pub async fn create(
     let existing = api
         .get_opt(&id)
         .await
-        .map_err(|e| ControllerError::api(format!("snapshot {id}"), e))?;
+        .map_err(|e| ControllerServiceError::api(format!("snapshot {id}"), e))?;
     match existing {
         Some(snapshot) => same_snapshot(&snapshot, name, volume)?,
         None => {
             if service.get_volume(volume).await?.is_none() {
-                return Err(ControllerError::NotFound(format!(
+                return Err(ControllerServiceError::NotFound(format!(
                     "source volume {volume} does not exist"
                 )));
             }
@@ -111,7 +111,7 @@ pub async fn create(
             }
             api.create(&PostParams::default(), &snapshot)
                 .await
-                .map_err(|e| ControllerError::api(format!("snapshot {id}"), e))?;
+                .map_err(|e| ControllerServiceError::api(format!("snapshot {id}"), e))?;
             info!(snapshot = %id, "snapshot requested");
         }
     }
@@ -122,7 +122,11 @@ pub async fn create(
 }
 
 /// A repeated CreateSnapshot must name the same source volume.
-fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), ControllerError> {
+fn same_snapshot(
+    snapshot: &Snapshot,
+    name: &str,
+    volume: &str,
+) -> Result<(), ControllerServiceError> {
     let id = snapshot.name_any();
     let same_name = snapshot
         .annotations()
@@ -131,7 +135,7 @@ fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), Co
     if same_name && snapshot.spec.volume == volume {
         Ok(())
     } else {
-        Err(ControllerError::AlreadyExists(format!(
+        Err(ControllerServiceError::AlreadyExists(format!(
             "snapshot {name} exists for volume {}, not {volume}",
             snapshot.spec.volume
         )))
@@ -144,7 +148,7 @@ fn same_snapshot(snapshot: &Snapshot, name: &str, volume: &str) -> Result<(), Co
 async fn wait_taken(
     service: &ControllerService,
     id: &str,
-) -> Result<Arc<Snapshot>, ControllerError> {
+) -> Result<Arc<Snapshot>, ControllerServiceError> {
     let taken = service
         .wait_for(&format!("taking snapshot {id}"), READY_WAIT, || {
             let Some(snapshot) = cached(service, id) else {
@@ -153,7 +157,7 @@ async fn wait_taken(
             let status = snapshot.status.clone().unwrap_or_default();
             let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
             if ready.is_some_and(|c| c.reason == "VolumeNotFound") {
-                return Err(ControllerError::NotFound(format!(
+                return Err(ControllerServiceError::NotFound(format!(
                     "snapshot {id}: {}",
                     status.error
                 )));
@@ -162,8 +166,8 @@ async fn wait_taken(
         })
         .await;
     match taken {
-        Err(ControllerError::Timeout { .. }) => cached(service, id).ok_or_else(|| {
-            ControllerError::Unavailable(format!("snapshot {id} is not cached yet"))
+        Err(ControllerServiceError::Timeout { .. }) => cached(service, id).ok_or_else(|| {
+            ControllerServiceError::Unavailable(format!("snapshot {id} is not cached yet"))
         }),
         other => other,
     }
@@ -172,7 +176,7 @@ async fn wait_taken(
 pub async fn delete(
     service: &ControllerService,
     request: DeleteSnapshotRequest,
-) -> Result<DeleteSnapshotResponse, ControllerError> {
+) -> Result<DeleteSnapshotResponse, ControllerServiceError> {
     let id = required(&request.snapshot_id, "snapshot_id")?;
     if let Some(backup) = backups::backup_of(id) {
         return backups::delete(service, backup).await;
@@ -180,7 +184,7 @@ pub async fn delete(
     let _guard = service.locks.try_lock(&format!("snapshot/{id}"))?;
     let dependents = filling_from(&service.ds, id);
     if !dependents.is_empty() {
-        return Err(ControllerError::FailedPrecondition(format!(
+        return Err(ControllerServiceError::FailedPrecondition(format!(
             "snapshot {id} is still being restored into {}",
             dependents.join(", ")
         )));
@@ -191,7 +195,7 @@ pub async fn delete(
             .delete(id, &DeleteParams::default())
             .await,
     )
-    .map_err(|e| ControllerError::api(format!("snapshot {id}"), e))?;
+    .map_err(|e| ControllerServiceError::api(format!("snapshot {id}"), e))?;
     if deleting.is_some() {
         info!(snapshot = %id, "snapshot deletion requested");
     }
@@ -218,7 +222,7 @@ fn filling_from(ds: &Datastore, snapshot: &str) -> Vec<String> {
 pub fn list(
     service: &ControllerService,
     request: &ListSnapshotsRequest,
-) -> Result<ListSnapshotsResponse, ControllerError> {
+) -> Result<ListSnapshotsResponse, ControllerServiceError> {
     let mut snapshots: Vec<CsiSnapshot> = service
         .ds
         .snapshots

@@ -12,7 +12,7 @@ use tracing::info;
 use super::backups::backup_of;
 use super::{CSI_NAME, ControllerService, paginate, required, snapshots};
 use crate::csi::capability;
-use crate::csi::error::ControllerError;
+use crate::csi::error::ControllerServiceError;
 use crate::csi::parameters::{VolumeParameters, volume_size};
 use crate::csi::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::csi::proto::*;
@@ -34,7 +34,7 @@ impl ControllerService {
     pub(super) async fn create(
         &self,
         request: CreateVolumeRequest,
-    ) -> Result<CreateVolumeResponse, ControllerError> {
+    ) -> Result<CreateVolumeResponse, ControllerServiceError> {
         let name = required(&request.name, "name")?;
         capability::check_all(&request.volume_capabilities)?;
         let parameters = VolumeParameters::parse(&request.parameters)?;
@@ -44,7 +44,7 @@ impl ControllerService {
         let _guard = self.locks.try_lock(&id)?;
         let source = request.volume_content_source.and_then(|s| s.r#type);
         if source.is_some() && !parameters.from_backup.is_empty() {
-            return Err(ControllerError::InvalidArgument(
+            return Err(ControllerServiceError::InvalidArgument(
                 "a volume restores from its content source or from the class's fromBackup, not both"
                     .into(),
             ));
@@ -118,7 +118,7 @@ impl ControllerService {
         id: &str,
         source: Option<&Source>,
         size: i64,
-    ) -> Result<Option<FilledFrom>, ControllerError> {
+    ) -> Result<Option<FilledFrom>, ControllerServiceError> {
         let (snapshot, source_size) = match source {
             None => return Ok(None),
             Some(Source::Snapshot(SnapshotSource { snapshot_id }))
@@ -132,9 +132,9 @@ impl ControllerService {
             Some(Source::Snapshot(SnapshotSource { snapshot_id })) => {
                 let snapshot = self.snapshots_api().get_opt(snapshot_id).await;
                 let snapshot = snapshot
-                    .map_err(|e| ControllerError::api(format!("snapshot {snapshot_id}"), e))?
+                    .map_err(|e| ControllerServiceError::api(format!("snapshot {snapshot_id}"), e))?
                     .ok_or_else(|| {
-                        ControllerError::NotFound(format!(
+                        ControllerServiceError::NotFound(format!(
                             "source snapshot {snapshot_id} does not exist"
                         ))
                     })?;
@@ -143,7 +143,9 @@ impl ControllerService {
             }
             Some(Source::Volume(VolumeSource { volume_id })) => {
                 let volume = self.get_volume(volume_id).await?.ok_or_else(|| {
-                    ControllerError::NotFound(format!("source volume {volume_id} does not exist"))
+                    ControllerServiceError::NotFound(format!(
+                        "source volume {volume_id} does not exist"
+                    ))
                 })?;
                 (clone_snapshot_name(id), volume.spec.size)
             }
@@ -153,13 +155,13 @@ impl ControllerService {
     }
 
     /// The Backup `name`, which a new volume is restored from.
-    async fn backup_source(&self, name: &str) -> Result<Backup, ControllerError> {
+    async fn backup_source(&self, name: &str) -> Result<Backup, ControllerServiceError> {
         let api: Api<Backup> = Api::namespaced(self.client.clone(), &self.ds.namespace);
         api.get_opt(name)
             .await
-            .map_err(|e| ControllerError::api(format!("backup {name}"), e))?
+            .map_err(|e| ControllerServiceError::api(format!("backup {name}"), e))?
             .ok_or_else(|| {
-                ControllerError::NotFound(format!("source backup {name} does not exist"))
+                ControllerServiceError::NotFound(format!("source backup {name} does not exist"))
             })
     }
 
@@ -169,7 +171,7 @@ impl ControllerService {
         name: &str,
         spec: VolumeSpec,
         source: Option<&Source>,
-    ) -> Result<(), ControllerError> {
+    ) -> Result<(), ControllerServiceError> {
         if let Some(Source::Volume(VolumeSource { volume_id })) = source {
             self.snapshot_for_clone(id, volume_id).await?;
         }
@@ -182,14 +184,18 @@ impl ControllerService {
         self.volumes()
             .create(&PostParams::default(), &volume)
             .await
-            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
+            .map_err(|e| ControllerServiceError::api(format!("volume {id}"), e))?;
         info!(volume = %id, csi_name = %name, "volume created");
         Ok(())
     }
 
     /// A clone is a restore from a snapshot of the source taken for it; the
     /// volume controller deletes that snapshot once the clone is filled.
-    async fn snapshot_for_clone(&self, id: &str, source: &str) -> Result<(), ControllerError> {
+    async fn snapshot_for_clone(
+        &self,
+        id: &str,
+        source: &str,
+    ) -> Result<(), ControllerServiceError> {
         let name = clone_snapshot_name(id);
         let mut snapshot = Snapshot::new(
             &name,
@@ -202,13 +208,13 @@ impl ControllerService {
             .insert(CLONE_FOR.to_owned(), id.to_owned());
         create_if_absent(&self.snapshots_api(), &snapshot)
             .await
-            .map_err(|e| ControllerError::api(format!("snapshot {name}"), e))?;
+            .map_err(|e| ControllerServiceError::api(format!("snapshot {name}"), e))?;
         Ok(())
     }
 
     /// Waits for the first placement of the volume's replicas: done when every
     /// replica has a node and disk, an error saying why when one cannot.
-    async fn wait_scheduled(&self, id: &str) -> Result<Arc<Volume>, ControllerError> {
+    async fn wait_scheduled(&self, id: &str) -> Result<Arc<Volume>, ControllerServiceError> {
         self.wait_for(&format!("scheduling volume {id}"), SCHEDULE_WAIT, || {
             let Some(volume) = self.cached_volume(id) else {
                 return Ok(None);
@@ -223,7 +229,7 @@ impl ControllerService {
                 Some(ConditionStatus::False) => {
                     let c = scheduled.map(|c| (c.reason.clone(), c.message.clone()));
                     let (reason, message) = c.unwrap_or_default();
-                    Err(ControllerError::Unplaceable {
+                    Err(ControllerServiceError::Unplaceable {
                         volume: id.to_owned(),
                         reason,
                         message,
@@ -235,23 +241,26 @@ impl ControllerService {
         .await
     }
 
-    pub(super) async fn delete(&self, request: DeleteVolumeRequest) -> Result<(), ControllerError> {
+    pub(super) async fn delete(
+        &self,
+        request: DeleteVolumeRequest,
+    ) -> Result<(), ControllerServiceError> {
         let id = required(&request.volume_id, "volume_id")?;
         let _guard = self.locks.try_lock(id)?;
         let Some(volume) = self.get_volume(id).await? else {
             return Ok(());
         };
         if !volume.spec.node_id.is_empty() {
-            return Err(ControllerError::FailedPrecondition(format!(
+            return Err(ControllerServiceError::FailedPrecondition(format!(
                 "volume {id} is attached to node {}; unpublish it first",
                 volume.spec.node_id
             )));
         }
         if let Some(blocker) = snapshots::deletion_blocker(self, id).await? {
-            return Err(ControllerError::FailedPrecondition(blocker));
+            return Err(ControllerServiceError::FailedPrecondition(blocker));
         }
         let deleting = unless_gone(self.volumes().delete(id, &DeleteParams::default()).await)
-            .map_err(|e| ControllerError::api(format!("volume {id}"), e))?;
+            .map_err(|e| ControllerServiceError::api(format!("volume {id}"), e))?;
         if deleting.is_none() {
             return Ok(());
         }
@@ -265,10 +274,10 @@ impl ControllerService {
     pub(super) async fn validate(
         &self,
         request: ValidateVolumeCapabilitiesRequest,
-    ) -> Result<ValidateVolumeCapabilitiesResponse, ControllerError> {
+    ) -> Result<ValidateVolumeCapabilitiesResponse, ControllerServiceError> {
         let id = required(&request.volume_id, "volume_id")?;
         if request.volume_capabilities.is_empty() {
-            return Err(ControllerError::InvalidArgument(
+            return Err(ControllerServiceError::InvalidArgument(
                 "volume_capabilities are required".into(),
             ));
         }
@@ -299,7 +308,7 @@ impl ControllerService {
     pub(super) fn list(
         &self,
         request: &ListVolumesRequest,
-    ) -> Result<ListVolumesResponse, ControllerError> {
+    ) -> Result<ListVolumesResponse, ControllerServiceError> {
         let mut volumes = self.ds.volumes.store.state();
         volumes.sort_by_key(|v| v.name_any());
         let (page, next_token) = paginate(&volumes, request.max_entries, &request.starting_token)?;
@@ -319,10 +328,13 @@ impl ControllerService {
         })
     }
 
-    pub(super) fn get(&self, id: &str) -> Result<ControllerGetVolumeResponse, ControllerError> {
+    pub(super) fn get(
+        &self,
+        id: &str,
+    ) -> Result<ControllerGetVolumeResponse, ControllerServiceError> {
         let volume = self
             .cached_volume(id)
-            .ok_or_else(|| ControllerError::VolumeNotFound(id.to_owned()))?;
+            .ok_or_else(|| ControllerServiceError::VolumeNotFound(id.to_owned()))?;
         Ok(ControllerGetVolumeResponse {
             volume: Some(csi_volume(&volume, HashMap::new(), None)),
             status: Some(controller_get_volume_response::VolumeStatus {
@@ -346,9 +358,9 @@ enum FilledFrom {
     Backup(String),
 }
 
-fn check_source_fits(source_size: i64, size: i64) -> Result<(), ControllerError> {
+fn check_source_fits(source_size: i64, size: i64) -> Result<(), ControllerServiceError> {
     if source_size > size {
-        return Err(ControllerError::OutOfRange(format!(
+        return Err(ControllerServiceError::OutOfRange(format!(
             "the source holds {source_size} bytes, more than the {size} bytes asked for"
         )));
     }
@@ -360,10 +372,10 @@ fn compatible(
     name: &str,
     wanted: &VolumeSpec,
     limit: i64,
-) -> Result<(), ControllerError> {
+) -> Result<(), ControllerServiceError> {
     let id = existing.name_any();
     if existing.metadata.deletion_timestamp.is_some() {
-        return Err(ControllerError::Aborted(format!(
+        return Err(ControllerServiceError::Aborted(format!(
             "volume {id} is being deleted; retry later"
         )));
     }
@@ -409,7 +421,7 @@ fn compatible(
     if why.is_empty() {
         Ok(())
     } else {
-        Err(ControllerError::AlreadyExists(format!(
+        Err(ControllerServiceError::AlreadyExists(format!(
             "volume {id} exists and does not match the request: {}",
             why.join("; ")
         )))

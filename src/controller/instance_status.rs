@@ -1,4 +1,5 @@
-//! What the engine and replica controllers share: both run a process
+//! An engine's or replica's process as its status and Events report it:
+//! what the engine and replica controllers share, since both run a process
 //! through the instance manager and report it the same way.
 
 use kube::runtime::events::EventType;
