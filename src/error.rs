@@ -59,7 +59,7 @@ pub enum Error {
 
     /// `oxhorn uninstall` refused or could not finish.
     #[error(transparent)]
-    Uninstall(#[from] crate::uninstall::UninstallError),
+    Uninstall(#[from] crate::cmd::uninstall::UninstallError),
 }
 
 impl Error {

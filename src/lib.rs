@@ -4,38 +4,46 @@
 //! engine -> replicas. The modules follow that path:
 //! - [`csi`]: the CSI gRPC services Kubernetes calls;
 //! - [`types`]: the oxhorn.io custom resources those calls create;
-//! - [`datastore`]: the shared, watched caches of those resources;
+//! - [`datastore`]: the shared, watched caches of those resources, and the
+//!   API calls that may find their work done already;
 //! - [`controller`]: the reconcilers that turn desired state into actions;
 //! - [`scheduler`]: where a volume's replicas go;
-//! - [`instance`]: the per-node processes (engines, replicas) a manager runs;
-//! - [`manager`]: the per-node daemon that wires them together;
-//! - [`engine`]: replicates a volume's I/O to its replicas;
-//! - [`protocol`]: the engine <-> replica data protocol;
-//! - [`frontend`]: the volume as a block device on its node;
-//! - [`host`]: the node's host: its programs, mounts and filesystems;
-//! - [`replica`]: one copy of a volume's data on a node's disk;
 //! - [`backup`]: volumes' snapshots kept in an object store;
-//! - [`manifest`] and [`uninstall`]: installing Oxhorn and removing it.
+//! - [`instance`]: the per-node processes (engines, replicas) a manager runs;
+//! - [`engine`]: replicates a volume's I/O to its replicas;
+//! - [`frontend`]: the volume as a block device on its node;
+//! - [`names`]: checks of the names that reach the filesystem or the API;
+//! - [`protocol`]: the engine <-> replica data protocol;
+//! - [`replica`]: one copy of a volume's data on a node's disk;
+//! - [`host`]: the node's host: its programs, mounts and filesystems.
+//!
+//! Beside them, [`cmd`] holds the subcommands that put the layers together
+//! (the per-node manager, the instance manager's pod, installing and
+//! uninstalling), and [`error`] and [`logging`] serve the process.
+
+pub mod csi;
+
+pub mod types;
+
+pub mod datastore;
+
+pub mod controller;
+pub mod scheduler;
 
 pub mod backup;
-pub mod controller;
-pub mod csi;
-pub mod datastore;
-pub mod engine;
-pub mod error;
-pub mod frontend;
-pub mod health;
-pub mod host;
+
 pub mod instance;
-pub mod instance_manager;
-pub mod logging;
-pub mod manager;
-pub mod manifest;
+
+pub mod engine;
+pub mod frontend;
 pub mod names;
 pub mod protocol;
 pub mod replica;
-pub mod scheduler;
-pub mod types;
-pub mod uninstall;
+
+pub mod host;
+
+pub mod cmd;
+pub mod error;
+pub mod logging;
 
 pub use error::{Error, Result};

@@ -6,10 +6,10 @@ use std::pin::Pin;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use oxhorn::cmd::instance_manager::{self, InstanceManagerArgs};
+use oxhorn::cmd::manager::{self, ManagerConfig};
 use oxhorn::engine::{self, EngineConfig};
-use oxhorn::instance_manager::{self, InstanceManagerArgs};
 use oxhorn::logging::{self, LogFormat};
-use oxhorn::manager::{self, ManagerConfig};
 use oxhorn::replica::ReplicaConfig;
 use oxhorn::types;
 use tokio::signal::unix::{SignalKind, signal};
@@ -49,12 +49,12 @@ enum Command {
     Crds,
     /// Print the manifest that installs Oxhorn (deploy/oxhorn.yaml), or
     /// the one that uninstalls it (deploy/uninstall.yaml).
-    Manifest(oxhorn::manifest::ManifestArgs),
+    Manifest(oxhorn::cmd::manifest::ManifestArgs),
     /// Delete every volume, and its data, so that deleting the manifest
     /// leaves nothing behind (the Job of deploy/uninstall.yaml). Refused
     /// while volumes exist unless the Setting deleting-confirmation-flag
     /// is "true".
-    Uninstall(oxhorn::uninstall::UninstallArgs),
+    Uninstall(oxhorn::cmd::uninstall::UninstallArgs),
     /// Print the version.
     Version,
 }
@@ -80,7 +80,7 @@ fn main() -> ExitCode {
             .map_err(Into::into),
         Command::Manifest(args) => args.yaml().map(|yaml| print!("{yaml}")),
         Command::Uninstall(args) => run_until_signal(Threads::Many, |shutdown| {
-            oxhorn::uninstall::run(args, shutdown)
+            oxhorn::cmd::uninstall::run(args, shutdown)
         }),
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));

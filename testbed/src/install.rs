@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
-use oxhorn::manifest::HostDirs;
+use oxhorn::cmd::manifest::HostDirs;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -132,7 +132,7 @@ impl Installation {
 }
 
 fn uninstall_yaml() -> Result<String> {
-    oxhorn::manifest::uninstall_yaml()
+    oxhorn::cmd::manifest::uninstall_yaml()
         .map_err(|e| Error::Failed(format!("the uninstall manifest: {e}")))
 }
 
@@ -215,7 +215,7 @@ fn node_manifest(node: &KubeletNode) -> Result<String> {
         data_dir: node.host_dir("oxhorn-data")?,
         run_dir: node.host_dir("oxhorn-run")?,
     };
-    oxhorn::manifest::manifest_yaml_for(&dirs)
+    oxhorn::cmd::manifest::manifest_yaml_for(&dirs)
         .map_err(|e| Error::Failed(format!("the manifest: {e}")))
 }
 

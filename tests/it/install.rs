@@ -17,13 +17,13 @@ pub static OXHORN_SYSTEM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new
 #[test]
 fn the_manifest_is_what_its_parts_make() {
     let committed = std::fs::read_to_string(MANIFEST).unwrap();
-    let generated = oxhorn::manifest::manifest_yaml().unwrap();
+    let generated = oxhorn::cmd::manifest::manifest_yaml().unwrap();
     assert!(
         committed == generated,
         "deploy/oxhorn.yaml is stale: run `cargo run -- manifest > deploy/oxhorn.yaml`"
     );
     let committed = std::fs::read_to_string(UNINSTALL).unwrap();
-    let generated = oxhorn::manifest::uninstall_yaml().unwrap();
+    let generated = oxhorn::cmd::manifest::uninstall_yaml().unwrap();
     assert!(
         committed == generated,
         "deploy/uninstall.yaml is stale: run `cargo run -- manifest --uninstall > deploy/uninstall.yaml`"

@@ -1,174 +1,40 @@
-//! `oxhorn uninstall` (the Job of deploy/uninstall.yaml): removes every
-//! Oxhorn volume, and with it its data, while the controllers still run to
-//! let go of each, so that `kubectl delete -f deploy/oxhorn.yaml` then
-//! leaves nothing stuck on a finalizer and nothing on the nodes.
-//!
-//! Refused while an Oxhorn volume, claim or snapshot exists unless the
-//! Setting `deleting-confirmation-flag` is "true" (the refusal creates it,
-//! "false", for the user to change). With it, in this order:
-//! 1. the claims of Oxhorn volumes are deleted (a claim being deleted admits
-//!    no new pod, so a StatefulSet's replacement pods cannot take it), then
-//!    the pods that use them, so the kubelets unmount them and the
-//!    attachments go;
-//! 2. the backup resources are forgotten (see below), then the
-//!    VolumeSnapshots of Oxhorn snapshots (through the snapshot controller
-//!    and csi-snapshotter, which hold their finalizers): those of a backup
-//!    class let go of their backups, which stay in the store;
-//! 3. the Volume objects and their PVs (the volume controller stops the
-//!    engines and removes the replicas' data), any volume attached by hand
-//!    detached first; the Setting is "false" again.
-//!
-//! Either way, engines, replicas and snapshots whose volume is gone go
-//! last, and the backup resources are forgotten: the BackupTargets first,
-//! so that the Backups then let go without deleting anything from their
-//! stores, which keep every backup for a later install to find.
+//! What the users hold on Oxhorn volumes: the claims and their pods, the
+//! PVs, the attachments and the VolumeSnapshots. What a refusal lists, and
+//! what goes first once confirmed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
-use tracing::{info, warn};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
+use kube::{Api, Client, ResourceExt};
+use tracing::info;
 
-use crate::controller::{ControllerError, delete};
+use super::{UninstallError, list};
+use crate::controller::delete;
 use crate::csi::DRIVER_NAME;
-use crate::datastore::settings::{self, DELETING_CONFIRMATION};
-use crate::datastore::{create_if_absent, unless_gone};
-use crate::types::{
-    Backup, BackupTarget, BackupVolume, DEFAULT_NAMESPACE, Engine, Replica, Setting, SettingSpec,
-    Snapshot, Volume,
-};
+use crate::datastore::settings::DELETING_CONFIRMATION;
+use crate::datastore::unless_gone;
+use crate::types::Volume;
 
-const POLL: Duration = Duration::from_secs(2);
-/// Where the kubelet reads a container's termination message from; there
-/// only when running in a container.
-const TERMINATION_LOG: &str = "/dev/termination-log";
 const PROVISIONER_ANNOTATIONS: [&str; 2] = [
     "volume.kubernetes.io/storage-provisioner",
     "volume.beta.kubernetes.io/storage-provisioner",
 ];
 
-#[derive(clap::Args, Debug)]
-pub struct UninstallArgs {
-    /// The namespace Oxhorn is installed in.
-    #[arg(long, env = "POD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
-    pub namespace: String,
-    /// How long the volumes may take to go, in seconds.
-    #[arg(long, default_value_t = 600)]
-    pub timeout: u64,
-    /// A kubeconfig; the in-cluster account when not given.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum UninstallError {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Controller(#[from] ControllerError),
-    #[error("refusing to uninstall: {0}")]
-    Refused(String),
-    #[error("still there after {after:?}: {left}")]
-    Timeout { after: Duration, left: String },
-    #[error("stopped by a signal before done; run it again to finish")]
-    Interrupted,
-}
-
-/// Uninstalls (see the module's comment), or stops when `shutdown`
-/// completes first.
-pub async fn run(args: UninstallArgs, shutdown: impl Future<Output = ()>) -> crate::Result<()> {
-    let client = crate::manager::kube_client(args.kubeconfig.as_deref()).await?;
-    let result = tokio::select! {
-        result = uninstall(&args, client) => result,
-        () = shutdown => Err(UninstallError::Interrupted),
-    };
-    if let Err(error) = &result
-        && Path::new(TERMINATION_LOG).exists()
-    {
-        // The reason, alone, as the pod's termination message.
-        let _ = std::fs::write(TERMINATION_LOG, format!("{error}\n"));
-    }
-    Ok(result?)
-}
-
-async fn uninstall(args: &UninstallArgs, client: Client) -> Result<(), UninstallError> {
-    let namespace = args.namespace.as_str();
-    let confirmed = confirmation(&client, namespace).await?;
-    let held = Held::read(&client, namespace).await?;
-    let wait = Wait::new(Duration::from_secs(args.timeout));
-    if held.is_empty() {
-        info!("no Oxhorn volume, claim or snapshot");
-    } else if !confirmed {
-        return Err(UninstallError::Refused(held.refusal(namespace)));
-    } else {
-        info!(
-            volumes = held.volumes.len(),
-            claims = held.claims.len(),
-            snapshots = held.snapshots.len(),
-            "deleting every Oxhorn volume and its data"
-        );
-        // Twice: claims made while the first pods went (a StatefulSet's
-        // for its pending pods) and their pods go too.
-        for _ in 0..2 {
-            let held = Held::read(&client, namespace).await?;
-            release_claims(&client, &held.claims).await?;
-            wait.until("the volumes' pods gone and the volumes detached", || {
-                attachments(&client)
-            })
-            .await?;
-        }
-        // Before the VolumeSnapshots: with their targets gone, those of a
-        // backup class let go of their backups without deleting them from
-        // the store.
-        forget_backups(&client, namespace, &wait).await?;
-        delete_volume_snapshots(&client).await?;
-        wait.until("the volumes' snapshots deleted", || {
-            snapshot_contents(&client)
-        })
-        .await?;
-        // Listed again: whatever was made meanwhile goes too.
-        delete_volumes(&Api::namespaced(client.clone(), namespace)).await?;
-        let pvs: Api<PersistentVolume> = Api::all(client.clone());
-        for pv in ours(list(&pvs).await?) {
-            delete(&pvs, &pv).await?;
-        }
-        wait.until("the volumes and their PVs deleted", || {
-            volumes_left(&client, namespace)
-        })
-        .await?;
-        use_up_confirmation(&client, namespace).await?;
-    }
-    delete_orphans(&client, namespace).await?;
-    wait.until(
-        "every engine, replica and snapshot of a gone volume gone",
-        || orphans(&client, namespace),
-    )
-    .await?;
-    forget_backups(&client, namespace, &wait).await?;
-    info!("no Oxhorn volume is left: `kubectl delete -f deploy/oxhorn.yaml` removes the rest");
-    Ok(())
-}
-
 /// What uninstalling would delete of the users'.
-struct Held {
-    volumes: Vec<Volume>,
+pub(super) struct Held {
+    pub(super) volumes: Vec<Volume>,
     /// Oxhorn's PVs.
     pvs: Vec<PersistentVolume>,
     /// The claims of Oxhorn volumes, each with whether it is bound to one.
-    claims: BTreeMap<ClaimKey, bool>,
+    pub(super) claims: BTreeMap<ClaimKey, bool>,
     /// The VolumeSnapshotContents of Oxhorn snapshots.
-    snapshots: Vec<String>,
+    pub(super) snapshots: Vec<String>,
 }
 
 impl Held {
-    async fn read(client: &Client, namespace: &str) -> Result<Self, UninstallError> {
+    pub(super) async fn read(client: &Client, namespace: &str) -> Result<Self, UninstallError> {
         let classes: Vec<StorageClass> = list(&Api::all(client.clone())).await?;
         let classes: BTreeSet<String> = classes
             .iter()
@@ -185,56 +51,16 @@ impl Held {
         })
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.volumes.is_empty() && self.claims.is_empty() && self.snapshots.is_empty()
     }
-}
-
-/// Whether deleting volumes is confirmed. Creates the Setting, "false",
-/// when there is none, for the user to patch; a value that is not a
-/// boolean is refused rather than read as either.
-async fn confirmation(client: &Client, namespace: &str) -> Result<bool, UninstallError> {
-    let settings: Api<Setting> = Api::namespaced(client.clone(), namespace);
-    let setting = match settings.get_opt(DELETING_CONFIRMATION).await? {
-        Some(setting) => setting,
-        None => {
-            let unset = Setting::new(
-                DELETING_CONFIRMATION,
-                SettingSpec {
-                    value: "false".into(),
-                },
-            );
-            create_if_absent(&settings, &unset).await?;
-            return Ok(false);
-        }
-    };
-    let value = setting.spec.value.trim();
-    settings::validate(DELETING_CONFIRMATION, value).map_err(UninstallError::Refused)?;
-    Ok(value == "true")
-}
-
-/// A confirmation is for one uninstall: once it has deleted the volumes,
-/// the Setting is "false" again, so that a later run (say, after Oxhorn was
-/// installed again over the same namespace) asks anew.
-async fn use_up_confirmation(client: &Client, namespace: &str) -> Result<(), UninstallError> {
-    let settings: Api<Setting> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({"spec": {"value": "false"}});
-    settings
-        .patch(
-            DELETING_CONFIRMATION,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-    info!("{DELETING_CONFIRMATION} is false again");
-    Ok(())
 }
 
 impl Held {
     /// What a refused uninstall tells the user: the volumes it would
     /// delete, with the claim and node of each, the claims still waiting
     /// for one, the snapshots, and how to confirm.
-    fn refusal(&self, namespace: &str) -> String {
+    pub(super) fn refusal(&self, namespace: &str) -> String {
         let described: Vec<String> = self.volumes.iter().map(|v| self.describe(v)).collect();
         let waiting: Vec<String> = self
             .claims
@@ -302,7 +128,7 @@ impl Held {
 }
 
 /// Oxhorn's PVs.
-fn ours(pvs: Vec<PersistentVolume>) -> Vec<PersistentVolume> {
+pub(super) fn ours(pvs: Vec<PersistentVolume>) -> Vec<PersistentVolume> {
     pvs.into_iter()
         .filter(|pv| pv_volume(pv).is_some())
         .collect()
@@ -381,7 +207,7 @@ fn uses(pod: &Pod, claims: &BTreeMap<ClaimKey, bool>) -> bool {
 }
 
 /// Deletes `claims`, then the pods using them.
-async fn release_claims(
+pub(super) async fn release_claims(
     client: &Client,
     claims: &BTreeMap<ClaimKey, bool>,
 ) -> Result<(), UninstallError> {
@@ -400,7 +226,7 @@ async fn release_claims(
 }
 
 /// The attachments of Oxhorn volumes.
-async fn attachments(client: &Client) -> Result<Vec<String>, UninstallError> {
+pub(super) async fn attachments(client: &Client) -> Result<Vec<String>, UninstallError> {
     let attachments: Vec<VolumeAttachment> = list(&Api::all(client.clone())).await?;
     Ok(attachments
         .iter()
@@ -437,7 +263,7 @@ async fn oxhorn_snapshot_contents(client: &Client) -> Result<Vec<DynamicObject>,
         .collect())
 }
 
-async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallError> {
+pub(super) async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallError> {
     let contents = oxhorn_snapshot_contents(client).await?;
     Ok(contents.iter().map(ResourceExt::name_any).collect())
 }
@@ -445,7 +271,7 @@ async fn snapshot_contents(client: &Client) -> Result<Vec<String>, UninstallErro
 /// Deletes the VolumeSnapshots of Oxhorn snapshots, and their contents
 /// directly too (a Retain policy keeps a content once its VolumeSnapshot
 /// is gone).
-async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> {
+pub(super) async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> {
     let contents = snapshot_content_api(client);
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot");
     let resource = ApiResource::from_gvk(&gvk);
@@ -466,183 +292,6 @@ async fn delete_volume_snapshots(client: &Client) -> Result<(), UninstallError> 
         )?;
     }
     Ok(())
-}
-
-async fn volumes_left(client: &Client, namespace: &str) -> Result<Vec<String>, UninstallError> {
-    let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let pvs = ours(list(&Api::all(client.clone())).await?);
-    Ok(volumes
-        .iter()
-        .map(|v| format!("volume {}", v.name_any()))
-        .chain(pvs.iter().map(|pv| format!("PV {}", pv.name_any())))
-        .collect())
-}
-
-/// The engines, replicas and snapshots whose volume is gone.
-async fn orphans_of(
-    client: &Client,
-    namespace: &str,
-) -> Result<(Vec<Engine>, Vec<Replica>, Vec<Snapshot>), UninstallError> {
-    let volumes: Vec<Volume> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let volumes: BTreeSet<String> = volumes.iter().map(ResourceExt::name_any).collect();
-    let engines: Vec<Engine> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let replicas: Vec<Replica> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    let snapshots: Vec<Snapshot> = list(&Api::namespaced(client.clone(), namespace)).await?;
-    Ok((
-        engines
-            .into_iter()
-            .filter(|e| !volumes.contains(&e.spec.instance.volume_name))
-            .collect(),
-        replicas
-            .into_iter()
-            .filter(|r| !volumes.contains(&r.spec.instance.volume_name))
-            .collect(),
-        snapshots
-            .into_iter()
-            .filter(|s| !volumes.contains(&s.spec.volume))
-            .collect(),
-    ))
-}
-
-async fn delete_orphans(client: &Client, namespace: &str) -> Result<(), UninstallError> {
-    let (engines, replicas, snapshots) = orphans_of(client, namespace).await?;
-    for engine in &engines {
-        delete(&Api::namespaced(client.clone(), namespace), engine).await?;
-    }
-    for replica in &replicas {
-        delete(&Api::namespaced(client.clone(), namespace), replica).await?;
-    }
-    for snapshot in &snapshots {
-        delete(&Api::namespaced(client.clone(), namespace), snapshot).await?;
-    }
-    Ok(())
-}
-
-async fn orphans(client: &Client, namespace: &str) -> Result<Vec<String>, UninstallError> {
-    let (engines, replicas, snapshots) = orphans_of(client, namespace).await?;
-    Ok(engines
-        .iter()
-        .map(|o| format!("engine {}", o.name_any()))
-        .chain(replicas.iter().map(|o| format!("replica {}", o.name_any())))
-        .chain(
-            snapshots
-                .iter()
-                .map(|o| format!("snapshot {}", o.name_any())),
-        )
-        .collect())
-}
-
-/// Deletes the backup resources, the targets first: a Backup whose target
-/// is gone is let go without its backup being deleted from the store.
-async fn forget_backups(
-    client: &Client,
-    namespace: &str,
-    wait: &Wait,
-) -> Result<(), UninstallError> {
-    let targets: Api<BackupTarget> = Api::namespaced(client.clone(), namespace);
-    for target in list(&targets).await? {
-        delete(&targets, &target).await?;
-    }
-    wait.until("the backup targets deleted", || async {
-        Ok(list(&targets)
-            .await?
-            .iter()
-            .map(|t| format!("backup target {}", t.name_any()))
-            .collect())
-    })
-    .await?;
-    let volumes: Api<BackupVolume> = Api::namespaced(client.clone(), namespace);
-    let backups: Api<Backup> = Api::namespaced(client.clone(), namespace);
-    for volume in list(&volumes).await? {
-        delete(&volumes, &volume).await?;
-    }
-    for backup in list(&backups).await? {
-        delete(&backups, &backup).await?;
-    }
-    wait.until(
-        "the backup resources forgotten (the stores keep them)",
-        || async {
-            let volumes = list(&volumes)
-                .await?
-                .into_iter()
-                .map(|v| format!("backup volume {}", v.name_any()));
-            let backups = list(&backups)
-                .await?
-                .into_iter()
-                .map(|b| format!("backup {}", b.name_any()));
-            Ok(volumes.chain(backups).collect())
-        },
-    )
-    .await
-}
-
-/// Deletes every Volume. One still attached once no CSI attachment is left
-/// was attached by hand (spec.nodeID): it is detached, since a volume's
-/// deletion waits for its detachment.
-async fn delete_volumes(api: &Api<Volume>) -> Result<(), UninstallError> {
-    for volume in list(api).await? {
-        let name = volume.name_any();
-        if !volume.spec.node_id.is_empty() {
-            warn!(volume = %name, node = %volume.spec.node_id, "detaching a volume no CSI attachment holds");
-            let detach = serde_json::json!({"spec": {"nodeID": ""}});
-            unless_gone(
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&detach))
-                    .await,
-            )?;
-        }
-        delete(api, &volume).await?;
-    }
-    Ok(())
-}
-
-async fn list<K>(api: &Api<K>) -> Result<Vec<K>, UninstallError>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    Ok(api.list(&ListParams::default()).await?.items)
-}
-
-/// One deadline for all the steps.
-struct Wait {
-    started: Instant,
-    limit: Duration,
-}
-
-impl Wait {
-    fn new(limit: Duration) -> Self {
-        Self {
-            started: Instant::now(),
-            limit,
-        }
-    }
-
-    /// Polls `left` until it lists nothing, logging what remains now and
-    /// then; past the deadline, an error listing it.
-    async fn until<F, Fut>(&self, what: &str, mut left: F) -> Result<(), UninstallError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Vec<String>, UninstallError>>,
-    {
-        let mut polls = 0u32;
-        loop {
-            let remaining = left().await?;
-            if remaining.is_empty() {
-                info!(step = what, "done");
-                return Ok(());
-            }
-            if self.started.elapsed() > self.limit {
-                return Err(UninstallError::Timeout {
-                    after: self.limit,
-                    left: format!("waiting for {what}: {}", remaining.join(", ")),
-                });
-            }
-            if polls.is_multiple_of(10) {
-                info!(step = what, left = %remaining.join(", "), "waiting");
-            }
-            polls += 1;
-            tokio::time::sleep(POLL).await;
-        }
-    }
 }
 
 #[cfg(test)]

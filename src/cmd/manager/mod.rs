@@ -3,6 +3,8 @@
 //! instance manager until told to stop. The engine and replica processes it
 //! started outlive it: the next manager on the node adopts them.
 
+mod health;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -171,9 +173,7 @@ async fn serve_health(
     ready: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     match config.health_port {
-        Some(port) => {
-            crate::health::serve(std::net::SocketAddr::new(config.node.ip, port), ready).await
-        }
+        Some(port) => health::serve(std::net::SocketAddr::new(config.node.ip, port), ready).await,
         None => std::future::pending().await,
     }
 }
