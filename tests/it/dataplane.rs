@@ -674,7 +674,7 @@ async fn a_replica_that_cannot_take_a_snapshot_leaves_the_io_path() {
     let first = control_address(&addresses[0]).unwrap();
     let channel = oxhorn::protocol::control_channel(&first).await.unwrap();
     let access = replicas.access.lock().unwrap().clone();
-    let mut first = ReplicaControlClient::new(oxhorn::protocol::stamped(channel, &access));
+    let mut first = ReplicaControlClient::new(oxhorn::protocol::with_token(channel, &access));
     let request = SnapshotRequest {
         name: "partial".into(),
         user_created: true,

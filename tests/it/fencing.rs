@@ -219,7 +219,7 @@ async fn the_data_plane_admits_only_its_own() {
         .await
         .unwrap_err();
     assert_eq!(plain.code(), tonic::Code::Unauthenticated, "{plain}");
-    let wrong = ReplicaControlClient::new(oxhorn::protocol::stamped(channel, &stranger))
+    let wrong = ReplicaControlClient::new(oxhorn::protocol::with_token(channel, &stranger))
         .status(ReplicaStatusRequest {})
         .await
         .unwrap_err();

@@ -24,7 +24,7 @@ use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{
     AddReplicaRequest, EngineReplica, EngineStatus, EngineStatusRequest, ReplicaMode,
 };
-use oxhorn::protocol::{Access, Connection, Key, Stamped};
+use oxhorn::protocol::{Access, Connection, Key, TokenChannel};
 use oxhorn_testbed::writer::{Running, Stats};
 use oxhorn_testbed::{self as testbed, EngineProcess, Mounted, ReplicaProcess, Verdict, Writer};
 use oxhorn_testbed::{WriterOptions, writer::BLOCK};
@@ -73,7 +73,7 @@ async fn connect(address: &str, access: &Access) -> Connection {
         .unwrap_or_else(|e| panic!("connecting to replica {address}: {e}"))
 }
 
-async fn engine_control(engine: &EngineProcess) -> EngineControlClient<Stamped> {
+async fn engine_control(engine: &EngineProcess) -> EngineControlClient<TokenChannel> {
     engine
         .client()
         .await

@@ -22,7 +22,7 @@ use crate::frontend::iscsi::{Target, TargetConfig};
 use crate::frontend::scsi::luns::DISK_LUN;
 use crate::frontend::{FuseFrontend, FuseOptions};
 use crate::names;
-use crate::protocol::{Access, Guard, Key};
+use crate::protocol::{Access, Key, RequireToken};
 use tonic::service::interceptor::InterceptedService;
 
 /// How often a start waiting for replicas of the newest I/O path tries again.
@@ -275,7 +275,7 @@ pub async fn run(
         Server::builder()
             .add_service(InterceptedService::new(
                 EngineControlServer::new(service),
-                Guard::new(access.key.clone()),
+                RequireToken::new(access.key.clone()),
             ))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), &mut shutdown)
             .await?;
