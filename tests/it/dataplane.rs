@@ -3,6 +3,13 @@
 //! rebuilt, and the engine itself dropped mid-write and restarted. The
 //! writers, the model of acknowledged writes and the comparisons serve the
 //! `partition` module too.
+//!
+//! Every replica is then checked byte for byte. Beyond kills and rebuilds,
+//! this module checks that overlapping writes and discards in flight together
+//! leave the replicas identical; that two rebuilds and a snapshot under
+//! writes and discards lose nothing; that a hung replica (SIGSTOP) leaves the
+//! I/O path while I/O goes on; and that a replica which cannot take a
+//! snapshot another one holds leaves the I/O path.
 
 use std::collections::BTreeSet;
 use std::ops::Range;

@@ -1,5 +1,14 @@
 //! Who may write to a volume's replicas: only the newest engine generation,
 //! only from the newest I/O path, and only with the volume's key.
+//!
+//! A second engine started on the same replicas: the first one's writes fail
+//! and never land. Once an engine opens a new connection to a replica (a
+//! re-add, or a restart with the same generation), nothing that arrives on
+//! its older one is applied; a reader's connection supersedes nothing and may
+//! only read. A replica that missed writes, the others lost: no engine serves
+//! from it alone until the others are back, or an operator salvages. Every
+//! data and control port refuses a caller without the volume's key, and an
+//! engine refuses a replica of another volume.
 
 use std::sync::{Arc, Mutex};
 
