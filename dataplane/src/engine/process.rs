@@ -74,7 +74,7 @@ pub struct EngineConfig {
     /// Where the FUSE mount lives.
     #[arg(long, default_value = "/var/run/oxhorn")]
     pub run_dir: PathBuf,
-    /// Where the device link /dev/oxhorn/<volume> is published.
+    /// Where the device link `/dev/oxhorn/<volume>` is published.
     #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
 }
@@ -126,7 +126,7 @@ async fn start_iscsi(
 const CHAP_ENV: &str = "OXHORN_ISCSI_CHAP";
 const CHAP_TARGET_ENV: &str = "OXHORN_ISCSI_CHAP_TARGET";
 
-/// The environment that hands `secrets` to an engine (see [`chap_from_env`]).
+/// The environment that hands `secrets` to an engine (see `chap_from_env`).
 pub fn chap_env(secrets: &ChapSecrets) -> Vec<(String, String)> {
     let credential = |prefix: &str, credential: &Credential| {
         [
