@@ -186,7 +186,7 @@ fn noise(state: &mut u64, len: u64) -> Bytes {
 async fn control_client(
     replica: &ReplicaProcess,
     access: &Access,
-) -> ReplicaControlClient<oxhorn::protocol::Stamped> {
+) -> ReplicaControlClient<oxhorn::protocol::TokenChannel> {
     let address = replica.address();
     let (host, port) = address.rsplit_once(':').expect("host:port");
     let port: u16 = port.parse().expect("port");
@@ -199,12 +199,12 @@ async fn control_client(
         .connect()
         .await
         .expect("control");
-    ReplicaControlClient::new(oxhorn::protocol::stamped(channel, access))
+    ReplicaControlClient::new(oxhorn::protocol::with_token(channel, access))
         .max_decoding_message_size(64 << 20)
 }
 
 async fn reader_at(
-    control: &ReplicaControlClient<oxhorn::protocol::Stamped>,
+    control: &ReplicaControlClient<oxhorn::protocol::TokenChannel>,
     snapshot: &str,
 ) -> SnapshotReader {
     let status = control

@@ -3,8 +3,8 @@
 //! and the manager's peak resident memory. The baseline, in the same
 //! invocation on the same API server, is creating the same N Volume objects
 //! with no manager running: the API server's own cost. Prints both and the
-//! ratios. Targets (DESIGN.md): all scheduled in under 60 s, peak RSS under
-//! 100 MiB.
+//! ratios. Targets (bench/README.md): all scheduled in under 60 s, peak RSS
+//! under 100 MiB.
 //!
 //!     cargo bench --bench scale [-- N]
 

@@ -10,11 +10,12 @@
 //! - [`scheduler`]: where a volume's replicas go;
 //! - [`backup`]: volumes' snapshots kept in an object store;
 //! - [`instance`]: the per-node processes (engines, replicas) a manager runs;
-//! - [`engine`]: replicates a volume's I/O to its replicas;
-//! - [`frontend`]: the volume as a block device on its node;
-//! - [`names`]: checks of the names that reach the filesystem or the API;
-//! - [`protocol`]: the engine <-> replica data protocol;
-//! - [`replica`]: one copy of a volume's data on a node's disk;
+//! - the data plane, the crate `oxhorn-dataplane` (dataplane/), which knows
+//!   nothing of Kubernetes; its modules are re-exported here under the same
+//!   names: [`engine`] (replicates a volume's I/O to its replicas),
+//!   [`protocol`] (the engine <-> replica data protocol), [`frontend`] (the
+//!   volume as a block device on its node), [`replica`] (one copy of a
+//!   volume's data on a node's disk) and [`names`];
 //! - [`host`]: the node's host: its programs, mounts and filesystems.
 //!
 //! Beside them, [`cmd`] holds the subcommands that put the layers together
@@ -34,11 +35,9 @@ pub mod backup;
 
 pub mod instance;
 
-pub mod engine;
-pub mod frontend;
-pub mod names;
-pub mod protocol;
-pub mod replica;
+// The data plane is its own crate (dataplane/): re-exported under the same
+// paths, so `crate::engine::…` reads the same in either crate.
+pub use oxhorn_dataplane::{engine, frontend, names, protocol, replica};
 
 pub mod host;
 

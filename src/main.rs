@@ -57,6 +57,13 @@ enum Command {
     Uninstall(oxhorn::cmd::uninstall::UninstallArgs),
     /// Print the version.
     Version,
+    /// Print a page of docs/ that the code makes:
+    /// `oxhorn docs settings > docs/settings.md`.
+    #[command(hide = true)]
+    Docs {
+        #[arg(value_parser = ["settings"])]
+        page: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -84,6 +91,11 @@ fn main() -> ExitCode {
         }),
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        // settings, the only page so far
+        Command::Docs { .. } => {
+            print!("{}", oxhorn::datastore::settings::markdown());
             Ok(())
         }
     };

@@ -14,10 +14,10 @@
 //! decode that reserves room for more than one header and `MAX_PAYLOAD`.
 
 use bytes::BytesMut;
-use oxhorn::protocol::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec};
+use oxhorn_dataplane::protocol::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec};
 use tokio_util::codec::{Decoder, Encoder};
 
-/// Header sizes of the frame layout (src/protocol/frame.rs).
+/// Header sizes of the frame layout (dataplane/src/protocol/frame.rs).
 const REQUEST_HEADER: usize = 24;
 const RESPONSE_HEADER: usize = 16;
 

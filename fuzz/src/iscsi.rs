@@ -20,11 +20,13 @@
 //! complete with another length.
 
 use bytes::{Bytes, BytesMut};
-use oxhorn::frontend::iscsi::data_out::{DataOutPdu, Gathering};
-use oxhorn::frontend::iscsi::login::{Login, Step, TargetIdentity};
-use oxhorn::frontend::iscsi::negotiate::Parameters;
-use oxhorn::frontend::iscsi::pdu::{BHS_LEN, DEFAULT_MAX_RECV_DATA, Opcode, Pdu, PduCodec};
-use oxhorn::frontend::iscsi::text::Text;
+use oxhorn_dataplane::frontend::iscsi::data_out::{DataOutPdu, Gathering};
+use oxhorn_dataplane::frontend::iscsi::login::{Login, Step, TargetIdentity};
+use oxhorn_dataplane::frontend::iscsi::negotiate::Parameters;
+use oxhorn_dataplane::frontend::iscsi::pdu::{
+    BHS_LEN, DEFAULT_MAX_RECV_DATA, Opcode, Pdu, PduCodec,
+};
+use oxhorn_dataplane::frontend::iscsi::text::Text;
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::frame::{Frame, READS, drive};
@@ -158,7 +160,7 @@ fn check(codec: &PduCodec, pdu: Pdu, wire: &[u8]) {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use oxhorn::frontend::iscsi::pdu::Bhs;
+    use oxhorn_dataplane::frontend::iscsi::pdu::Bhs;
 
     use super::*;
 

@@ -3,10 +3,10 @@
 //! with the whole store compared to the model after every step.
 //!
 //! The model keeps what each layer holds, block by block (as
-//! `src/replica/model_tests.rs` keeps the volume's bytes per snapshot), so
+//! `dataplane/src/replica/model_tests.rs` keeps the volume's bytes per snapshot), so
 //! that the rebuild operations, which relink layers, are predictable: a
 //! block reads from the newest layer holding it. It follows the documented
-//! contract of each operation (see `src/replica/`): unmap holds zeros where
+//! contract of each operation (see `dataplane/src/replica/`): unmap holds zeros where
 //! a snapshot holds the block or the replica is being rebuilt, and punches a
 //! hole elsewhere; removing a snapshot merges it into its child; staged
 //! layers serve no reads and a reopen forgets them unless the replica is
@@ -28,7 +28,7 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use oxhorn::replica::{
+use oxhorn_dataplane::replica::{
     BLOCK_SIZE, LayerSpec, ReplicaStore, StorageError, VOLUME_HEAD, validate_snapshot_name,
 };
 
@@ -968,7 +968,7 @@ impl Run {
         name: &str,
         chunk_size: u64,
         checksums: bool,
-        chunks: &[oxhorn::replica::ChunkSummary],
+        chunks: &[oxhorn_dataplane::replica::ChunkSummary],
     ) {
         let per_chunk = chunk_size / BLOCK_SIZE;
         let layer = self.model.layer(name).unwrap();

@@ -13,10 +13,10 @@
 //! - `volumes/<volume>/blocks/<c0c1>/<checksum>.blk`: the blocks, of
 //!   [`BLOCK_SIZE`] (the last one of a volume may be shorter), named by the
 //!   BLAKE3 hash of their data and compressed (LZ4 or zstd, by setting) when
-//!   that makes them smaller (see [`block`]). Identical blocks are stored
+//!   that makes them smaller (see `block.rs`). Identical blocks are stored
 //!   once across all the volume's backups; a block of zeros is never stored;
 //! - `volumes/<volume>/lock`: held by the one backup or deletion of the
-//!   volume under way (see [`lock`]): a deletion never removes a block a
+//!   volume under way (see `lock.rs`): a deletion never removes a block a
 //!   backup being written counts on.
 
 mod block;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use tonic::transport::Channel;
 
-use crate::protocol::{Access, Stamped};
+use crate::protocol::{Access, TokenChannel};
 
 use super::ControllerError;
 use crate::protocol::control::engine_control_client::EngineControlClient;
@@ -61,7 +61,7 @@ impl<C> Control<C> {
     }
 }
 
-impl Control<ReplicaControlClient<Stamped>> {
+impl Control<ReplicaControlClient<TokenChannel>> {
     /// The replica's chain, revision and flags.
     pub async fn status(&mut self) -> Result<ReplicaStatus, ControllerError> {
         let reply = self.client.status(ReplicaStatusRequest {}).await;
@@ -71,7 +71,7 @@ impl Control<ReplicaControlClient<Stamped>> {
     }
 }
 
-impl Control<EngineControlClient<Stamped>> {
+impl Control<EngineControlClient<TokenChannel>> {
     /// The engine's replicas and snapshots.
     pub async fn status(&mut self) -> Result<EngineStatus, ControllerError> {
         let reply = self.client.status(EngineStatusRequest {}).await;
@@ -88,11 +88,11 @@ pub async fn replica(
     address: &str,
     timeout: Option<Duration>,
     access: &Access,
-) -> Result<Control<ReplicaControlClient<Stamped>>, ControllerError> {
+) -> Result<Control<ReplicaControlClient<TokenChannel>>, ControllerError> {
     let target = format!("replica {}", replica.name_any());
     let channel = connect(&target, address, timeout).await?;
     Ok(Control {
-        client: ReplicaControlClient::new(crate::protocol::stamped(channel, access)),
+        client: ReplicaControlClient::new(crate::protocol::with_token(channel, access)),
         target,
         address: address.to_owned(),
     })
@@ -103,7 +103,7 @@ pub async fn engine(
     engine: &Engine,
     address: &str,
     access: &Access,
-) -> Result<Control<EngineControlClient<Stamped>>, ControllerError> {
+) -> Result<Control<EngineControlClient<TokenChannel>>, ControllerError> {
     engine_with_timeout(engine, address, CALL_TIMEOUT, access).await
 }
 
@@ -114,11 +114,11 @@ pub async fn engine_with_timeout(
     address: &str,
     timeout: Duration,
     access: &Access,
-) -> Result<Control<EngineControlClient<Stamped>>, ControllerError> {
+) -> Result<Control<EngineControlClient<TokenChannel>>, ControllerError> {
     let target = format!("engine {}", engine.name_any());
     let channel = connect(&target, address, Some(timeout)).await?;
     Ok(Control {
-        client: EngineControlClient::new(crate::protocol::stamped(channel, access)),
+        client: EngineControlClient::new(crate::protocol::with_token(channel, access)),
         target,
         address: address.to_owned(),
     })

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::protocol::Stamped;
+use crate::protocol::TokenChannel;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -191,7 +191,7 @@ fn chap(ctx: &Context, engine: &Engine) -> Result<Option<ChapSecrets>, String> {
 async fn converge(
     ctx: &Context,
     engine: &Engine,
-    api: &mut Control<EngineControlClient<Stamped>>,
+    api: &mut Control<EngineControlClient<TokenChannel>>,
 ) -> Result<protocol::EngineStatus, ControllerError> {
     let mut observed = api.status().await?;
     let wanted: BTreeSet<&String> = engine.spec.replica_address_map.values().collect();

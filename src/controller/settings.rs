@@ -12,7 +12,7 @@ use crate::datastore::settings::validate;
 use crate::types::{Setting, SettingStatus};
 
 /// Records in the Setting's status whether its value is in effect. One
-/// manager does this (see [`writes_for_settings`]).
+/// manager does this (see `writes_for_settings`).
 pub async fn reconcile(
     setting: Arc<Setting>,
     ctx: Arc<Context>,

@@ -22,14 +22,19 @@ enum Kind {
     Boolean,
     /// One of these words.
     Choice(&'static [&'static str]),
-    /// Text this function accepts; its error is for users.
-    Text(fn(&str) -> Result<(), String>),
+    /// Text `check` accepts (its error is for users), described by `what`.
+    Text {
+        what: &'static str,
+        check: fn(&str) -> Result<(), String>,
+    },
 }
 
 struct Definition {
     key: &'static str,
     kind: Kind,
     default: &'static str,
+    /// What the setting does, for users: docs/settings.md is made of these.
+    description: &'static str,
 }
 
 const DEFAULT_REPLICA_COUNT: &str = "default-replica-count";
@@ -56,6 +61,7 @@ const DEFINITIONS: &[Definition] = &[
         key: DEFAULT_REPLICA_COUNT,
         kind: Kind::Integer { min: 1, max: 20 },
         default: "3",
+        description: "Replicas of a volume whose StorageClass names no `numberOfReplicas`.",
     },
     Definition {
         key: OVER_PROVISIONING,
@@ -64,21 +70,25 @@ const DEFINITIONS: &[Definition] = &[
             max: 10_000,
         },
         default: "100",
+        description: "How much of a disk (its size less its reserved space), in percent, may be promised to replicas: 100 promises no more than the disk holds, 200 twice as much.",
     },
     Definition {
         key: MINIMAL_AVAILABLE,
         kind: Kind::Integer { min: 0, max: 100 },
         default: "25",
+        description: "A disk whose free space would drop below this percentage of its size takes no new replica.",
     },
     Definition {
         key: SOFT_ANTI_AFFINITY,
         kind: Kind::Boolean,
         default: "false",
+        description: "`false`: two replicas of one volume never share a node. `true`: they may, when no other node fits.",
     },
     Definition {
         key: ZONE_SOFT_ANTI_AFFINITY,
         kind: Kind::Boolean,
         default: "true",
+        description: "`true`: replicas go to distinct zones when they can. `false`: they must (among nodes that have a zone).",
     },
     Definition {
         key: REPLENISHMENT_WAIT,
@@ -87,6 +97,7 @@ const DEFINITIONS: &[Definition] = &[
             max: 86_400,
         },
         default: "600",
+        description: "Seconds a failed replica may come back before a new one replaces it.",
     },
     Definition {
         key: STALE_REPLICA_TIMEOUT,
@@ -95,16 +106,19 @@ const DEFINITIONS: &[Definition] = &[
             max: 525_600,
         },
         default: "2880",
+        description: "Minutes a failed replica is kept, once its volume has enough healthy ones, for volumes whose StorageClass names no `staleReplicaTimeout`.",
     },
     Definition {
         key: AUTO_SALVAGE,
         kind: Kind::Boolean,
         default: "true",
+        description: "When every replica of a volume failed, restart it from the most up-to-date ones. It never serves replicas that miss acknowledged writes: that takes a salvage request (see [volumes](volumes.md)).",
     },
     Definition {
         key: REBUILDS_PER_NODE,
         kind: Kind::Integer { min: 1, max: 100 },
         default: "5",
+        description: "Replicas one node rebuilds at once; a replica added beyond it waits, so a node coming back does not rebuild all its volumes at once. The count comes from the Engines' statuses, a poll (2 s) old, so managers adding replicas in the same moment may pass it briefly.",
     },
     // MiB/s; 0: no limit. The engine's own default is the same.
     Definition {
@@ -114,22 +128,32 @@ const DEFINITIONS: &[Definition] = &[
             max: 1_000_000,
         },
         default: "100",
+        description: "MiB/s one rebuild (or one replica's fill from a snapshot) may average, so that rebuilds leave the volumes' own I/O room; 0: no limit. It applies to rebuilds that start after the change; an Engine shows the value it took in `status.rebuildBandwidthLimit`.",
     },
     Definition {
         key: DELETING_CONFIRMATION,
         kind: Kind::Boolean,
         default: "false",
+        description: "`true` lets `oxhorn uninstall` delete the volumes that exist, and their data (see [install](install.md)); it is `false` again after one uninstall.",
     },
     // Empty: no default target.
     Definition {
         key: BACKUP_TARGET,
-        kind: Kind::Text(backup_target_url),
+        kind: Kind::Text {
+            what: "empty, or a URL: `s3://bucket@region/path`, `azblob://container@account/path`, `nfs://server:/export/path`, `file:///path`",
+            check: backup_target_url,
+        },
         default: "",
+        description: "The URL of the BackupTarget `default`, which the settings then make and keep (see [backups](backups.md)). Empty: none, and a `default` target the settings made is deleted (forgotten; its store is untouched).",
     },
     Definition {
         key: BACKUP_TARGET_CREDENTIAL_SECRET,
-        kind: Kind::Text(secret_name),
+        kind: Kind::Text {
+            what: "empty, or a Secret's name",
+            check: secret_name,
+        },
         default: "",
+        description: "The credential Secret of the `default` BackupTarget, in Oxhorn's namespace.",
     },
     // Seconds; 0: synced only when asked.
     Definition {
@@ -139,11 +163,13 @@ const DEFINITIONS: &[Definition] = &[
             max: 31_536_000,
         },
         default: "300",
+        description: "Seconds between syncs of the `default` BackupTarget; 0: only when asked.",
     },
     Definition {
         key: BACKUP_COMPRESSION,
         kind: Kind::Choice(Compression::NAMES),
         default: "lz4",
+        description: "How new backup blocks are compressed. A block is stored raw when that is smaller, and read back by the encoding it was stored with.",
     },
 ];
 
@@ -264,8 +290,60 @@ pub fn validate(key: &str, value: &str) -> Result<(), String> {
             "{key} must be one of {}, not {value:?}",
             words.join(", ")
         )),
-        Kind::Text(check) => check(value).map_err(|e| format!("{key}: {e}")),
+        Kind::Text { check, .. } => check(value).map_err(|e| format!("{key}: {e}")),
     }
+}
+
+/// The top of docs/settings.md; the table follows.
+const SETTINGS_PAGE_INTRO: &str = r#"<!-- Generated by `oxhorn docs settings` from src/datastore/settings.rs: edit the definitions there, then run `cargo run -- docs settings > docs/settings.md`. -->
+# Settings
+
+Cluster-wide settings are `Setting` objects in the `oxhorn-system`
+namespace, each named by its key, with its value as a string in
+`spec.value`. A setting with no object has its default. A change applies
+on the next reconcile, without a restart. Each Setting's status says
+whether its value is in effect (`applied`) and, when it is not, why
+(`message`): an invalid value leaves the default in effect.
+
+```sh
+kubectl -n oxhorn-system apply --server-side -f - <<'EOF'
+apiVersion: oxhorn.io/v1beta1
+kind: Setting
+metadata: {name: default-replica-count}
+spec: {value: "2"}
+EOF
+kubectl -n oxhorn-system get settings.oxhorn.io   # or: kubectl -n oxhorn-system get oxs
+```
+
+| setting | value | default | what it does |
+|---|---|---|---|
+"#;
+
+/// docs/settings.md: every setting with what it may be, its default and
+/// what it does, from the definitions above. `oxhorn docs settings` prints
+/// it; a unit test fails when the committed page differs.
+pub fn markdown() -> String {
+    let mut page = String::from(SETTINGS_PAGE_INTRO);
+    for definition in DEFINITIONS {
+        let value = match definition.kind {
+            Kind::Integer { min, max } => format!("whole number, {min} to {max}"),
+            Kind::Boolean => "`true` or `false`".to_owned(),
+            Kind::Choice(words) => {
+                let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
+                format!("one of {}", words.join(", "))
+            }
+            Kind::Text { what, .. } => what.to_owned(),
+        };
+        let default = match definition.default {
+            "" => "(empty)".to_owned(),
+            default => format!("`{default}`"),
+        };
+        page.push_str(&format!(
+            "| `{}` | {value} | {default} | {} |\n",
+            definition.key, definition.description
+        ));
+    }
+    page
 }
 
 #[cfg(test)]
@@ -305,6 +383,22 @@ mod tests {
                 validate(definition.key, definition.default),
                 Ok(()),
                 "{}",
+                definition.key
+            );
+        }
+    }
+
+    #[test]
+    fn docs_settings_md_is_what_the_definitions_make() {
+        let committed = include_str!("../../docs/settings.md");
+        assert!(
+            committed == markdown(),
+            "docs/settings.md is stale: run `cargo run -- docs settings > docs/settings.md`"
+        );
+        for definition in DEFINITIONS {
+            assert!(
+                !definition.description.contains('|') && !definition.description.contains('\n'),
+                "{}: a description is one table cell",
                 definition.key
             );
         }

@@ -8,7 +8,7 @@ use nix::mount::{MntFlags, MsFlags};
 use super::device::DeviceNumber;
 use super::{Host, HostError, Result};
 
-/// One line of /proc/<pid>/mountinfo.
+/// One line of `/proc/<pid>/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
     /// The device of the mounted filesystem.

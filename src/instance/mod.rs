@@ -65,7 +65,7 @@ pub struct InstanceArgs {
     /// Where engines mount their FUSE files.
     #[arg(long, default_value = "/var/run/oxhorn")]
     pub run_dir: PathBuf,
-    /// Where engines publish /dev/oxhorn/<volume> links.
+    /// Where engines publish `/dev/oxhorn/<volume>` links.
     #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
 }

@@ -1,6 +1,6 @@
 //! The instance manager's API (proto/instance.proto) served by the
 //! `oxhorn instance-manager` process over its unix socket, and what a
-//! manager's [`super::remote`] client shares with it: the message
+//! manager's `remote` client shares with it: the message
 //! conversions and the one mapping of errors to gRPC codes.
 
 use std::pin::Pin;

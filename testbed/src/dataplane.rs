@@ -348,7 +348,7 @@ impl EngineProcess {
     }
 
     /// A client of the engine's control API, authenticated with its key.
-    pub async fn client(&self) -> Result<EngineControlClient<oxhorn::protocol::Stamped>> {
+    pub async fn client(&self) -> Result<EngineControlClient<oxhorn::protocol::TokenChannel>> {
         engine_client(&self.control, &self.access).await
     }
 }
@@ -358,11 +358,11 @@ impl EngineProcess {
 pub async fn engine_client(
     control: &str,
     access: &oxhorn::protocol::Access,
-) -> Result<EngineControlClient<oxhorn::protocol::Stamped>> {
+) -> Result<EngineControlClient<oxhorn::protocol::TokenChannel>> {
     let channel = oxhorn::protocol::control_channel(control)
         .await
         .map_err(|e| Error::Failed(format!("engine control {control}: {e}")))?;
-    Ok(EngineControlClient::new(oxhorn::protocol::stamped(
+    Ok(EngineControlClient::new(oxhorn::protocol::with_token(
         channel, access,
     )))
 }
@@ -379,7 +379,7 @@ impl Drop for EngineProcess {
 /// The endpoint a running engine reports, once it answers.
 async fn endpoint(control: &str, access: &Access) -> Option<String> {
     let channel = oxhorn::protocol::control_channel(control).await.ok()?;
-    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, access));
+    let mut client = EngineControlClient::new(oxhorn::protocol::with_token(channel, access));
     let status = client
         .status(EngineStatusRequest {})
         .await

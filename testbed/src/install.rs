@@ -1,7 +1,7 @@
 //! Oxhorn installed from its manifest on a [`KubeletNode`] as a user
 //! installs it, with `kubectl apply`: the manifest `oxhorn manifest` makes
 //! for the node's directories, changed only where this test bed differs
-//! from a real cluster ([`for_the_test_bed`]).
+//! from a real cluster (`for_the_test_bed`).
 //!
 //! The test bed's cluster has no service network and its kubelet refuses a
 //! loopback node address, so each container is given the API server's

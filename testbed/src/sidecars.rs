@@ -71,7 +71,7 @@ impl Sidecars {
     /// Only what the cluster itself runs, for Oxhorn installed from its
     /// manifest (whose Deployments bring the CSI sidecars): kube-scheduler
     /// and kube-controller-manager with the PersistentVolume, attach-detach
-    /// and service-account controllers and [`CLUSTER_CONTROLLERS`].
+    /// and service-account controllers and `CLUSTER_CONTROLLERS`.
     pub fn start_cluster(control_plane: &ControlPlane) -> Result<Self> {
         let dir = logs_dir()?;
         let kubeconfig = control_plane.kubeconfig();

@@ -5,6 +5,13 @@
 //! leaves the other whole, the volume's lock is taken by one writer at a
 //! time, and a server that goes away makes the target Unreachable until it
 //! is back.
+//!
+//! The store over NFS: incremental backups restored byte for byte, a
+//! deletion leaving exactly the blocks still needed, two racing creates of
+//! one object (one wins, whole), a reconnect after the server restarts, and
+//! puts cut short leaving the store usable. A target through the
+//! controllers: backed up, restored, and `Unreachable` while the server is
+//! down.
 
 use std::collections::BTreeMap;
 use std::ops::Range;

@@ -5,6 +5,9 @@
 //! and it heals itself onto another node with the data intact, that exactly
 //! one manager acts on each object, that impossible requests say why, and
 //! that deleting a volume leaves nothing behind.
+//!
+//! Also: online growth, lease expiry, and a manager restart that does not
+//! interrupt I/O; data is compared byte for byte after every heal.
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -3,6 +3,13 @@
 //! rebuilt, and the engine itself dropped mid-write and restarted. The
 //! writers, the model of acknowledged writes and the comparisons serve the
 //! `partition` module too.
+//!
+//! Every replica is then checked byte for byte. Beyond kills and rebuilds,
+//! this module checks that overlapping writes and discards in flight together
+//! leave the replicas identical; that two rebuilds and a snapshot under
+//! writes and discards lose nothing; that a hung replica (SIGSTOP) leaves the
+//! I/O path while I/O goes on; and that a replica which cannot take a
+//! snapshot another one holds leaves the I/O path.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -674,7 +681,7 @@ async fn a_replica_that_cannot_take_a_snapshot_leaves_the_io_path() {
     let first = control_address(&addresses[0]).unwrap();
     let channel = oxhorn::protocol::control_channel(&first).await.unwrap();
     let access = replicas.access.lock().unwrap().clone();
-    let mut first = ReplicaControlClient::new(oxhorn::protocol::stamped(channel, &access));
+    let mut first = ReplicaControlClient::new(oxhorn::protocol::with_token(channel, &access));
     let request = SnapshotRequest {
         name: "partial".into(),
         user_created: true,

@@ -1,4 +1,6 @@
 //! The datastore's caches against the test control plane.
+//!
+//! A cache keeps up through thousands of changes.
 
 use std::time::Duration;
 

@@ -1,5 +1,14 @@
 //! Who may write to a volume's replicas: only the newest engine generation,
 //! only from the newest I/O path, and only with the volume's key.
+//!
+//! A second engine started on the same replicas: the first one's writes fail
+//! and never land. Once an engine opens a new connection to a replica (a
+//! re-add, or a restart with the same generation), nothing that arrives on
+//! its older one is applied; a reader's connection supersedes nothing and may
+//! only read. A replica that missed writes, the others lost: no engine serves
+//! from it alone until the others are back, or an operator salvages. Every
+//! data and control port refuses a caller without the volume's key, and an
+//! engine refuses a replica of another volume.
 
 use std::sync::{Arc, Mutex};
 
@@ -219,7 +228,7 @@ async fn the_data_plane_admits_only_its_own() {
         .await
         .unwrap_err();
     assert_eq!(plain.code(), tonic::Code::Unauthenticated, "{plain}");
-    let wrong = ReplicaControlClient::new(oxhorn::protocol::stamped(channel, &stranger))
+    let wrong = ReplicaControlClient::new(oxhorn::protocol::with_token(channel, &stranger))
         .status(ReplicaStatusRequest {})
         .await
         .unwrap_err();

@@ -4,6 +4,8 @@
 //!
 //! Every test works under its own temporary directory and cleans up through
 //! guards, so that a failing test leaves no mount or loop device behind.
+//!
+//! One of the tests re-runs the test binary as a frontend that crashes.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader};

@@ -3,6 +3,12 @@
 //! volume serves on meanwhile with all its replicas. What a foreground
 //! cascade (Argo CD's default) does next, deleting the volume's engine and
 //! replicas, waits too. A volume being deleted takes no new attachment.
+//!
+//! The volume, then its engine and replicas as a foreground cascade would
+//! delete them: each says `DeletionHeld` in its conditions, the volume keeps
+//! serving from both replicas with its data intact, and only once it is
+//! detached do they all go, replica data too. A volume being deleted refuses
+//! a new ControllerPublish.
 
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};

@@ -1,6 +1,7 @@
 //! The manifests that install and uninstall Oxhorn (deploy/oxhorn.yaml,
 //! deploy/uninstall.yaml): generated from their parts, and every object in
-//! them accepted by a real API server.
+//! them accepted by a real API server. The example a user applies first
+//! (examples/pvc-pod.yaml) claims the manifest's default StorageClass.
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
@@ -10,6 +11,8 @@ use serde::Deserialize;
 
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/oxhorn.yaml");
 const UNINSTALL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/uninstall.yaml");
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/pvc-pod.yaml");
+const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
 
 /// Held by a test that creates the manifest's namespace, oxhorn-system.
 pub static OXHORN_SYSTEM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -27,6 +30,58 @@ fn the_manifest_is_what_its_parts_make() {
     assert!(
         committed == generated,
         "deploy/uninstall.yaml is stale: run `cargo run -- manifest --uninstall > deploy/uninstall.yaml`"
+    );
+}
+
+/// examples/pvc-pod.yaml, the README's first volume: its claim is on the
+/// manifest's default StorageClass, its pod mounts that claim, and the
+/// README shows the file as it is.
+#[test]
+fn the_example_claims_the_default_storage_class() {
+    let documents = |text: &str| -> Vec<serde_yaml_ng::Value> {
+        serde_yaml_ng::Deserializer::from_str(text)
+            .map(|document| serde_yaml_ng::Value::deserialize(document).unwrap())
+            .collect()
+    };
+    let of_kind = |objects: &[serde_yaml_ng::Value], kind: &str| -> Vec<serde_yaml_ng::Value> {
+        objects
+            .iter()
+            .filter(|o| o["kind"].as_str() == Some(kind))
+            .cloned()
+            .collect()
+    };
+    let manifest = documents(&std::fs::read_to_string(MANIFEST).unwrap());
+    let default_classes: Vec<_> = of_kind(&manifest, "StorageClass")
+        .into_iter()
+        .filter(|class| {
+            class["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"].as_str()
+                == Some("true")
+        })
+        .collect();
+    let [default_class] = default_classes.as_slice() else {
+        panic!(
+            "the manifest has {} default StorageClasses",
+            default_classes.len()
+        );
+    };
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let example = documents(&text);
+    let [claim] = of_kind(&example, "PersistentVolumeClaim")
+        .try_into()
+        .unwrap();
+    let [pod] = of_kind(&example, "Pod").try_into().unwrap();
+    assert_eq!(
+        claim["spec"]["storageClassName"],
+        default_class["metadata"]["name"]
+    );
+    assert_eq!(
+        pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        claim["metadata"]["name"]
+    );
+    let yaml = &text[text.find("apiVersion").unwrap()..];
+    assert!(
+        std::fs::read_to_string(README).unwrap().contains(yaml),
+        "README.md's first volume differs from examples/pvc-pod.yaml: copy the file's YAML from its first `apiVersion:` on"
     );
 }
 

@@ -5,6 +5,38 @@
 //! nodes.
 //!
 //! What the test bed changes in the manifest: [`testbed::install`].
+//!
+//! Those changes are only where the test bed differs from a real cluster:
+//! the API server's address in each container, as without kube-proxy;
+//! loopback data and probe addresses; the pods kept on the kubelet nodes, the
+//! Deployments on the first; a copy of each DaemonSet per kubelet node, for
+//! its directories and address, since the nodes share one host; the
+//! namespaces the manager joins as the host's, since this machine's pid 1 is
+//! out of reach. kube-scheduler and kube-controller-manager (DaemonSet,
+//! Deployment, ReplicaSet, StatefulSet, Job, namespace, garbage-collector,
+//! root-CA-publisher, attach-detach and PersistentVolume controllers) run
+//! beside them.
+//!
+//! The first test waits for the DaemonSets' pods to be Ready on every node,
+//! the Deployments' pods, and every kubelet to list the driver. Before
+//! anything else, 31 `kubectl auth can-i --as` rows check each part's
+//! ServiceAccount: it may do what its part does and nothing it never does
+//! (no Secret outside its own, no workload, no other namespace's Leases). A
+//! pod writes through a claim on the default StorageClass (three replicas on
+//! three nodes); then a pod keeps writing (each round synced, with
+//! checksums) while the manager on its node goes: its DaemonSet is deleted
+//! (the pod orphaned), then its pod, and the writer completes 100 more rounds
+//! with no manager on the node before the manifest is applied again and a
+//! new manager pod is Ready. The pod sees no error; a reader on another
+//! kubelet node, where the volume moves, checks every checksum; deleting the
+//! claim leaves no PV, attachment or oxhorn object, and no replica data on
+//! any node.
+//!
+//! The second scales a StatefulSet of three (each pod with a claim of its
+//! own) down to one, its claims and volumes going with the pods, and up to
+//! two, the new pod on a fresh volume; then grows a claim by 100 MiB while
+//! its pod runs and waits for the pod's filesystem to grow (xfs: this
+//! machine withholds the capability ext4's online growth needs).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

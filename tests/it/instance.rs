@@ -430,7 +430,7 @@ async fn engine_replicas(control: SocketAddr) -> Vec<String> {
         key: CLUSTER_KEY.for_volume("vol1"),
         generation: 1,
     };
-    let mut client = EngineControlClient::new(oxhorn::protocol::stamped(channel, &access));
+    let mut client = EngineControlClient::new(oxhorn::protocol::with_token(channel, &access));
     let status = client
         .status(EngineStatusRequest {})
         .await

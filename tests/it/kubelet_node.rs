@@ -1,6 +1,32 @@
 //! The test bed's real node: containerd and a kubelet run a pod from an
 //! image built here, and leave the host as they found it; a manager on the
 //! node registers the CSI driver with the kubelet itself.
+//!
+//! The node (testbed's `kubelet_node.rs`): Debian's containerd and runc and
+//! the pinned kubelet, each with its own root, state, socket and cgroup
+//! (`oxhorn-testbed-<node>` in every hierarchy), registered with the shared
+//! control plane. A pod from the busybox image built here (`images.rs`:
+//! Debian's static busybox packed with umoci, imported with `ctr`, also the
+//! nodes' sandbox image) writes a file and reads it back. Once the node
+//! stops, the host must be as before: the kubelet's sysctls put back, the
+//! fixed paths it and containerd's shims use (`/var/lib/kubelet`,
+//! `/var/log/containers`, `/run/containerd`) removed, no cgroup, mount or
+//! process left. The kubelet runs without iptables on its PATH, so it leaves
+//! the firewall alone; a crashed run's leftovers are swept at the next start
+//! (`host_state.rs`, `cgroup.rs`).
+//!
+//! Each kubelet runs in a mount namespace of its own, where its fixed
+//! device-plugin directory (`/var/lib/kubelet/device-plugins`) is its
+//! node's; the node directory's mounts stay shared with the host's, so the
+//! kubelet sees the node plugin's mounts and containerd the kubelet's. A
+//! test's kubelet nodes start together (`KubeletNode::start_beside`) and
+//! share one turn of the host: those of another test or process wait for
+//! them (a lock file), since the sysctls they set are recorded and put back
+//! once for all.
+//!
+//! A manager on the node registers the driver with the real kubelet (its
+//! CSINode lists `driver.oxhorn.io`), and the kubelet forgets it once the
+//! manager stops.
 
 use std::path::Path;
 use std::time::Duration;

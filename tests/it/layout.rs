@@ -1,8 +1,11 @@
-//! The shape of `src/`: the top-level modules depend on each other without
+//! The shape of the code: in each crate (`src/`, and the data plane's
+//! `dataplane/src/`) the top-level modules depend on each other without
 //! cycles, so that data flows one way (CSI call -> custom resource ->
 //! controller -> instance manager -> engine -> replicas) and each module can
-//! be read knowing only those below it; and the CSI services reach the
-//! controllers only through the custom resources.
+//! be read knowing only those below it; the CSI services reach the
+//! controllers only through the custom resources; and the data plane knows
+//! nothing of Kubernetes, which its crate's dependencies make a compile-time
+//! fact.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -63,9 +66,10 @@ fn crate_paths(code: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
     found
 }
 
-/// Which top-level module of `src/` uses which.
-fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Which top-level module of the crate whose sources are in `dir` (relative
+/// to the workspace root) uses which.
+fn dependencies(dir: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let module_of = |path: &Path| -> Option<String> {
         let first = path.strip_prefix(&src).ok()?.components().next()?;
         let name = first.as_os_str().to_str()?;
@@ -122,23 +126,62 @@ fn cycle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option
     walk(graph, start, &mut path, &mut BTreeSet::new()).then_some(path)
 }
 
-#[test]
-fn the_modules_of_src_depend_on_each_other_without_cycles() {
-    let graph = dependencies();
-    assert!(
-        graph.contains_key("csi") && graph.contains_key("controller"),
-        "{graph:?}"
-    );
+/// Panics with the cycle if `graph` has one.
+fn assert_acyclic(graph: &BTreeMap<String, BTreeSet<String>>) {
     for module in graph.keys() {
-        if let Some(cycle) = cycle_from(&graph, module) {
+        if let Some(cycle) = cycle_from(graph, module) {
             panic!("import cycle: {}\n{graph:#?}", cycle.join(" -> "));
         }
     }
 }
 
 #[test]
+fn the_modules_of_src_depend_on_each_other_without_cycles() {
+    let graph = dependencies("src");
+    assert!(
+        graph.contains_key("csi") && graph.contains_key("controller"),
+        "{graph:?}"
+    );
+    assert_acyclic(&graph);
+}
+
+#[test]
+fn the_modules_of_the_data_plane_depend_on_each_other_without_cycles() {
+    let graph = dependencies("dataplane/src");
+    assert!(
+        graph.contains_key("engine") && graph.contains_key("replica"),
+        "{graph:?}"
+    );
+    assert_acyclic(&graph);
+}
+
+#[test]
+fn the_data_plane_crate_depends_on_nothing_of_kubernetes_or_object_stores() {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("dataplane/Cargo.toml"))
+            .unwrap();
+    let dependencies: Vec<&str> = manifest
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(name, _)| name.trim()))
+        .collect();
+    for banned in [
+        "kube",
+        "k8s-openapi",
+        "object_store",
+        "reqwest",
+        "hyper",
+        "oxhorn",
+    ] {
+        assert!(
+            !dependencies.contains(&banned),
+            "dataplane/Cargo.toml depends on {banned}"
+        );
+    }
+}
+
+#[test]
 fn the_csi_services_reach_the_controllers_only_through_the_resources() {
-    let graph = dependencies();
+    let graph = dependencies("src");
     let csi = &graph["csi"];
     assert!(
         !csi.contains("controller"),

@@ -1,4 +1,4 @@
-//! The README's main job, `hack/local-cluster.sh --hold`, as a user runs it
+//! The main job, `hack/local-cluster.sh --hold`, as a user runs it
 //! from a terminal: Ctrl-C goes to the whole foreground process group, and
 //! the cluster must still come down in order (the claim deleted, and its
 //! PV, volume and replicas gone, before the managers stop) and exit 0.

@@ -3,6 +3,15 @@
 //! creates), the engine in the test process reaching them over the bridge,
 //! and a host cut off from the bridge (its frames vanish: no RST, no ICMP)
 //! while the volume is written, then let back.
+//!
+//! Needs root. Each replica's host is a network namespace on a bridge the
+//! test creates (testbed's `netns.rs`: a private 10.250.x.0/24 routed only
+//! to that bridge, everything removed when the test ends, and a crashed
+//! run's leftovers swept at the next start). A host is cut off under writes
+//! by its bridge port ceasing to forward: the replica must leave the I/O path
+//! within the keepalive bound while writes go on; once healed, the same
+//! replica rejoins with a rebuild that copies only the chunks changed
+//! meanwhile, and every replica then equals the acknowledged writes.
 
 use std::ops::Range;
 use std::path::Path;

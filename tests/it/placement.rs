@@ -3,6 +3,10 @@
 //! hardest moment is a cluster coming up: every manager starts at once, each
 //! may see the others' nodes and leases late, and two of them may both take
 //! a volume for theirs.
+//!
+//! Three managers start four times, and each time five volumes are created
+//! while they come up; the test fails at the first moment two replicas of a
+//! volume share a node.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,18 @@
 //! only ones skipped are those for capabilities oxhorn does not advertise.
 //! `sanity-tests/run.sh` runs this test (`sanity::`, ignored otherwise) and
 //! prints csi-sanity's report.
+//!
+//! csi-sanity runs over node 1's socket with its own staging and target
+//! dirs, the parameters `numberOfReplicas: "2"`, `staleReplicaTimeout:
+//! "30"`, a 32 MiB test volume and a 48 MiB expand size. The last recorded
+//! run: 76 passed, 0 failed, 15 skipped, 1 pending (a spec csi-sanity
+//! itself disables). Every skip is a capability oxhorn does not advertise:
+//! - 8 ModifyVolume / volume attribute class specs: MODIFY_VOLUME, since no
+//!   parameter can change after creation yet;
+//! - 6 GroupController specs: volume group snapshots are not implemented;
+//! - 1 node attach limit spec: it runs only with
+//!   `--csi.testnodevolumeattachlimit` and a non-zero MaxVolumesPerNode
+//!   (`--max-volumes`, default 0: no limit).
 
 use std::process::Command;
 
@@ -16,7 +28,7 @@ const NODES: usize = 3;
 const PARAMETERS: &str = "numberOfReplicas: \"2\"\nstaleReplicaTimeout: \"30\"\n";
 
 /// Nothing is skipped here: csi-sanity itself skips the specs of
-/// capabilities oxhorn does not advertise (the README lists them).
+/// capabilities oxhorn does not advertise (the module comment lists them).
 #[tokio::test]
 #[ignore = "run by sanity-tests/run.sh, which prints csi-sanity's report"]
 async fn csi_sanity_passes_against_a_three_node_cluster() {

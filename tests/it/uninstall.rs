@@ -1,7 +1,18 @@
-//! Uninstalling Oxhorn as a user does (README.md, "Uninstalling"): the Job
+//! Uninstalling Oxhorn as a user does (docs/install.md, "Uninstall"): the Job
 //! of deploy/uninstall.yaml refuses while a volume holds data, until the
 //! Setting deleting-confirmation-flag says "true"; then it takes every
 //! volume away in order, and nothing is left on a finalizer or a node.
+//!
+//! The Job is applied while a pod holds a volume: it fails, its pod's
+//! termination message naming the volume, its claim and node and the command
+//! that confirms, and the pod, its file and the volume are untouched. After
+//! `deleting-confirmation-flag` is set it completes, and the pod, the claim,
+//! the PV, the attachment, every volume, engine, replica and snapshot
+//! object, the replicas' data on all three nodes, the kubelet nodes' CSI
+//! mounts, FUSE mounts and loop devices are gone; no remaining oxhorn object
+//! holds a finalizer, and the Setting is `"false"` again. A volume attached
+//! by hand through `spec.nodeID` goes too: the Job detaches it. 14
+//! `kubectl auth can-i` rows check the Job's account.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,17 @@
 //! kubelet, kube-scheduler, the attach-detach controller and the CSI
 //! sidecars are the real programs; the managers run as host processes, the
 //! first on the kubelet's node, registering the driver with it.
+//!
+//! Around the real node: kube-scheduler, kube-controller-manager's
+//! attach-detach and PersistentVolume controllers, csi-provisioner and
+//! csi-attacher, three managers (the first on the kubelet's node). A
+//! WaitForFirstConsumer StorageClass and a claim; a pod writes a file and its
+//! checksum through the volume (the kubelet stages and publishes it through
+//! the manager), a second pod on the claim checks them, and deleting the
+//! claim leaves no PV, VolumeAttachment or oxhorn object. The test bed
+//! removes the kubelet's `not-ready` taint once its node is Ready, as the
+//! node-lifecycle controller would; that controller does not run, since it
+//! would mark the manager-only nodes (no kubelet) unreachable.
 
 use std::time::{Duration, Instant};
 

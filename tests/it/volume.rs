@@ -2,6 +2,8 @@
 //! process exposing the volume through FUSE and a loop device, a real
 //! filesystem on it. Replicas and the engine are killed with SIGKILL along
 //! the way; the filesystem must come out clean and hold every file.
+//!
+//! The filesystems, ext4 and xfs, are checked with their own checkers.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -14,13 +14,13 @@ use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 
 use crate::backup::{BLOCK_SIZE, VolumeReader};
-use crate::protocol::Stamped;
+use crate::protocol::TokenChannel;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{LayerChunksRequest, ReadLayerRequest};
 
 /// A snapshot's layers on one replica, and the blocks each holds.
 pub struct SnapshotReader {
-    client: ReplicaControlClient<Stamped>,
+    client: ReplicaControlClient<TokenChannel>,
     /// Oldest first, up to and including the snapshot: each layer's name
     /// and the indexes of the blocks it holds data in.
     layers: Vec<(String, BTreeSet<u64>)>,
@@ -30,7 +30,7 @@ impl SnapshotReader {
     /// Reads `chain` (the replica's snapshots, oldest first) up to
     /// `snapshot`; None when the chain does not hold it.
     pub async fn new(
-        mut client: ReplicaControlClient<Stamped>,
+        mut client: ReplicaControlClient<TokenChannel>,
         chain: &[String],
         snapshot: &str,
     ) -> Result<Option<Self>, tonic::Status> {

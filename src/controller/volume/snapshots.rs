@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::protocol::{Access, Stamped};
+use crate::protocol::{Access, TokenChannel};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -47,8 +47,8 @@ enum Site<'a> {
 
 /// A site's control API, connected.
 enum SiteControl {
-    Engine(Control<EngineControlClient<Stamped>>),
-    Replica(Control<ReplicaControlClient<Stamped>>),
+    Engine(Control<EngineControlClient<TokenChannel>>),
+    Replica(Control<ReplicaControlClient<TokenChannel>>),
 }
 
 fn has_finalizer(snapshot: &Snapshot) -> bool {

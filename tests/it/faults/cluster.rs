@@ -1,5 +1,17 @@
 //! Cluster rows of the fault matrix: `oxhorn manager` nodes, a volume
 //! attached through the controllers, a manager killed or cut off under writes.
+//!
+//! Killing the manager on a replica's node takes three managers: the
+//! replica, marked failed while its node was down, must rejoin as it is for
+//! the volume to heal. `kill_the_manager_beside_an_instance_manager` runs
+//! every node's engines and replicas under an `oxhorn instance-manager`
+//! process of its own, as installed: the manager on the engine's node is
+//! killed under checksummed writes, none fails or is lost, the instance
+//! manager runs on untouched, and the next manager finds the engine through
+//! it. Cutting the engine's node off the API server runs the nodes in
+//! network namespaces, each reaching the API server through a relay on a
+//! network of its own whose bridge port is disabled: a watch on /proc must
+//! see one engine process of the volume at every moment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

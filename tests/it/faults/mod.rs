@@ -15,6 +15,22 @@
 //! The row that cuts the engine's node off the API server runs its nodes in
 //! network namespaces ([`crate::common::Hosts`]); the row that partitions a
 //! replica lives with the other network-namespace tests.
+//!
+//! The rows: kill -9 one replica, two replicas, the engine; SIGSTOP a
+//! replica for 20 s; one replica's disk full (a small tmpfs); kill the
+//! manager on the engine's node, beside an instance manager, and on a
+//! replica's node; cut the engine's node off the API server only; and
+//! finding 5, a stale replica the only one back (`stale.rs`).
+//!
+//! The writer: extents of 1 to 16 blocks from four threads with O_DIRECT,
+//! overlapping in time but never two in flight on one block, with discards
+//! and fdatasyncs; every 4 KiB block carries its offset, the write's
+//! sequence number, a run id and an xxh3 checksum, and the writer records
+//! what each request returned. Each check reads every block back: it must
+//! hold its last acknowledged content or that of a request in flight (or
+//! failed) since, nothing older, no zeros where a write was acknowledged,
+//! nothing damaged. Every replica is read from its data port too,
+//! byte-identical and held to the same check.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -24,7 +40,7 @@ use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{
     AddReplicaRequest, EngineReplica, EngineStatus, EngineStatusRequest, ReplicaMode,
 };
-use oxhorn::protocol::{Access, Connection, Key, Stamped};
+use oxhorn::protocol::{Access, Connection, Key, TokenChannel};
 use oxhorn_testbed::writer::{Running, Stats};
 use oxhorn_testbed::{self as testbed, EngineProcess, Mounted, ReplicaProcess, Verdict, Writer};
 use oxhorn_testbed::{WriterOptions, writer::BLOCK};
@@ -73,7 +89,7 @@ async fn connect(address: &str, access: &Access) -> Connection {
         .unwrap_or_else(|e| panic!("connecting to replica {address}: {e}"))
 }
 
-async fn engine_control(engine: &EngineProcess) -> EngineControlClient<Stamped> {
+async fn engine_control(engine: &EngineProcess) -> EngineControlClient<TokenChannel> {
     engine
         .client()
         .await

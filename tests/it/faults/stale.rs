@@ -8,6 +8,12 @@
 //! replica alone gives up rather than serve it. A user's salvage request
 //! serves it, losing what it missed, and the replicas that come back later
 //! follow it rather than bringing the lost writes back.
+//!
+//! Once the others are back after the engine gave up, nothing acknowledged
+//! is missing. The salvage test sets the Volume's `salvageRequest` in that
+//! stale state: the volume serves the stale replica (blocks it missed read
+//! back lost, none corrupt), and the others, once back, are rebuilt from it,
+//! byte for byte.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

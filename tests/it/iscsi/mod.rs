@@ -1,6 +1,17 @@
 //! The engine's iSCSI target against real initiators, over loopback: an
 //! `oxhorn engine --frontend iscsi` over three `oxhorn replica` processes,
 //! with tgtd (Debian `tgt`) serving a plain file as the reference.
+//!
+//! This machine's kernel has no iSCSI initiator (no `iscsi_tcp`), so the
+//! initiators are libiscsi's, in user space: `conformance` runs its
+//! `iscsi-test-cu` (the SCSI and iSCSI families, 230 tests), `integrity`
+//! writes and checks patterns while replicas and the engine are killed,
+//! `chap` checks the logins, and `attach` provisions a `frontend: iscsi`
+//! volume with a `chapSecret` through the controllers (its engine waits,
+//! saying why, until the Secret exists). `kernel` needs a kernel initiator
+//! and skips without one. The connection's own unit tests
+//! (`src/frontend/iscsi/tests.rs`) cover target pings of a silent
+//! initiator, session reinstatement and malformed PDUs.
 
 mod attach;
 mod chap;

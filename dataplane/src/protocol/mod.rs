@@ -10,18 +10,17 @@ mod client;
 mod frame;
 mod handshake;
 mod server;
+mod token;
 
 pub use auth::{
     Access, Claim, GENERATION_HEADER, KEY_ENV, Key, KeyError, Role, TOKEN_HEADER, random,
 };
-pub use channel::{
-    CONTROL_DEADLINE, Guard, Stamp, Stamped, control_channel, control_endpoint, generation_of,
-    stamped, within_deadline,
-};
+pub use channel::{CONTROL_DEADLINE, control_channel, control_endpoint, within_deadline};
 pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
 pub use frame::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec, Status};
 pub use handshake::{HANDSHAKE_TIMEOUT, HandshakeError, introduce};
 pub use server::{Handler, MAX_CONNECTIONS, Peer, serve};
+pub use token::{AttachToken, RequireToken, TokenChannel, generation_of, with_token};
 
 /// Code generated from proto/dataplane.proto: the control APIs of replicas
 /// and engines.

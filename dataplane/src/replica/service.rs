@@ -17,7 +17,8 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::rebuild;
+use super::fence::Fence;
+use super::rebuild_pull;
 use super::{IoPath, ReplicaStore, SnapshotInfo, StorageError};
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
@@ -26,7 +27,7 @@ use crate::protocol::control::{
     RevertRequest, SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
 };
 use crate::protocol::{
-    self, Access, Claim, Guard, Handler, Key, Op, Peer, Request as DataRequest,
+    self, Access, Claim, Handler, Key, Op, Peer, Request as DataRequest, RequireToken,
     Response as DataResponse, Role, Status,
 };
 
@@ -85,7 +86,7 @@ pub async fn run(
         let grpc = Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
-            .add_service(tonic::service::interceptor::InterceptedService::new(service, Guard::new(key)))
+            .add_service(tonic::service::interceptor::InterceptedService::new(service, RequireToken::new(key)))
             .serve_with_incoming_shutdown(TcpListenerStream::new(control), shutdown);
         // The control API, a rebuild's copies included, runs on a thread of
         // its own: moving layer data megabytes at a time on the data path's
@@ -163,120 +164,6 @@ pub(super) async fn blocking<T: Send + 'static>(
             source: std::io::Error::other(e),
         })
     })
-}
-
-/// Keeps superseded engines out. Requests run while holding the fence
-/// shared, and only if their engine is the current one; admitting a newer
-/// generation, or a newer connection of the current engine, holds it
-/// exclusively. So once a new engine (or the engine's new connection, when
-/// it re-adds the replica or restarts with the same generation) is
-/// admitted, no request of an older one is still being applied, nor
-/// applied later, whatever was left in the old connection's receive buffer.
-pub(super) struct Fence {
-    current: std::sync::RwLock<Holder>,
-}
-
-/// The newest engine admitted: its generation and its connection.
-#[derive(Clone, Copy)]
-struct Holder {
-    generation: u64,
-    /// Numbers engine connections in the order they were admitted; this
-    /// process's own, since connections die with it.
-    session: u64,
-}
-
-impl Holder {
-    /// Fenced if `generation` is older than the current one.
-    fn admits(&self, generation: u64) -> Result<(), StorageError> {
-        if generation < self.generation {
-            return Err(StorageError::Fenced {
-                asked: generation,
-                current: self.generation,
-            });
-        }
-        Ok(())
-    }
-
-    /// Makes `generation` current if it is newer (durably first); fenced if
-    /// it is older. The caller holds the fence exclusively.
-    fn raise(&mut self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
-        store.admit_generation(generation)?;
-        self.generation = self.generation.max(generation);
-        Ok(())
-    }
-}
-
-impl Fence {
-    fn new(generation: u64) -> Self {
-        Self {
-            current: std::sync::RwLock::new(Holder {
-                generation,
-                session: 0,
-            }),
-        }
-    }
-
-    // A plain pair of u64 behind the lock: never left torn by a panic.
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Holder> {
-        self.current
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Holder> {
-        self.current
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Admits `generation` for control calls (durably, if it is new).
-    /// Blocks on the disk.
-    fn admit(&self, store: &ReplicaStore, generation: u64) -> Result<(), StorageError> {
-        self.write().raise(store, generation)
-    }
-
-    /// Admits a data connection and numbers it: an engine's supersedes every
-    /// connection admitted before it; a reader's supersedes nothing.
-    fn admit_connection(&self, store: &ReplicaStore, claim: &Claim) -> Result<u64, StorageError> {
-        match claim.role {
-            Role::Engine => {
-                let mut current = self.write();
-                current.raise(store, claim.generation)?;
-                current.session += 1;
-                Ok(current.session)
-            }
-            Role::Reader => self.within(claim.generation, || Ok(0)),
-        }
-    }
-
-    /// Runs `work` if `generation` is the current one.
-    pub(super) fn within<T>(
-        &self,
-        generation: u64,
-        work: impl FnOnce() -> Result<T, StorageError>,
-    ) -> Result<T, StorageError> {
-        self.read().admits(generation)?;
-        work()
-    }
-
-    /// Runs `work` for a data connection if it is the current engine's
-    /// newest (or a reader of the current generation).
-    fn within_connection<T>(
-        &self,
-        peer: Peer,
-        work: impl FnOnce() -> Result<T, StorageError>,
-    ) -> Result<T, StorageError> {
-        let current = self.read();
-        current.admits(peer.generation)?;
-        if peer.role == Role::Engine && peer.session < current.session {
-            return Err(StorageError::Superseded {
-                generation: peer.generation,
-                session: peer.session,
-                current: current.session,
-            });
-        }
-        work()
-    }
 }
 
 struct DataHandler {
@@ -420,8 +307,8 @@ impl ControlService {
         .map_err(grpc)
     }
 
-    /// Runs `work` on the store for the engine generation `request` was
-    /// stamped with (admitting it if newer; fenced if older), then answers
+    /// Runs `work` on the store for the engine generation `request`
+    /// carries (admitting it if newer; fenced if older), then answers
     /// with the replica's status.
     async fn change<T>(
         &self,
@@ -625,19 +512,19 @@ impl ReplicaControl for ControlService {
                 generation: 0,
             }
         };
-        let source = rebuild::connect(&request.source, &source_access).await?;
-        let pace = rebuild::Pace::new(request.bandwidth_limit);
+        let source = rebuild_pull::connect(&request.source, &source_access).await?;
+        let pace = rebuild_pull::Pace::new(request.bandwidth_limit);
         let (tx, rx) = mpsc::channel(16);
         let (store, fence) = (self.store.clone(), self.fence.clone());
         let span = info_span!("sync", source = %request.source);
         tokio::spawn(
             async move {
-                let target = rebuild::Target {
+                let target = rebuild_pull::Target {
                     store,
                     fence,
                     generation,
                 };
-                let result = rebuild::sync(&target, source, &request.layers, pace, &tx).await;
+                let result = rebuild_pull::sync(&target, source, &request.layers, pace, &tx).await;
                 if let Err(status) = result {
                     warn!(error = %status.message(), "rebuild sync failed");
                     let _ = tx.send(Err(status)).await;

@@ -40,7 +40,7 @@ use tracing::{info, warn};
 use crate::frontend::{BlockDevice, FrontendError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
-use crate::protocol::{self, Access, ConnectionError, MAX_PAYLOAD, Stamped, Status};
+use crate::protocol::{self, Access, ConnectionError, MAX_PAYLOAD, Status, TokenChannel};
 use member::Member;
 use ranges::RangeLocks;
 
@@ -354,7 +354,7 @@ impl Engine {
     /// Runs a control call on every RW and WO replica (see [`Self::to_all`]).
     async fn control_all<F, Fut>(&self, what: &str, call: F) -> Result<(), EngineError>
     where
-        F: Fn(ReplicaControlClient<Stamped>) -> Fut,
+        F: Fn(ReplicaControlClient<TokenChannel>) -> Fut,
         Fut: Future<Output = Result<(), tonic::Status>>,
     {
         self.to_all(what, |m| {

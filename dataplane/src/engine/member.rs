@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use super::EngineError;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, ReplicaStatusRequest};
-use crate::protocol::{self, Access, Connection, Stamped};
+use crate::protocol::{self, Access, Connection, TokenChannel};
 
 /// A replica's place in the I/O path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub struct Member {
     /// The replica's id, as I/O-path records name it.
     pub id: String,
     pub data: Connection,
-    pub control: ReplicaControlClient<Stamped>,
+    pub control: ReplicaControlClient<TokenChannel>,
     state: Mutex<State>,
 }
 
@@ -71,7 +71,7 @@ impl Member {
                     tonic::Status::unavailable(e.to_string()),
                 )
             })?;
-        let mut control = ReplicaControlClient::new(protocol::stamped(channel, access));
+        let mut control = ReplicaControlClient::new(protocol::with_token(channel, access));
         let status = protocol::within_deadline(control.status(ReplicaStatusRequest {}))
             .await
             .map_err(|e| EngineError::Control(address.to_string(), e))?

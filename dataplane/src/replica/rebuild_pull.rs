@@ -12,11 +12,12 @@ use tokio::time::Instant;
 use tonic::Status as GrpcStatus;
 use tracing::info;
 
-use super::service::{CONNECTION_WINDOW, Fence, STREAM_WINDOW, blocking, grpc};
+use super::fence::Fence;
+use super::service::{CONNECTION_WINDOW, STREAM_WINDOW, blocking, grpc};
 use super::{BLOCK_SIZE, LayerSpec, ReplicaStore, StorageError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{self, LayerChunksRequest, ReadLayerRequest, SyncProgress};
-use crate::protocol::{self, Access, Stamped};
+use crate::protocol::{self, Access, TokenChannel};
 
 /// Rebuilds compare and copy layers in chunks of this size.
 const SYNC_CHUNK: u64 = 2 << 20;
@@ -63,7 +64,7 @@ impl Pace {
 pub(super) async fn connect(
     address: &str,
     access: &Access,
-) -> Result<ReplicaControlClient<Stamped>, GrpcStatus> {
+) -> Result<ReplicaControlClient<TokenChannel>, GrpcStatus> {
     let endpoint = crate::protocol::control_endpoint(address)
         .map_err(|e| GrpcStatus::invalid_argument(format!("source {address:?}: {e}")))?
         .initial_stream_window_size(STREAM_WINDOW)
@@ -73,7 +74,7 @@ pub(super) async fn connect(
         .await
         .map_err(|e| GrpcStatus::unavailable(format!("source {address}: {e}")))?;
     Ok(
-        ReplicaControlClient::new(protocol::stamped(channel, access))
+        ReplicaControlClient::new(protocol::with_token(channel, access))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20),
     )
@@ -91,7 +92,7 @@ pub(super) struct Target {
 /// reports progress on `progress`.
 pub(super) async fn sync(
     target: &Target,
-    mut source: ReplicaControlClient<Stamped>,
+    mut source: ReplicaControlClient<TokenChannel>,
     layers: &[control::Snapshot],
     pace: Pace,
     progress: &mpsc::Sender<Result<SyncProgress, GrpcStatus>>,
@@ -162,7 +163,7 @@ struct LayerPlan {
 
 async fn plan_layer(
     store: &Arc<ReplicaStore>,
-    source: &mut ReplicaControlClient<Stamped>,
+    source: &mut ReplicaControlClient<TokenChannel>,
     layer: &control::Snapshot,
 ) -> Result<LayerPlan, GrpcStatus> {
     let spec = LayerSpec {
@@ -224,7 +225,7 @@ async fn plan_layer(
 /// Replaces one chunk of layer `name` with the source's; returns bytes copied.
 async fn copy_chunk(
     store: &Arc<ReplicaStore>,
-    mut source: ReplicaControlClient<Stamped>,
+    mut source: ReplicaControlClient<TokenChannel>,
     name: &str,
     offset: u64,
 ) -> Result<u64, GrpcStatus> {

@@ -1,5 +1,5 @@
 //! The target: accepts connections on the engine's iSCSI address, runs
-//! each one's login and full feature phase ([`super::connection`]), and
+//! each one's login and full feature phase (`connection`), and
 //! keeps the table of live sessions, so that an initiator logging in again
 //! with the same ISID replaces its old session (RFC 7143 §6.3.5) only once
 //! that session's commands in flight have finished.

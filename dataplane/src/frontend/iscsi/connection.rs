@@ -55,7 +55,7 @@ pub(super) mod reject {
 
 /// Why a connection ended other than by logout or the initiator closing.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ConnectionError {
+pub(super) enum IscsiConnectionError {
     #[error(transparent)]
     Pdu(#[from] PduError),
     #[error("protocol error: {0}")]
@@ -68,7 +68,7 @@ pub(super) enum ConnectionError {
     Silent(Duration),
 }
 
-pub(super) type Result<T> = std::result::Result<T, ConnectionError>;
+pub(super) type Result<T> = std::result::Result<T, IscsiConnectionError>;
 
 /// Whether the connection goes on after a PDU.
 #[derive(Debug, PartialEq, Eq)]
@@ -152,7 +152,7 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
             Ok(Ok(None)) => return,
             Ok(Err(error)) => return warn!(%error, "iSCSI login ended the connection"),
             Err(_) => {
-                let error = ConnectionError::LoginTimeout(login_timeout);
+                let error = IscsiConnectionError::LoginTimeout(login_timeout);
                 return warn!(%error, "iSCSI login ended the connection");
             }
         };
@@ -190,7 +190,7 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
                 Step::Continue(response) => self.writer.send(response).await?,
                 Step::Fail(response, why) => {
                     self.writer.send(response).await?;
-                    return Err(ConnectionError::Login(why));
+                    return Err(IscsiConnectionError::Login(why));
                 }
                 Step::Complete {
                     response,
@@ -284,7 +284,7 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
             }
             _ => {
                 self.reject(&request.bhs, reject::PROTOCOL_ERROR).await?;
-                Err(ConnectionError::Protocol(format!(
+                Err(IscsiConnectionError::Protocol(format!(
                     "opcode {:#04x} in a {:?} session's full feature phase",
                     request.bhs.raw_opcode(),
                     self.parameters.session_type
@@ -396,7 +396,7 @@ impl<D: BlockDevice, S: AsyncRead + AsyncWrite + Send + 'static> Connection<D, S
         let config = &self.target.config;
         if let Some(ping) = &self.ping {
             if self.last_heard < ping.sent && ping.sent.elapsed() >= config.ping_timeout {
-                return Err(ConnectionError::Silent(config.ping_timeout));
+                return Err(IscsiConnectionError::Silent(config.ping_timeout));
             }
             if self.last_heard >= ping.sent {
                 self.ping = None;

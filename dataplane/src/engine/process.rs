@@ -22,7 +22,7 @@ use crate::frontend::iscsi::{Target, TargetConfig};
 use crate::frontend::scsi::luns::DISK_LUN;
 use crate::frontend::{FuseFrontend, FuseOptions};
 use crate::names;
-use crate::protocol::{Access, Guard, Key};
+use crate::protocol::{Access, Key, RequireToken};
 use tonic::service::interceptor::InterceptedService;
 
 /// How often a start waiting for replicas of the newest I/O path tries again.
@@ -74,7 +74,7 @@ pub struct EngineConfig {
     /// Where the FUSE mount lives.
     #[arg(long, default_value = "/var/run/oxhorn")]
     pub run_dir: PathBuf,
-    /// Where the device link /dev/oxhorn/<volume> is published.
+    /// Where the device link `/dev/oxhorn/<volume>` is published.
     #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
 }
@@ -126,7 +126,7 @@ async fn start_iscsi(
 const CHAP_ENV: &str = "OXHORN_ISCSI_CHAP";
 const CHAP_TARGET_ENV: &str = "OXHORN_ISCSI_CHAP_TARGET";
 
-/// The environment that hands `secrets` to an engine (see [`chap_from_env`]).
+/// The environment that hands `secrets` to an engine (see `chap_from_env`).
 pub fn chap_env(secrets: &ChapSecrets) -> Vec<(String, String)> {
     let credential = |prefix: &str, credential: &Credential| {
         [
@@ -275,7 +275,7 @@ pub async fn run(
         Server::builder()
             .add_service(InterceptedService::new(
                 EngineControlServer::new(service),
-                Guard::new(access.key.clone()),
+                RequireToken::new(access.key.clone()),
             ))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), &mut shutdown)
             .await?;

@@ -1,4 +1,5 @@
-//! Adding a replica and rebuilding it from a healthy one.
+//! The engine's part of a rebuild: adding a replica and rebuilding it from a
+//! healthy one (the replica's part is `replica/rebuild_pull.rs`).
 //!
 //! The new replica joins in WO mode at a quiesced point where the engine also
 //! snapshots every replica, so that from then on it receives every new write

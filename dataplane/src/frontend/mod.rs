@@ -2,7 +2,7 @@
 //! node it is attached to.
 
 mod aligned;
-pub(crate) mod device_link;
+pub mod device_link;
 mod error;
 pub mod fuse;
 mod fusefs;
@@ -38,5 +38,4 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn unmap(&self, offset: u64, len: u64) -> impl Future<Output = io::Result<()>> + Send;
 }
 
-/// The block size of every oxhorn volume.
-pub const BLOCK_SIZE: u64 = 4096;
+pub use crate::BLOCK_SIZE;

@@ -14,7 +14,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 
-use super::connection::{Connection, ConnectionError, Flow, RESERVED_TAG, Result, TTT, reject};
+use super::connection::{
+    Connection, Flow, IscsiConnectionError, RESERVED_TAG, Result, TTT, reject,
+};
 use super::data_out::{DataOutPdu, Gathering, ProtocolError, R2t};
 use super::pdu::{Bhs, Opcode, Pdu};
 use crate::frontend::BlockDevice;
@@ -129,7 +131,7 @@ impl<D: BlockDevice, S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 's
         let write = flags & WRITE != 0;
         if !write && (!request.data.is_empty() || !bhs.final_bit()) {
             self.reject(bhs, reject::PROTOCOL_ERROR).await?;
-            return Err(ConnectionError::Protocol(
+            return Err(IscsiConnectionError::Protocol(
                 "data with a command that is not a write".into(),
             ));
         }

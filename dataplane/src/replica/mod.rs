@@ -17,11 +17,15 @@
 //! are atomic renames; the chain is `volume.meta` -> head -> parent links.
 //!
 //! Modules: `extents` (block range sets), `layer` (one layer file), `store`
-//! (open/create and I/O), `chain` (snapshot operations), `sync` (what a
-//! rebuild copies), `rebuild` (pulling layers from another replica), `fence` (the volume, id, engine generation and I/O-path
-//! record a replica keeps), `service` (the `oxhorn replica` process: data protocol
-//! and control API), and small helpers for the directory, metadata, names
-//! and the revision counter.
+//! (open/create and I/O), `chain` (snapshot operations), `ownership` (the
+//! volume, id, highest engine generation and I/O-path record a replica
+//! keeps), `fence` (keeping superseded engines out of a running replica),
+//! `rebuild_store` (the store's part of a rebuild: chunk summaries, layer
+//! reads, staged layers), `rebuild_pull` (pulling a source replica's layers
+//! over its control API), `service` (the `oxhorn replica` process: data
+//! protocol and control API), and small helpers for the directory,
+//! metadata, names and the revision counter. The engine's part of a rebuild
+//! is `engine/rebuild.rs`.
 
 mod chain;
 mod dir;
@@ -32,25 +36,25 @@ mod layer;
 mod lock;
 mod meta;
 mod naming;
-mod rebuild;
+mod ownership;
+mod rebuild_pull;
+mod rebuild_store;
 mod revision;
 mod service;
 mod store;
-mod sync;
 
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
 mod testutil;
 
-/// Every I/O is in whole blocks of this many bytes.
-pub const BLOCK_SIZE: u64 = 4096;
+pub use crate::BLOCK_SIZE;
 
 pub use chain::SnapshotInfo;
 pub use error::{Result, StorageError};
 pub use extents::ExtentSet;
 pub use meta::IoPath;
 pub use naming::{SNAPSHOT_NAME_MAX, VOLUME_HEAD, validate_snapshot_name};
+pub use rebuild_store::{ChunkSummary, LayerSpec};
 pub use service::{ReplicaConfig, run};
 pub use store::{LayerFile, ReplicaStore};
-pub use sync::{ChunkSummary, LayerSpec};

@@ -1,4 +1,4 @@
-//! Rebuild support: summarising a snapshot layer in chunks, reading a layer's
+//! The store's part of a rebuild: summarising a snapshot layer in chunks, reading a layer's
 //! own data, and, on the replica being rebuilt, patching or creating layers
 //! and installing the source's chain.
 //!
