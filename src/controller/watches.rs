@@ -68,13 +68,13 @@ where
 /// The volume of a replica: its replicas' states make the volume's.
 pub(super) fn replica_volume(ns: &str) -> impl Mapper<Replica, Option<ObjectRef<Volume>>> {
     let ns = ns.to_owned();
-    move |replica| Some(ObjectRef::new(&replica.spec.instance.volume_name).within(&ns))
+    move |replica| Some(volume_ref(&replica.spec.instance.volume_name, &ns))
 }
 
 /// The volume of an engine: the engine's state makes the volume's.
 pub(super) fn engine_volume(ns: &str) -> impl Mapper<Engine, Option<ObjectRef<Volume>>> {
     let ns = ns.to_owned();
-    move |engine| Some(ObjectRef::new(&engine.spec.instance.volume_name).within(&ns))
+    move |engine| Some(volume_ref(&engine.spec.instance.volume_name, &ns))
 }
 
 /// The replicas on a node: what a node change may affect.
@@ -105,7 +105,7 @@ pub(super) fn snapshot_concerns(
             .iter()
             .filter(|v| v.spec.source_snapshot() == Some(&source))
             .map(|v| ObjectRef::from_obj(&**v))
-            .chain([ObjectRef::new(&snapshot.spec.volume).within(&ns)])
+            .chain([volume_ref(&snapshot.spec.volume, &ns)])
             .collect()
     }
 }
@@ -124,7 +124,7 @@ pub(super) fn backup_concerns(
             .iter()
             .filter(|v| v.spec.source_backup() == Some(&name))
             .map(|v| ObjectRef::from_obj(&**v))
-            .chain([ObjectRef::new(&backup.spec.volume_name).within(&ns)])
+            .chain([volume_ref(&backup.spec.volume_name, &ns)])
             .collect()
     }
 }
@@ -138,7 +138,7 @@ pub(super) fn filled_from(
     let (snapshots, ns) = (snapshots.clone(), ns.to_owned());
     move |volume| {
         let snapshot = snapshots.get(volume.spec.source_snapshot()?)?;
-        Some(ObjectRef::new(&snapshot.spec.volume).within(&ns))
+        Some(volume_ref(&snapshot.spec.volume, &ns))
     }
 }
 
@@ -159,6 +159,11 @@ pub(super) fn backups_of(backups: &Cache<Backup>) -> impl Mapper<Snapshot, Vec<O
             .map(|b| ObjectRef::from_obj(&**b))
             .collect()
     }
+}
+
+/// The volume `name` of namespace `ns`.
+fn volume_ref(name: &str, ns: &str) -> ObjectRef<Volume> {
+    ObjectRef::new(name).within(ns)
 }
 
 /// A watch's mapper: from a changed object of kind `O` to the objects it

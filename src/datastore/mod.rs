@@ -252,3 +252,48 @@ where
     tasks.spawn(stream.instrument(tracing::info_span!("watch", %kind)));
     cache
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_of<K>(namespace: Option<&str>, objects: Vec<K>) -> Cache<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let (store, mut writer) = reflector::store();
+        for object in objects {
+            writer.apply_watcher_event(&watcher::Event::Apply(object));
+        }
+        Cache::new(store, namespace)
+    }
+
+    fn in_namespace(name: &str, namespace: &str) -> Secret {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.into());
+        secret.metadata.namespace = Some(namespace.into());
+        secret
+    }
+
+    #[test]
+    fn a_namespaced_cache_finds_names_in_its_namespace_only() {
+        let secrets = cache_of(
+            Some("oxhorn-system"),
+            vec![
+                in_namespace("ours", "oxhorn-system"),
+                in_namespace("theirs", "other"),
+            ],
+        );
+        assert!(secrets.get("ours").is_some());
+        assert!(secrets.get("theirs").is_none());
+    }
+
+    #[test]
+    fn a_cluster_scoped_cache_finds_names_without_a_namespace() {
+        let mut node = KubeNode::default();
+        node.metadata.name = Some("node-1".into());
+        let nodes = cache_of(None, vec![node]);
+        assert!(nodes.get("node-1").is_some());
+        assert!(nodes.get("node-2").is_none());
+    }
+}
