@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use tokio::sync::broadcast;
 use tracing::info;
@@ -98,15 +98,12 @@ pub(super) fn snapshot_concerns(
 ) -> impl Mapper<Snapshot, Vec<ObjectRef<Volume>>> {
     let volumes = volumes.store.clone();
     move |snapshot| {
-        let ns = snapshot.namespace().unwrap_or_default();
         let source = snapshot.name_any();
-        volumes
-            .state()
-            .iter()
-            .filter(|v| v.spec.source_snapshot() == Some(&source))
-            .map(|v| ObjectRef::from_obj(&**v))
-            .chain([volume_ref(&snapshot.spec.volume, &ns)])
-            .collect()
+        let own = volume_ref(
+            &snapshot.spec.volume,
+            &snapshot.namespace().unwrap_or_default(),
+        );
+        filling_from(&volumes, |v| v.spec.source_snapshot() == Some(&source), own)
     }
 }
 
@@ -117,15 +114,12 @@ pub(super) fn backup_concerns(
 ) -> impl Mapper<Backup, Vec<ObjectRef<Volume>>> {
     let volumes = volumes.store.clone();
     move |backup| {
-        let ns = backup.namespace().unwrap_or_default();
-        let name = backup.name_any();
-        volumes
-            .state()
-            .iter()
-            .filter(|v| v.spec.source_backup() == Some(&name))
-            .map(|v| ObjectRef::from_obj(&**v))
-            .chain([volume_ref(&backup.spec.volume_name, &ns)])
-            .collect()
+        let source = backup.name_any();
+        let own = volume_ref(
+            &backup.spec.volume_name,
+            &backup.namespace().unwrap_or_default(),
+        );
+        filling_from(&volumes, |v| v.spec.source_backup() == Some(&source), own)
     }
 }
 
@@ -161,6 +155,22 @@ pub(super) fn backups_of(backups: &Cache<Backup>) -> impl Mapper<Snapshot, Vec<O
     }
 }
 
+/// The volumes whose source `fills_from` is, then `own`: the volume the
+/// source belongs to.
+fn filling_from(
+    volumes: &Store<Volume>,
+    fills_from: impl Fn(&Volume) -> bool,
+    own: ObjectRef<Volume>,
+) -> Vec<ObjectRef<Volume>> {
+    volumes
+        .state()
+        .iter()
+        .filter(|v| fills_from(v))
+        .map(|v| ObjectRef::from_obj(&**v))
+        .chain([own])
+        .collect()
+}
+
 /// The volume `name` of namespace `ns`.
 fn volume_ref(name: &str, ns: &str) -> ObjectRef<Volume> {
     ObjectRef::new(name).within(ns)
@@ -171,3 +181,62 @@ fn volume_ref(name: &str, ns: &str) -> ObjectRef<Volume> {
 pub(super) trait Mapper<O, I>: Fn(Arc<O>) -> I + Send + Sync + 'static {}
 
 impl<O, I, F: Fn(Arc<O>) -> I + Send + Sync + 'static> Mapper<O, I> for F {}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::{reflector, watcher};
+    use serde_json::json;
+
+    use super::*;
+
+    fn volumes(specs: &[(&str, serde_json::Value)]) -> Cache<Volume> {
+        let (store, mut writer) = reflector::store();
+        for (name, spec) in specs {
+            let volume: Volume = serde_json::from_value(json!({
+                "apiVersion": "oxhorn.io/v1beta1", "kind": "Volume",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": spec,
+            }))
+            .unwrap();
+            writer.apply_watcher_event(&watcher::Event::Apply(volume));
+        }
+        Cache::new(store, Some("ns"))
+    }
+
+    fn names(refs: Vec<ObjectRef<Volume>>) -> Vec<String> {
+        refs.into_iter().map(|r| r.name).collect()
+    }
+
+    #[test]
+    fn a_snapshot_concerns_its_volume_and_those_filling_from_it() {
+        let volumes = volumes(&[
+            ("v", json!({"size": 4096})),
+            ("clone", json!({"size": 4096, "dataSource": "snapshot/s"})),
+            ("other", json!({"size": 4096, "dataSource": "snapshot/t"})),
+        ]);
+        let snapshot: Snapshot = serde_json::from_value(json!({
+            "apiVersion": "oxhorn.io/v1beta1", "kind": "Snapshot",
+            "metadata": {"name": "s", "namespace": "ns"},
+            "spec": {"volume": "v"},
+        }))
+        .unwrap();
+        let concerned = snapshot_concerns(&volumes)(Arc::new(snapshot));
+        assert_eq!(names(concerned), ["clone", "v"]);
+    }
+
+    #[test]
+    fn a_backup_concerns_its_volume_and_those_restoring_from_it() {
+        let volumes = volumes(&[
+            ("v", json!({"size": 4096})),
+            ("restored", json!({"size": 4096, "fromBackup": "b"})),
+        ]);
+        let backup: Backup = serde_json::from_value(json!({
+            "apiVersion": "oxhorn.io/v1beta1", "kind": "Backup",
+            "metadata": {"name": "b", "namespace": "ns"},
+            "spec": {"volumeName": "v"},
+        }))
+        .unwrap();
+        let concerned = backup_concerns(&volumes)(Arc::new(backup));
+        assert_eq!(names(concerned), ["restored", "v"]);
+    }
+}
