@@ -17,7 +17,6 @@ use super::{ControllerError, Expectations, replace_status};
 use crate::datastore::{Datastore, Liveness, Settings};
 use crate::instance::InstanceManager;
 use crate::protocol::{Access, Key};
-use crate::types::{Node, Replica, Volume};
 
 /// What this node's manager is and where its pieces are.
 #[derive(Clone, Debug)]
@@ -78,21 +77,6 @@ impl Context {
             key: self.key.for_volume(volume),
             generation,
         }
-    }
-
-    /// The volume `name` as the cache has it.
-    pub fn cached_volume(&self, name: &str) -> Option<Arc<Volume>> {
-        self.ds.volumes.get(name)
-    }
-
-    /// The replica `name` as the cache has it.
-    pub fn cached_replica(&self, name: &str) -> Option<Arc<Replica>> {
-        self.ds.replicas.get(name)
-    }
-
-    /// oxhorn's Node of `node_id`, as last cached.
-    pub fn cached_node(&self, node_id: &str) -> Option<Arc<Node>> {
-        self.ds.nodes.get(node_id)
     }
 
     /// The settings in effect now.

@@ -87,7 +87,7 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
 /// can take over a mounted device.
 fn serves_attachment(ctx: &Context, engine: &Engine) -> bool {
     let spec = &engine.spec.instance;
-    ctx.cached_volume(&spec.volume_name).is_some_and(|volume| {
+    ctx.ds.volumes.get(&spec.volume_name).is_some_and(|volume| {
         spec.desire_state == DesireState::Running
             && !spec.node_id.is_empty()
             && volume.spec.node_id == spec.node_id
@@ -265,7 +265,9 @@ async fn converge(
 fn rebuild_turns(ctx: &Context) -> rebuilds::Turns {
     let engines = ctx.ds.engines.store.state();
     let node_of = |replica: &str| {
-        ctx.cached_replica(replica)
+        ctx.ds
+            .replicas
+            .get(replica)
             .map(|r| r.spec.instance.node_id.clone())
     };
     rebuilds::Turns::count(
@@ -282,7 +284,7 @@ fn replica_node(ctx: &Context, engine: &Engine, address: &str) -> Option<String>
         .replica_address_map
         .iter()
         .find(|(_, a)| a.as_str() == address)?;
-    Some(ctx.cached_replica(name)?.spec.instance.node_id.clone())
+    Some(ctx.ds.replicas.get(name)?.spec.instance.node_id.clone())
 }
 
 /// Translates what the engine reports into the Engine's status, naming

@@ -48,7 +48,9 @@ pub async fn reconcile(
         // A foreground cascade deletes the replicas with their volume: while
         // the volume's deletion is held, theirs is too, and they serve on.
         let held_by = ctx
-            .cached_volume(&replica.spec.instance.volume_name)
+            .ds
+            .volumes
+            .get(&replica.spec.instance.volume_name)
             .filter(|volume| going && volume.deletion_held());
         if going && held_by.is_none() {
             return clean_up(&ctx, &replica).await;

@@ -51,7 +51,7 @@ pub async fn reconcile(
 /// Whether the volume exists: in the cache, or, since a snapshot is often
 /// created right after its volume, on the API server.
 async fn volume_exists(ctx: &Context, name: &str) -> Result<bool, ControllerError> {
-    if ctx.cached_volume(name).is_some() {
+    if ctx.ds.volumes.get(name).is_some() {
         return Ok(true);
     }
     Ok(ctx.api::<Volume>().get_opt(name).await?.is_some())

@@ -60,7 +60,7 @@ async fn reconcile(ctx: &Context) -> Result<(), ControllerError> {
         return Ok(());
     }
     let wanted = ctx.settings().default_backup_target;
-    let existing = ctx.cached_target(DEFAULT_BACKUP_TARGET);
+    let existing = ctx.ds.backup_targets.get(DEFAULT_BACKUP_TARGET);
     match existing {
         Some(target) if wanted.url.is_empty() => {
             if from_settings(&target) {

@@ -123,14 +123,6 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl Context {
-    /// The BackupTarget `name`, as cached.
-    pub(in crate::controller) fn cached_target(
-        &self,
-        name: &str,
-    ) -> Option<std::sync::Arc<BackupTarget>> {
-        self.ds.backup_targets.get(name)
-    }
-
     /// The store `target` names, with its credentials.
     pub(in crate::controller) fn open_store(
         &self,

@@ -39,7 +39,7 @@ const COMPLETED: &str = "Completed";
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    let volume = ctx.cached_volume(&backup.spec.volume_name);
+    let volume = ctx.ds.volumes.get(&backup.spec.volume_name);
     let preferred = volume
         .as_ref()
         .and_then(|v| v.status.as_ref())
@@ -73,7 +73,9 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action,
 /// Deletes the backup from the store, then lets the Backup go.
 async fn remove(ctx: &Context, backup: &Backup) -> Result<Action, ControllerError> {
     let target = ctx
-        .cached_target(&backup.spec.backup_target_name)
+        .ds
+        .backup_targets
+        .get(&backup.spec.backup_target_name)
         .filter(|t| t.metadata.deletion_timestamp.is_none());
     if let Some(target) = target {
         let removed = match ctx.open_store(&target) {
@@ -203,7 +205,7 @@ impl Job<'_> {
         volume: Option<&Volume>,
     ) -> Result<Result<Action, Wait>, ControllerError> {
         let target_name = &self.backup.spec.backup_target_name;
-        let Some(target) = self.ctx.cached_target(target_name) else {
+        let Some(target) = self.ctx.ds.backup_targets.get(target_name) else {
             let message = format!("BackupTarget {target_name} does not exist");
             return Ok(Err(Wait::Pending("TargetNotFound", message, Some(RETRY))));
         };

@@ -57,7 +57,7 @@ async fn sync(
     volume: &BackupVolume,
     mut status: BackupVolumeStatus,
 ) -> Result<Action, ControllerError> {
-    let Some(target) = ctx.cached_target(&volume.spec.backup_target_name) else {
+    let Some(target) = ctx.ds.backup_targets.get(&volume.spec.backup_target_name) else {
         // Its target is gone; the garbage collector removes it.
         return Ok(Action::await_change());
     };

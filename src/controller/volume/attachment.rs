@@ -68,7 +68,7 @@ impl Pass<'_> {
                 "generation": generation,
             }});
             if starting {
-                let node = self.ctx.cached_node(&target);
+                let node = self.ctx.ds.nodes.get(&target);
                 let frontend = self.volume.spec.frontend.on(node.as_deref());
                 patch["spec"]["frontend"] = serde_json::to_value(frontend)?;
                 patch["spec"]["chapSecret"] = self.volume.spec.chap_secret.clone().into();

@@ -45,7 +45,7 @@ impl Pass<'_> {
             return Ok(Step::Waiting("SourceTooLarge", message));
         }
         let target_name = &backup.spec.backup_target_name;
-        let Some(target) = ctx.cached_target(target_name) else {
+        let Some(target) = ctx.ds.backup_targets.get(target_name) else {
             let message = format!("BackupTarget {target_name} does not exist");
             return Ok(Step::Waiting("WaitingForSource", message));
         };

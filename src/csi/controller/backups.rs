@@ -6,7 +6,6 @@
 //! from it restores the backup into the new volume.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -84,10 +83,6 @@ fn backups_api(service: &ControllerService) -> Api<Backup> {
     Api::namespaced(service.client.clone(), &service.ds.namespace)
 }
 
-fn cached(service: &ControllerService, id: &str) -> Option<Arc<Backup>> {
-    service.ds.backups.get(id)
-}
-
 /// CreateSnapshot of `type: backup`: the Backup `name` names, of `volume`
 /// into `target`.
 pub async fn create(
@@ -134,15 +129,17 @@ pub async fn create(
     }
     let waited = service
         .wait_for(&format!("backup {id}"), READY_WAIT, || {
-            let done = cached(service, &id).filter(|b| completed(b));
+            let done = service.ds.backups.get(&id).filter(|b| completed(b));
             Ok(done)
         })
         .await;
     let backup = match waited {
         Ok(backup) => backup,
-        Err(ControllerServiceError::Timeout { .. }) => cached(service, &id).ok_or_else(|| {
-            ControllerServiceError::Unavailable(format!("backup {id} is not cached yet"))
-        })?,
+        Err(ControllerServiceError::Timeout { .. }) => {
+            service.ds.backups.get(&id).ok_or_else(|| {
+                ControllerServiceError::Unavailable(format!("backup {id} is not cached yet"))
+            })?
+        }
         Err(error) => return Err(error),
     };
     Ok(CreateSnapshotResponse {
@@ -206,7 +203,10 @@ pub async fn delete(
     }
     service
         .wait_for(&format!("deleting backup {id}"), DELETE_WAIT, || {
-            Ok(cached(service, id)
+            Ok(service
+                .ds
+                .backups
+                .get(id)
                 .is_none()
                 .then_some(DeleteSnapshotResponse {}))
         })

@@ -61,10 +61,6 @@ impl ControllerService {
         }
     }
 
-    fn cached_volume(&self, id: &str) -> Option<Arc<Volume>> {
-        self.ds.volumes.get(id)
-    }
-
     async fn get_volume(&self, id: &str) -> Result<Option<Volume>, ControllerServiceError> {
         self.volumes()
             .get_opt(id)

@@ -105,7 +105,7 @@ impl ControllerService {
             &format!("attaching volume {id} to {node}"),
             ATTACH_WAIT,
             || {
-                let volume = self.cached_volume(id);
+                let volume = self.ds.volumes.get(id);
                 let status = volume.as_ref().and_then(|v| v.status.as_ref());
                 Ok(status
                     .filter(|s| s.state == VolumeState::Attached && s.current_node_id == node)
@@ -131,7 +131,7 @@ impl ControllerService {
         }
         self.set_attachment(&volume, "", None).await?;
         self.wait_for(&format!("detaching volume {id}"), ATTACH_WAIT, || {
-            let volume = self.cached_volume(id);
+            let volume = self.ds.volumes.get(id);
             let status = volume.as_ref().and_then(|v| v.status.as_ref());
             Ok(status
                 .filter(|s| s.current_node_id.is_empty() && s.state != VolumeState::Detaching)

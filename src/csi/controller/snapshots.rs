@@ -70,10 +70,6 @@ pub async fn deletion_blocker(
     }))
 }
 
-fn cached(service: &ControllerService, id: &str) -> Option<Arc<Snapshot>> {
-    service.ds.snapshots.get(id)
-}
-
 pub async fn create(
     service: &ControllerService,
     request: CreateSnapshotRequest,
@@ -151,7 +147,7 @@ async fn wait_taken(
 ) -> Result<Arc<Snapshot>, ControllerServiceError> {
     let taken = service
         .wait_for(&format!("taking snapshot {id}"), READY_WAIT, || {
-            let Some(snapshot) = cached(service, id) else {
+            let Some(snapshot) = service.ds.snapshots.get(id) else {
                 return Ok(None);
             };
             let status = snapshot.status.clone().unwrap_or_default();
@@ -166,9 +162,11 @@ async fn wait_taken(
         })
         .await;
     match taken {
-        Err(ControllerServiceError::Timeout { .. }) => cached(service, id).ok_or_else(|| {
-            ControllerServiceError::Unavailable(format!("snapshot {id} is not cached yet"))
-        }),
+        Err(ControllerServiceError::Timeout { .. }) => {
+            service.ds.snapshots.get(id).ok_or_else(|| {
+                ControllerServiceError::Unavailable(format!("snapshot {id} is not cached yet"))
+            })
+        }
         other => other,
     }
 }
@@ -201,7 +199,10 @@ pub async fn delete(
     }
     service
         .wait_for(&format!("deleting snapshot {id}"), DELETE_WAIT, || {
-            Ok(cached(service, id)
+            Ok(service
+                .ds
+                .snapshots
+                .get(id)
                 .is_none()
                 .then_some(DeleteSnapshotResponse {}))
         })

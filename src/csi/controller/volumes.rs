@@ -216,7 +216,7 @@ impl ControllerService {
     /// replica has a node and disk, an error saying why when one cannot.
     async fn wait_scheduled(&self, id: &str) -> Result<Arc<Volume>, ControllerServiceError> {
         self.wait_for(&format!("scheduling volume {id}"), SCHEDULE_WAIT, || {
-            let Some(volume) = self.cached_volume(id) else {
+            let Some(volume) = self.ds.volumes.get(id) else {
                 return Ok(None);
             };
             let conditions = volume.status.as_ref().map(|s| s.conditions.as_slice());
@@ -266,7 +266,7 @@ impl ControllerService {
         }
         info!(volume = %id, "volume deletion requested");
         self.wait_for(&format!("deleting volume {id}"), DELETE_WAIT, || {
-            Ok(self.cached_volume(id).is_none().then_some(()))
+            Ok(self.ds.volumes.get(id).is_none().then_some(()))
         })
         .await
     }
@@ -333,7 +333,9 @@ impl ControllerService {
         id: &str,
     ) -> Result<ControllerGetVolumeResponse, ControllerServiceError> {
         let volume = self
-            .cached_volume(id)
+            .ds
+            .volumes
+            .get(id)
             .ok_or_else(|| ControllerServiceError::VolumeNotFound(id.to_owned()))?;
         Ok(ControllerGetVolumeResponse {
             volume: Some(csi_volume(&volume, HashMap::new(), None)),
