@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tokio::sync::broadcast;
 use tracing::info;
@@ -96,15 +96,11 @@ pub(super) fn replicas_on(replicas: &Cache<Replica>) -> impl Mapper<Node, Vec<Ob
 pub(super) fn snapshot_concerns(
     volumes: &Cache<Volume>,
 ) -> impl Mapper<Snapshot, Vec<ObjectRef<Volume>>> {
-    let volumes = volumes.store.clone();
-    move |snapshot| {
-        let source = snapshot.name_any();
-        let own = volume_ref(
-            &snapshot.spec.volume,
-            &snapshot.namespace().unwrap_or_default(),
-        );
-        filling_from(&volumes, |v| v.spec.source_snapshot() == Some(&source), own)
-    }
+    source_concerns(
+        volumes,
+        |s: &Snapshot| &s.spec.volume,
+        |v| v.spec.source_snapshot(),
+    )
 }
 
 /// The volumes a Backup change concerns: its own volume, whose replicas
@@ -112,15 +108,11 @@ pub(super) fn snapshot_concerns(
 pub(super) fn backup_concerns(
     volumes: &Cache<Volume>,
 ) -> impl Mapper<Backup, Vec<ObjectRef<Volume>>> {
-    let volumes = volumes.store.clone();
-    move |backup| {
-        let source = backup.name_any();
-        let own = volume_ref(
-            &backup.spec.volume_name,
-            &backup.namespace().unwrap_or_default(),
-        );
-        filling_from(&volumes, |v| v.spec.source_backup() == Some(&source), own)
-    }
+    source_concerns(
+        volumes,
+        |b: &Backup| &b.spec.volume_name,
+        |v| v.spec.source_backup(),
+    )
 }
 
 /// The volume whose snapshot a volume fills from: its replicas are the
@@ -155,20 +147,29 @@ pub(super) fn backups_of(backups: &Cache<Backup>) -> impl Mapper<Snapshot, Vec<O
     }
 }
 
-/// The volumes whose source `fills_from` is, then `own`: the volume the
-/// source belongs to.
-fn filling_from(
-    volumes: &Store<Volume>,
-    fills_from: impl Fn(&Volume) -> bool,
-    own: ObjectRef<Volume>,
-) -> Vec<ObjectRef<Volume>> {
-    volumes
-        .state()
-        .iter()
-        .filter(|v| fills_from(v))
-        .map(|v| ObjectRef::from_obj(&**v))
-        .chain([own])
-        .collect()
+/// The volumes a change of a volume's source (a snapshot or Backup)
+/// concerns: those whose `source_of` it is, then its own volume, which
+/// `volume_of` names.
+fn source_concerns<O>(
+    volumes: &Cache<Volume>,
+    volume_of: fn(&O) -> &String,
+    source_of: fn(&Volume) -> Option<&str>,
+) -> impl Mapper<O, Vec<ObjectRef<Volume>>>
+where
+    O: Resource + Send + Sync + 'static,
+{
+    let volumes = volumes.store.clone();
+    move |source| {
+        let name = source.name_any();
+        let own = volume_ref(volume_of(&source), &source.namespace().unwrap_or_default());
+        volumes
+            .state()
+            .iter()
+            .filter(|v| source_of(v) == Some(&name))
+            .map(|v| ObjectRef::from_obj(&**v))
+            .chain([own])
+            .collect()
+    }
 }
 
 /// The volume `name` of namespace `ns`.
