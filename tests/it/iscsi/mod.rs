@@ -10,7 +10,7 @@
 //! volume with a `chapSecret` through the controllers (its engine waits,
 //! saying why, until the Secret exists). `kernel` needs a kernel initiator
 //! and skips without one. The connection's own unit tests
-//! (`src/frontend/iscsi/tests.rs`) cover target pings of a silent
+//! (`dataplane/src/frontend/iscsi/tests.rs`) cover target pings of a silent
 //! initiator, session reinstatement and malformed PDUs.
 
 mod attach;
