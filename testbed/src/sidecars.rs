@@ -45,7 +45,7 @@ serviceaccount-controller";
 const CLUSTER_CONTROLLERS: &str = "daemonset-controller,deployment-controller,\
 replicaset-controller,statefulset-controller,job-controller,namespace-controller,\
 garbage-collector-controller,pod-garbage-collector-controller,\
-root-ca-certificate-publisher-controller";
+root-ca-certificate-publisher-controller,ephemeral-volume-controller";
 
 /// The running sidecars; dropping this kills them and removes their logs.
 pub struct Sidecars {

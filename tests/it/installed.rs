@@ -14,8 +14,8 @@
 //! namespaces the manager joins as the host's, since this machine's pid 1 is
 //! out of reach. kube-scheduler and kube-controller-manager (DaemonSet,
 //! Deployment, ReplicaSet, StatefulSet, Job, namespace, garbage-collector,
-//! root-CA-publisher, attach-detach and PersistentVolume controllers) run
-//! beside them.
+//! root-CA-publisher, ephemeral-volume, attach-detach and PersistentVolume
+//! controllers) run beside them.
 //!
 //! The first test waits for the DaemonSets' pods to be Ready on every node,
 //! the Deployments' pods, and every kubelet to list the driver. Before
@@ -36,7 +36,9 @@
 //! own) down to one, its claims and volumes going with the pods, and up to
 //! two, the new pod on a fresh volume; then grows a claim by 100 MiB while
 //! its pod runs and waits for the pod's filesystem to grow (xfs: this
-//! machine withholds the capability ext4's online growth needs).
+//! machine withholds the capability ext4's online growth needs). Last, a pod
+//! with a generic ephemeral volume on the default class writes and checks
+//! its file on an ext4 of its own, and its claim and PV go with it.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -824,6 +826,54 @@ async fn installed_a_stateful_set_scales_and_a_claim_grows_under_its_pod() {
         "web-0 restarted while its claim grew: {restarts:?}"
     );
 
+    // A generic ephemeral volume: a claim made for the pod from its
+    // template, on the default class, and gone with the pod.
+    let scratch = "scratch";
+    let pods = installed.pods();
+    let pod = serde_json::from_value(ephemeral_pod(scratch, &node)).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let phase = installed
+        .until("the ephemeral volume's pod finished", || async {
+            let phase = pods.get(scratch).await.ok()?.status?.phase?;
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        })
+        .await;
+    assert_eq!(phase, "Succeeded", "{}", installed.logs());
+    let claim = format!("{scratch}-data");
+    let volume = claims.get(&claim).await.unwrap().spec.unwrap().volume_name;
+    let volume = volume.expect("the ephemeral claim is bound");
+    pods.delete(scratch, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The PV goes once the driver deleted its volume (reclaim policy Delete).
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(installed.client());
+    installed
+        .until("the ephemeral claim and its volume gone", || async {
+            let claim_gone = claims.get_opt(&claim).await.ok()?.is_none();
+            let volume_gone = pvs.get_opt(&volume).await.ok()?.is_none();
+            (claim_gone && volume_gone).then_some(())
+        })
+        .await;
+
     sets.delete(SET, &DeleteParams::default()).await.unwrap();
     installed.stop().await;
+}
+
+/// A pod on `node` with a generic ephemeral volume on the default class:
+/// it writes through it and checks it is an ext4 filesystem of its own.
+fn ephemeral_pod(name: &str, node: &str) -> Value {
+    let script = format!(
+        "set -e; grep -q ' {MOUNT} ext4 ' /proc/mounts; \
+         dd if=/dev/urandom of={MOUNT}/file bs=4096 count=64; \
+         sha256sum {MOUNT}/file > /tmp/sum; sync; sha256sum -c /tmp/sum"
+    );
+    let mut pod = one_shot_pod(name, &script);
+    let spec = &mut pod["spec"];
+    spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    spec["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": MOUNT}]);
+    spec["volumes"] = json!([{"name": "data", "ephemeral": {"volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "64Mi"}}
+    }}}}]);
+    pod
 }
