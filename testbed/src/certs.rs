@@ -1,46 +1,98 @@
-//! Throwaway credentials for the test API server: a CA, a serving certificate
-//! for 127.0.0.1, and a service-account signing key.
+//! Throwaway credentials: a CA that signs serving certificates (the API
+//! server's, each kubelet's, MinIO's) and client certificates (the API
+//! server's to its kubelets), and a service-account signing key.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
 
-use crate::Result;
+use std::path::Path;
 
-pub struct Pki {
-    pub ca_pem: String,
-    pub serving_cert_pem: String,
-    pub serving_key_pem: String,
-    pub service_account_key_pem: String,
-    pub service_account_pub_pem: String,
+use crate::{Error, Result};
+
+/// A certificate and its private key, PEM.
+pub struct Issued {
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
-pub fn generate() -> Result<Pki> {
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "oxhorn-testbed-ca");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, ca_key);
+impl Issued {
+    /// Writes the certificate and the key as `dir`/`cert` and `dir`/`key`,
+    /// making `dir`.
+    pub fn write_to(&self, dir: &Path, cert: &str, key: &str) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        for (name, pem) in [(cert, &self.cert_pem), (key, &self.key_pem)] {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
+    }
+}
 
-    let serving_key = KeyPair::generate()?;
-    let mut serving =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
-    serving
-        .distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let serving_cert = serving.signed_by(&serving_key, &issuer)?;
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
 
-    let service_account_key = KeyPair::generate()?;
-    Ok(Pki {
-        ca_pem: ca_cert.pem(),
-        serving_cert_pem: serving_cert.pem(),
-        serving_key_pem: serving_key.serialize_pem(),
-        service_account_key_pem: service_account_key.serialize_pem(),
-        service_account_pub_pem: service_account_key.public_key_pem(),
-    })
+impl Ca {
+    pub fn generate() -> Result<Self> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "oxhorn-testbed-ca");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key)?;
+        Ok(Self {
+            issuer: Issuer::new(params, key),
+            pem: cert.pem(),
+        })
+    }
+
+    /// The CA's certificate, PEM.
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// A server certificate for `names` (DNS names or IP addresses).
+    pub fn serving(&self, common_name: &str, names: &[&str]) -> Result<Issued> {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params)
+    }
+
+    /// A client certificate of user `common_name` in `group`, as Kubernetes
+    /// reads them (CN and O).
+    pub fn client(&self, common_name: &str, group: &str) -> Result<Issued> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, group);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(params)
+    }
+
+    fn issue(&self, params: CertificateParams) -> Result<Issued> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// A service-account signing key: (private, public), PEM.
+pub fn service_account_key() -> Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
 }

@@ -1,4 +1,13 @@
 //! etcd + kube-apiserver on free loopback ports, with oxhorn's CRDs applied.
+//!
+//! The API server reaches kubelets as a real cluster's does: by the node
+//! name each kubelet reports as its Hostname address, over TLS verified
+//! against the test bed's CA, with a client certificate the kubelets trust.
+//! Node names resolve to 127.0.0.1 through a hosts file of the control
+//! plane's ([`ControlPlane::resolve_locally`]), which the API server and the
+//! kubelets see as /etc/hosts in mount namespaces of their own; their
+//! /etc/resolv.conf names only 127.0.0.1, where nothing answers, so no name
+//! lookup of theirs leaves the machine.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -29,6 +38,10 @@ pub struct ControlPlane {
     /// Where the API server listens, and what a kubeconfig needs to reach it.
     api: SocketAddr,
     ca: PathBuf,
+    authority: certs::Ca,
+    /// The hosts file the API server and the kubelets resolve names with.
+    hosts: PathBuf,
+    resolv_conf: PathBuf,
     token: String,
     processes: Mutex<Vec<Supervised>>,
     dir: Mutex<Option<TempDir>>,
@@ -50,8 +63,14 @@ impl ControlPlane {
         let mut processes = vec![Supervised::spawn("etcd", etcd, &path.join("etcd.log"))?];
 
         let api_port = free_port()?;
-        let token = write_credentials(path)?;
-        let apiserver = apiserver_command(path, api_port, etcd_port)?;
+        let authority = certs::Ca::generate()?;
+        let token = write_credentials(path, &authority)?;
+        let (hosts, resolv_conf) = write_name_resolution(path)?;
+        let mut apiserver = apiserver_command(path, api_port, etcd_port)?;
+        crate::mount::bind_in_own_namespace(
+            &mut apiserver,
+            &name_resolution_binds(&hosts, &resolv_conf),
+        )?;
         processes.push(Supervised::spawn(
             "kube-apiserver",
             apiserver,
@@ -69,6 +88,9 @@ impl ControlPlane {
             kubeconfig,
             api,
             ca,
+            authority,
+            hosts,
+            resolv_conf,
             token,
             processes: Mutex::new(processes),
             dir: Mutex::new(Some(dir)),
@@ -101,6 +123,31 @@ impl ControlPlane {
     /// The cluster's CA certificate (it signed the API server's).
     pub fn ca_file(&self) -> &Path {
         &self.ca
+    }
+
+    /// Makes `name` resolve to 127.0.0.1 for the API server and the
+    /// kubelets: for a node's name, before its kubelet starts.
+    pub fn resolve_locally(&self, name: &str) -> Result<()> {
+        use std::io::Write;
+        // Appended in place: a bind mount holds the file's inode.
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.hosts)
+            .map_err(|e| Error::io(&self.hosts, e))?;
+        file.write_all(format!("127.0.0.1 {name}\n").as_bytes())
+            .map_err(|e| Error::io(&self.hosts, e))
+    }
+
+    /// What a process of the cluster binds over /etc/hosts and
+    /// /etc/resolv.conf (see [`crate::mount::bind_in_own_namespace`]).
+    pub(crate) fn name_resolution(&self) -> Vec<(PathBuf, PathBuf)> {
+        name_resolution_binds(&self.hosts, &self.resolv_conf)
+    }
+
+    /// A kubelet serving certificate for node `name`, from the cluster's CA.
+    pub(crate) fn kubelet_serving_certificate(&self, name: &str) -> Result<certs::Issued> {
+        self.authority
+            .serving(name, &[name, "127.0.0.1", "localhost"])
     }
 
     /// Writes to `path` a kubeconfig like [`ControlPlane::kubeconfig`] that
@@ -273,6 +320,21 @@ fn apiserver_command(dir: &Path, port: u16, etcd_port: u16) -> Result<Command> {
         .arg(format!("--secure-port={port}"))
         .arg(format!("--tls-cert-file={}", file("apiserver.crt")))
         .arg(format!("--tls-private-key-file={}", file("apiserver.key")))
+        // Kubelets are dialled by their node names (see the module's
+        // documentation), never by an address that could leave the machine.
+        .arg("--kubelet-preferred-address-types=Hostname")
+        .arg(format!(
+            "--kubelet-certificate-authority={}",
+            file("ca.crt")
+        ))
+        .arg(format!(
+            "--kubelet-client-certificate={}",
+            file("kubelet-client.crt")
+        ))
+        .arg(format!(
+            "--kubelet-client-key={}",
+            file("kubelet-client.key")
+        ))
         .arg(format!("--token-auth-file={}", file("tokens.csv")))
         .arg("--authorization-mode=RBAC")
         .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
@@ -298,16 +360,26 @@ fn apiserver_command(dir: &Path, port: u16, etcd_port: u16) -> Result<Command> {
     Ok(command)
 }
 
-/// Writes the PKI and the token file; returns the admin token.
-fn write_credentials(dir: &Path) -> Result<String> {
-    let pki = certs::generate()?;
+/// The API server's user on the kubelets, as kubeadm names it; its group
+/// may do anything there (logs, exec, port-forward, proxy).
+const KUBELET_CLIENT: (&str, &str) = ("kube-apiserver-kubelet-client", "system:masters");
+
+/// Writes the certificates, keys and the token file; returns the admin
+/// token.
+fn write_credentials(dir: &Path, authority: &certs::Ca) -> Result<String> {
+    let serving = authority.serving("kube-apiserver", &["127.0.0.1", "localhost"])?;
+    let (user, group) = KUBELET_CLIENT;
+    let kubelet_client = authority.client(user, group)?;
+    let (service_account_key, service_account_pub) = certs::service_account_key()?;
     let token = format!("{:032x}", rand_u128());
     let files = [
-        ("ca.crt", pki.ca_pem),
-        ("apiserver.crt", pki.serving_cert_pem),
-        ("apiserver.key", pki.serving_key_pem),
-        ("service-account.key", pki.service_account_key_pem),
-        ("service-account.pub", pki.service_account_pub_pem),
+        ("ca.crt", authority.pem().to_string()),
+        ("apiserver.crt", serving.cert_pem),
+        ("apiserver.key", serving.key_pem),
+        ("kubelet-client.crt", kubelet_client.cert_pem),
+        ("kubelet-client.key", kubelet_client.key_pem),
+        ("service-account.key", service_account_key),
+        ("service-account.pub", service_account_pub),
         (
             "tokens.csv",
             format!("{token},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},\"system:masters\"\n"),
@@ -318,6 +390,28 @@ fn write_credentials(dir: &Path) -> Result<String> {
         std::fs::write(&path, content).map_err(|e| Error::io(&path, e))?;
     }
     Ok(token)
+}
+
+/// Writes the hosts file (localhost only, until nodes join) and a
+/// resolv.conf that sends queries to 127.0.0.1, where nothing answers;
+/// returns their paths.
+fn write_name_resolution(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let hosts = dir.join("hosts");
+    let resolv_conf = dir.join("resolv.conf");
+    for (path, text) in [
+        (&hosts, "127.0.0.1 localhost\n::1 localhost\n"),
+        (&resolv_conf, "nameserver 127.0.0.1\n"),
+    ] {
+        std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
+    }
+    Ok((hosts, resolv_conf))
+}
+
+fn name_resolution_binds(hosts: &Path, resolv_conf: &Path) -> Vec<(PathBuf, PathBuf)> {
+    vec![
+        (hosts.to_path_buf(), PathBuf::from("/etc/hosts")),
+        (resolv_conf.to_path_buf(), PathBuf::from("/etc/resolv.conf")),
+    ]
 }
 
 fn rand_u128() -> u128 {

@@ -9,7 +9,9 @@
 //! so it leaves the host's firewall alone. Its device-plugin directory has a
 //! fixed path, so each kubelet runs in a mount namespace of its own where
 //! that path is its node's (the node directory's mounts stay shared with
-//! the host's). The host's changes are one set for all nodes, so a test's
+//! the host's), and where /etc/hosts and /etc/resolv.conf are the control
+//! plane's (see [`crate::ControlPlane`]): the kubelet serves the API server
+//! under its node name with a certificate of the cluster's CA. The host's changes are one set for all nodes, so a test's
 //! nodes start together ([`KubeletNode::start_beside`]) in one turn: a
 //! second [`KubeletNode::start`], of this process or another, waits for
 //! them to stop.
@@ -155,7 +157,14 @@ impl KubeletNode {
         images::import(&self.socket, &archive, images::BUSYBOX_REPOSITORY)?;
 
         cgroup::create(&self.cgroup)?;
-        write_kubelet_config(&dir, &self.socket, &self.cgroup)?;
+        // Before the kubelet starts: it looks its own name up.
+        control.resolve_locally(&self.name)?;
+        control.kubelet_serving_certificate(&self.name)?.write_to(
+            &dir.join("kubelet-pki"),
+            "kubelet.crt",
+            "kubelet.key",
+        )?;
+        write_kubelet_config(&dir, &self.socket, &self.cgroup, control.ca_file())?;
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin).map_err(|e| Error::io(&bin, e))?;
         for tool in SBIN_TOOLS {
@@ -177,7 +186,13 @@ impl KubeletNode {
             .arg(&self.name)
             .arg("--v=1")
             .env("PATH", format!("{}:/usr/local/bin:/usr/bin", bin.display()));
-        own_device_plugins(&mut kubelet, &dir.join("device-plugins"))?;
+        let own_plugins = dir.join("device-plugins");
+        for plugins in [&own_plugins, Path::new(DEVICE_PLUGINS)] {
+            std::fs::create_dir_all(plugins).map_err(|e| Error::io(plugins, e))?;
+        }
+        let mut binds = vec![(own_plugins, PathBuf::from(DEVICE_PLUGINS))];
+        binds.extend(control.name_resolution());
+        crate::mount::bind_in_own_namespace(&mut kubelet, &binds)?;
         self.kubelet = Some(Supervised::spawn(
             "kubelet",
             kubelet,
@@ -337,58 +352,6 @@ impl Drop for KubeletNode {
     }
 }
 
-/// Runs `kubelet` in a mount namespace of its own whose [`DEVICE_PLUGINS`]
-/// is `own`. The node directory's mounts are shared, so the new namespace's
-/// copies stay peers of the host's: the kubelet sees the node plugin's
-/// mounts and containerd the kubelet's. The mount holding the fixed path is
-/// made a slave there, so that binding `own` over it reaches no other
-/// namespace on a host whose root is shared.
-fn own_device_plugins(kubelet: &mut Command, own: &Path) -> Result<()> {
-    use std::ffi::{CStr, CString};
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::process::CommandExt;
-
-    use nix::mount::{MsFlags, mount};
-    use nix::sched::{CloneFlags, unshare};
-
-    for dir in [own, Path::new(DEVICE_PLUGINS)] {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let c_string = |path: &Path| {
-        CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| Error::Failed(format!("{} holds a NUL", path.display())))
-    };
-    // Resolved: a link on the way may lead to another mount.
-    let resolved =
-        std::fs::canonicalize(DEVICE_PLUGINS).map_err(|e| Error::io(DEVICE_PLUGINS, e))?;
-    let holder = c_string(&crate::mount::containing_mount(&resolved))?;
-    let source = c_string(own)?;
-    let target = c_string(Path::new(DEVICE_PLUGINS))?;
-    // SAFETY: only system calls on strings made before the fork run in the
-    // child.
-    unsafe {
-        kubelet.pre_exec(move || {
-            unshare(CloneFlags::CLONE_NEWNS)?;
-            mount(
-                None::<&CStr>,
-                holder.as_c_str(),
-                None::<&CStr>,
-                MsFlags::MS_SLAVE,
-                None::<&CStr>,
-            )?;
-            mount(
-                Some(source.as_c_str()),
-                target.as_c_str(),
-                None::<&CStr>,
-                MsFlags::MS_BIND,
-                None::<&CStr>,
-            )?;
-            Ok(())
-        });
-    }
-    Ok(())
-}
-
 /// Makes `dir` a mount point of its own with shared propagation, as a
 /// systemd host's root is: pods' `Bidirectional` mounts (the node plugin's)
 /// need it, and this machine's root is private. The drop's release of what
@@ -414,8 +377,9 @@ fn share_mounts(dir: &Path) -> Result<()> {
 const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
 /// Does what the node-lifecycle controller would for a Ready node: removes
-/// its not-ready taint. That controller does not run here: it would mark the
-/// manager-only test nodes, which have no kubelet, unreachable.
+/// its not-ready taint. That controller runs only in a whole cluster's
+/// kube-controller-manager ([`crate::sidecars::Sidecars::start_cluster`]),
+/// which starts after the nodes.
 async fn untaint(nodes: &Api<Node>, node: &Node) -> Result<()> {
     let taints: Vec<_> = node
         .spec
@@ -543,7 +507,8 @@ state = "{state}"
     std::fs::write(&file, config).map_err(|e| Error::io(&file, e))
 }
 
-fn write_kubelet_config(dir: &Path, socket: &Path, cgroup: &str) -> Result<()> {
+fn write_kubelet_config(dir: &Path, socket: &Path, cgroup: &str, client_ca: &Path) -> Result<()> {
+    let pki = dir.join("kubelet-pki");
     let config = serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -557,11 +522,17 @@ fn write_kubelet_config(dir: &Path, socket: &Path, cgroup: &str) -> Result<()> {
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": free_port()?,
+        // As a real cluster's: a certificate of the cluster's CA (the API
+        // server's, for logs and exec) or a token the API server vouches
+        // for, and what each may do is the API server's RBAC.
+        "tlsCertFile": pki.join("kubelet.crt"),
+        "tlsPrivateKeyFile": pki.join("kubelet.key"),
         "authentication": {
             "anonymous": {"enabled": false},
-            "webhook": {"enabled": false}
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": client_ca}
         },
-        "authorization": {"mode": "AlwaysAllow"},
+        "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": format!("unix://{}", socket.display()),
         "podLogsDir": dir.join("pod-logs"),
         "volumePluginDir": dir.join("volume-plugins"),

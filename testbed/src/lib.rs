@@ -19,6 +19,7 @@ mod error;
 mod host_state;
 pub mod images;
 pub mod install;
+mod kube_node;
 pub mod kubelet;
 mod kubelet_node;
 mod manager;
@@ -35,10 +36,11 @@ pub mod writer;
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess, engine_client};
 pub use error::{Error, Result};
-pub use kubelet_node::{HostTurn, KubeletNode};
-pub use manager::{
-    ManagerOptions, ManagerProcess, delete_kube_node, register_kube_node, set_kube_node_ready,
+pub use kube_node::{
+    MANAGER_ONLY_TAINT, delete_kube_node, register_kube_node, set_kube_node_ready,
 };
+pub use kubelet_node::{HostTurn, KubeletNode};
+pub use manager::{ManagerOptions, ManagerProcess};
 pub use mount::{Mounted, loop_devices_under, mounts_under, release_under};
 pub use namespace::TestNamespace;
 pub use nfs::NfsServer;

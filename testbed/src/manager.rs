@@ -1,15 +1,12 @@
 //! An `oxhorn manager` process playing one node against a control plane,
-//! with its own data dir, address and FUSE/device dirs, and the Kubernetes
-//! Node object a kubelet would have registered.
+//! with its own data dir, address and FUSE/device dirs (its Kubernetes
+//! Node: [`crate::register_kube_node`]).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node as KubeNode, NodeCondition, NodeStatus};
-use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
@@ -314,61 +311,4 @@ fn spawn_instance_manager(
         command,
         &dir.join("instance-manager.log"),
     )
-}
-
-/// Registers a Kubernetes Node as a kubelet would, Ready, with `labels`.
-/// Replaces one left by an earlier run.
-pub async fn register_kube_node(
-    client: &Client,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> Result<()> {
-    let api: Api<KubeNode> = Api::all(client.clone());
-    let _ = api.delete(name, &DeleteParams::default()).await;
-    let mut node = KubeNode::default();
-    node.metadata.name = Some(name.to_owned());
-    node.metadata.labels = Some(
-        labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-    );
-    api.create(&PostParams::default(), &node).await?;
-    set_kube_node_ready(client, name, true).await
-}
-
-/// Sets the Kubernetes Node's Ready condition, as the node lifecycle
-/// controller does when a kubelet stops reporting.
-pub async fn set_kube_node_ready(client: &Client, name: &str, ready: bool) -> Result<()> {
-    let api: Api<KubeNode> = Api::all(client.clone());
-    let status = NodeStatus {
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: if ready { "True" } else { "False" }.into(),
-            reason: Some(
-                if ready {
-                    "KubeletReady"
-                } else {
-                    "NodeStatusUnknown"
-                }
-                .into(),
-            ),
-            ..NodeCondition::default()
-        }]),
-        ..NodeStatus::default()
-    };
-    let patch = serde_json::json!({ "status": status });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
-/// Removes a Kubernetes Node registered by [`register_kube_node`].
-pub async fn delete_kube_node(client: &Client, name: &str) -> Result<()> {
-    let api: Api<KubeNode> = Api::all(client.clone());
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(error.into()),
-    }
 }

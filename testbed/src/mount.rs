@@ -128,3 +128,64 @@ pub fn release_under(root: &Path) {
         let _ = nix::mount::umount2(&mount, MntFlags::MNT_DETACH);
     }
 }
+
+/// Runs `command` in a mount namespace of its own where each `(source,
+/// target)` of `binds` is bind-mounted over `target` (a file over a file, a
+/// directory over a directory): a view of the host for one process that
+/// changes nothing for the others. The mounts holding the targets are made
+/// slaves there, so that a bind reaches no other namespace on a host whose
+/// root is shared; every other mount keeps its propagation (a kubelet's node
+/// directory stays a peer of the host's).
+pub(crate) fn bind_in_own_namespace(
+    command: &mut std::process::Command,
+    binds: &[(PathBuf, PathBuf)],
+) -> Result<()> {
+    use std::ffi::{CStr, CString};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+
+    use nix::sched::{CloneFlags, unshare};
+
+    let c_string = |path: &Path| {
+        CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| Error::Failed(format!("{} holds a NUL", path.display())))
+    };
+    let mut holders = Vec::new();
+    let mut pairs = Vec::new();
+    for (source, target) in binds {
+        // Resolved: a link on the way may lead to another mount.
+        let resolved = std::fs::canonicalize(target).map_err(|e| Error::io(target, e))?;
+        let holder = c_string(&containing_mount(&resolved))?;
+        if !holders.contains(&holder) {
+            holders.push(holder);
+        }
+        pairs.push((c_string(source)?, c_string(&resolved)?));
+    }
+    // SAFETY: only system calls on strings made before the fork run in the
+    // child.
+    unsafe {
+        command.pre_exec(move || {
+            unshare(CloneFlags::CLONE_NEWNS)?;
+            for holder in &holders {
+                nix::mount::mount(
+                    None::<&CStr>,
+                    holder.as_c_str(),
+                    None::<&CStr>,
+                    MsFlags::MS_SLAVE,
+                    None::<&CStr>,
+                )?;
+            }
+            for (source, target) in &pairs {
+                nix::mount::mount(
+                    Some(source.as_c_str()),
+                    target.as_c_str(),
+                    None::<&CStr>,
+                    MsFlags::MS_BIND,
+                    None::<&CStr>,
+                )?;
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}

@@ -53,17 +53,18 @@ impl ObjectServer {
     /// Starts MinIO serving HTTPS only, with a certificate for 127.0.0.1
     /// of a CA of its own ([`ca_pem`](Self::ca_pem)).
     pub fn start_tls(dir: &Path, buckets: &[&str]) -> Result<Self> {
-        let pki = crate::certs::generate()?;
-        let certs = dir.join("certs");
-        std::fs::create_dir_all(&certs).map_err(|e| Error::io(&certs, e))?;
-        for (name, pem) in [
-            ("public.crt", &pki.serving_cert_pem),
-            ("private.key", &pki.serving_key_pem),
-        ] {
-            let path = certs.join(name);
-            std::fs::write(&path, pem).map_err(|e| Error::io(&path, e))?;
-        }
-        Self::start_with(ObjectServerKind::Minio, dir, buckets, Some(pki.ca_pem))
+        let ca = crate::certs::Ca::generate()?;
+        ca.serving("minio", &["127.0.0.1", "localhost"])?.write_to(
+            &dir.join("certs"),
+            "public.crt",
+            "private.key",
+        )?;
+        Self::start_with(
+            ObjectServerKind::Minio,
+            dir,
+            buckets,
+            Some(ca.pem().to_string()),
+        )
     }
 
     /// The CA of the server's certificate, when it serves HTTPS.

@@ -38,14 +38,11 @@ persistentvolume-protection-controller,persistentvolumeclaim-protection-controll
 const KUBELET_CONTROLLERS: &str = "persistentvolume-attach-detach-controller,\
 serviceaccount-controller";
 
-/// What a cluster runs before Oxhorn is installed in it: the controllers of
-/// the workloads and objects the manifests create (DaemonSets, Deployments,
-/// StatefulSets, Jobs, namespaces, the CA ConfigMap that service-account
-/// tokens mount, garbage collection).
-const CLUSTER_CONTROLLERS: &str = "daemonset-controller,deployment-controller,\
-replicaset-controller,statefulset-controller,job-controller,namespace-controller,\
-garbage-collector-controller,pod-garbage-collector-controller,\
-root-ca-certificate-publisher-controller,ephemeral-volume-controller";
+/// What a cluster runs before Oxhorn is installed in it: every controller
+/// kube-controller-manager runs by default, node lifecycle included
+/// (manager-only nodes renew their Leases: see
+/// [`crate::register_kube_node`]).
+const CLUSTER_CONTROLLERS: &str = "*";
 
 /// The running sidecars; dropping this kills them and removes their logs.
 pub struct Sidecars {
@@ -70,13 +67,11 @@ impl Sidecars {
 
     /// Only what the cluster itself runs, for Oxhorn installed from its
     /// manifest (whose Deployments bring the CSI sidecars): kube-scheduler
-    /// and kube-controller-manager with the PersistentVolume, attach-detach
-    /// and service-account controllers and `CLUSTER_CONTROLLERS`.
+    /// and kube-controller-manager with its default controllers.
     pub fn start_cluster(control_plane: &ControlPlane) -> Result<Self> {
         let dir = logs_dir()?;
         let kubeconfig = control_plane.kubeconfig();
-        let controllers = format!("{KUBE_CONTROLLERS},{KUBELET_CONTROLLERS},{CLUSTER_CONTROLLERS}");
-        let mut kube_controllers = kube_controller_manager(kubeconfig, &controllers)?;
+        let mut kube_controllers = kube_controller_manager(kubeconfig, CLUSTER_CONTROLLERS)?;
         kube_controllers.arg(format!(
             "--root-ca-file={}",
             control_plane.ca_file().display()

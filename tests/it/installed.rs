@@ -12,10 +12,8 @@
 //! Deployments on the first; a copy of each DaemonSet per kubelet node, for
 //! its directories and address, since the nodes share one host; the
 //! namespaces the manager joins as the host's, since this machine's pid 1 is
-//! out of reach. kube-scheduler and kube-controller-manager (DaemonSet,
-//! Deployment, ReplicaSet, StatefulSet, Job, namespace, garbage-collector,
-//! root-CA-publisher, ephemeral-volume, attach-detach and PersistentVolume
-//! controllers) run beside them.
+//! out of reach. kube-scheduler and kube-controller-manager (with its
+//! default controllers, node lifecycle included) run beside them.
 //!
 //! The first test waits for the DaemonSets' pods to be Ready on every node,
 //! the Deployments' pods, and every kubelet to list the driver. Before

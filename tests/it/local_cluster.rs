@@ -1,7 +1,11 @@
 //! The main job, `hack/local-cluster.sh --hold`, as a user runs it
-//! from a terminal: Ctrl-C goes to the whole foreground process group, and
-//! the cluster must still come down in order (the claim deleted, and its
-//! PV, volume and replicas gone, before the managers stop) and exit 0.
+//! from a terminal. While it holds, a user debugging it finds a real
+//! cluster: `kubectl logs` and `kubectl exec` reach oxhorn's manager pods
+//! and the demo's pod, every Node is Ready, and the manager-only node is
+//! tainted so that nothing is scheduled where no kubelet runs. Ctrl-C goes
+//! to the whole foreground process group, and the cluster must still come
+//! down in order (the claim deleted, and its PV, volume and replicas gone,
+//! before the managers stop) and exit 0.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
@@ -111,6 +115,14 @@ fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
             errors.join().unwrap()
         );
     }
+    let kubeconfig = output
+        .iter()
+        .find_map(|line| line.strip_prefix("export KUBECONFIG="))
+        .expect("the kubeconfig printed")
+        .to_string();
+    // Checked before Ctrl-C, asserted after it: a failure still tears the
+    // cluster down in order.
+    let debugging = debugging_problems(Path::new(&kubeconfig));
     // What a terminal does on Ctrl-C.
     killpg(group, Signal::SIGINT).unwrap();
     let status = child.wait().unwrap();
@@ -129,4 +141,94 @@ fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
         "{}",
         output.join("\n")
     );
+    assert!(debugging.is_empty(), "{}", debugging.join("\n"));
+}
+
+/// What a user debugging the held cluster with kubectl would find wrong.
+fn debugging_problems(kubeconfig: &Path) -> Vec<String> {
+    let kubectl = |args: &[&str]| {
+        let output = Command::new(oxhorn_testbed::tools_dir().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!("kubectl {}: {stdout}{stderr}", args.join(" ")))
+        }
+    };
+    let mut problems = Vec::new();
+    let mut expect = |args: &[&str], wanted: &str| match kubectl(args) {
+        Ok(out) if out.contains(wanted) => {}
+        Ok(out) => problems.push(format!(
+            "kubectl {}: {wanted:?} not in {out}",
+            args.join(" ")
+        )),
+        Err(error) => problems.push(error),
+    };
+    let managers = kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "oxhorn-system",
+        "-l",
+        "app.kubernetes.io/name=oxhorn-manager",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])
+    .unwrap_or_default();
+    let managers: Vec<&str> = managers.split_whitespace().collect();
+    assert_eq!(managers.len(), 2, "a manager pod on each kubelet node");
+    let version = format!("oxhorn {}", env!("CARGO_PKG_VERSION"));
+    for pod in managers {
+        let at = ["-n", "oxhorn-system", pod, "-c", "manager"];
+        expect(&[&["logs"], &at[..]].concat(), "serving CSI");
+        expect(
+            &[&["exec"], &at[..], &["--", "oxhorn", "version"]].concat(),
+            &version,
+        );
+    }
+    expect(
+        &[
+            "exec",
+            "demo-reader",
+            "--",
+            "sha256sum",
+            "-c",
+            "/data/hello.sha256",
+        ],
+        "/data/hello.txt: OK",
+    );
+    // The node-lifecycle controller marks a node whose kubelet stopped
+    // reporting (a manager-only node's Lease not renewed) Unknown after its
+    // grace period, 50 s by default: judged once node-3 is older than that.
+    let created = kubectl(&[
+        "get",
+        "node",
+        "node-3",
+        "-o",
+        "jsonpath={.metadata.creationTimestamp}",
+    ])
+    .unwrap_or_default();
+    let created: k8s_openapi::jiff::Timestamp = created.parse().unwrap();
+    let judged = created + k8s_openapi::jiff::SignedDuration::from_secs(60);
+    if let Ok(wait) = Duration::try_from(judged.duration_since(k8s_openapi::jiff::Timestamp::now()))
+    {
+        std::thread::sleep(wait);
+    }
+    let ready =
+        "{range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}";
+    expect(
+        &["get", "nodes", "-o", &format!("jsonpath={ready}")],
+        "node-1=True node-2=True node-3=True",
+    );
+    expect(
+        &["get", "node", "node-3", "-o", "jsonpath={.spec.taints}"],
+        r#"{"effect":"NoSchedule","key":"oxhorn.io/manager-only"}"#,
+    );
+    problems
 }

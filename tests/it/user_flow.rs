@@ -13,8 +13,8 @@
 //! the manager), a second pod on the claim checks them, and deleting the
 //! claim leaves no PV, VolumeAttachment or oxhorn object. The test bed
 //! removes the kubelet's `not-ready` taint once its node is Ready, as the
-//! node-lifecycle controller would; that controller does not run, since it
-//! would mark the manager-only nodes (no kubelet) unreachable.
+//! node-lifecycle controller would; kube-controller-manager runs only the
+//! controllers named above.
 
 use std::time::{Duration, Instant};
 
