@@ -250,7 +250,7 @@ build_oxhorn() {
 build_oxhorn_from() {
 	local file=$1 context=$scratch/context
 	mkdir -p "$context"
-	timed "buildah bud --target runtime (the Dockerfile's runtime stage: about a minute when new)" \
+	timed "buildah bud --target runtime (the Dockerfile's runtime stage: about 20 s when new)" \
 		buildah bud --quiet --layers --pull=false --network host -f "$root/Dockerfile" \
 		--target runtime -t "$RUNTIME_IMAGE" "$context" >/dev/null
 	up_to_date "$OXHORN_IMAGE" "$RUNTIME_IMAGE" "$file" && return

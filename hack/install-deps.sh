@@ -88,7 +88,7 @@ build_kube() {
 	out=$cache/build/kube
 	rm -rf "$out"
 	mkdir -p "$out"
-	timed "go build ${missing[*]} $KUBE_VERSION (about 15 min on a cold cache)" \
+	timed "go build ${missing[*]} $KUBE_VERSION (cold: 20 min or more on two CPUs)" \
 		go -C "$here/tools" build -trimpath -ldflags "$ldflags" -o "$out/" "${packages[@]}"
 	for tool in "${missing[@]}"; do
 		mv -f "$out/$tool" "$bin/$tool"
@@ -138,7 +138,7 @@ build_commands() {
 		packages+=("./cmd/$cmd")
 	done
 	mkdir -p "$work/out"
-	timed "go build ${missing[*]} $version (2 to 4 min on a cold cache)" \
+	timed "go build ${missing[*]} $version (cold: 5 to 15 min each)" \
 		go -C "$work" build -mod=mod -trimpath \
 		-ldflags "-s -w -X main.version=$version" -o "$work/out/" "${packages[@]}"
 	for cmd in "${missing[@]}"; do

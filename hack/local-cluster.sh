@@ -21,11 +21,11 @@ started=$SECONDS
 
 # The Debian packages first: cargo needs protoc.
 hack/install-deps.sh --packages >/dev/null
-log "building the Go tools in the background (cold: about 20 min; they log as [install-deps])"
+log "building the Go tools in the background (cold: 30 min or more on two CPUs; they log as [install-deps])"
 hack/install-deps.sh --tools >/dev/null &
 tools=$!
 trap 'kill_trees "$tools"' EXIT
-timed "cargo build --release oxhorn and the local-cluster example (cold: about 15 min)" \
+timed "cargo build --release oxhorn and the local-cluster example (cold: 15 min or more on two CPUs)" \
 	cargo build --release --locked -p oxhorn --bin oxhorn -p oxhorn-testbed --example local-cluster
 if ! wait "$tools"; then
 	log "hack/install-deps.sh --tools failed"
@@ -34,7 +34,7 @@ fi
 trap - EXIT
 # Where cargo put them: $CARGO_TARGET_DIR (relative to here, as cargo reads it) or target/.
 release=${CARGO_TARGET_DIR:-target}/release
-timed "hack/build-image.sh --binary $release/oxhorn (cold: about 3 min, its Debian base)" \
+timed "hack/build-image.sh --binary $release/oxhorn (cold: a minute or two, its Debian base)" \
 	hack/build-image.sh --binary "$release/oxhorn" >/dev/null
 log "set up in $(elapsed "$started"); starting the local cluster"
 exec "$release/examples/local-cluster" --oxhorn "$release/oxhorn" "$@"
