@@ -21,11 +21,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin oxhorn \
  && objcopy --compress-debug-sections=zlib target/release/oxhorn /usr/local/bin/oxhorn
 
-FROM debian:bookworm-slim
+# The image without its binary: hack/build-image.sh --binary builds this
+# stage alone and adds a binary built on the host (the same Debian), so a
+# binary is built once for the host and the image.
+FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates e2fsprogs xfsprogs util-linux mount fuse3 open-iscsi \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /usr/local/bin/oxhorn /usr/local/bin/oxhorn
 ENTRYPOINT ["/usr/local/bin/oxhorn"]
 CMD ["manager"]
+
+FROM runtime
+COPY --from=build /usr/local/bin/oxhorn /usr/local/bin/oxhorn

@@ -3,13 +3,22 @@
 # with buildah (no Docker engine, no registry), and writes each as an archive
 # `ctr -n k8s.io images import` takes under the image's full name.
 #
+#   hack/build-image.sh                  oxhorn built in the Dockerfile's build stage
+#   hack/build-image.sh --binary FILE    oxhorn as FILE, built on this host
+#
+# With --binary, the product image is the Dockerfile's runtime stage with
+# FILE (a `cargo build --release --locked --bin oxhorn` of this Debian
+# release) copied in, its debug sections compressed as the build stage does;
+# hack/local-cluster.sh and hack/test.sh build oxhorn once so, for the host
+# and the image. The build stage and its Rust image are then not needed.
+#
 # The Dockerfile's base images (debian:bookworm-slim, rust:1.95-bookworm) are
 # made locally when buildah's storage lacks them: the first with mmdebstrap,
 # the second from it plus a C toolchain and the host's Rust 1.95.0 (rustup).
 # The Dockerfile itself stays as it is, buildable with a registry elsewhere.
 # The build keeps cargo's registry and target directory in cache mounts, so
 # a rebuild after a source change is incremental. Each sidecar image is the
-# Debian base with the binary hack/install-test-deps.sh built as its
+# Debian base with the binary hack/install-deps.sh built as its
 # entrypoint. Image names come from deploy/images.env.
 #
 # Every step is skipped when its result is already there: a base image that
@@ -17,14 +26,14 @@
 # image as it is; so a second run only checks. What earlier runs left in
 # buildah's storage that no image uses any more is removed.
 #
-#   OXHORN_CACHE      where hack/install-test-deps.sh put the sidecar
+#   OXHORN_CACHE      where hack/install-deps.sh put the sidecar
 #                     binaries (default: ~/.cache/oxhorn)
 #   OXHORN_IMAGE_DIR  where the archives go (default: $OXHORN_CACHE/images),
 #                     one <short name>.tar per image: oxhorn.tar,
 #                     csi-provisioner.tar, ...
 #
-# Needs root (buildah's storage, mmdebstrap). Logs go to stderr; prints the
-# archive directory as its last line.
+# Needs root (buildah's storage, mmdebstrap). Logs go to stderr, each long
+# step with its time; prints the archive directory as its last line.
 set -euo pipefail
 
 RUST_TOOLCHAIN=1.95.0
@@ -35,6 +44,8 @@ DEBIAN_IMAGE=docker.io/library/debian:bookworm-slim
 RUST_IMAGE=docker.io/library/rust:${RUST_TOOLCHAIN%.*}-bookworm
 # The Dockerfile's build stage, kept as the cache of the next build.
 BUILD_CACHE_IMAGE=localhost/oxhorn-build:cache
+# The Dockerfile's runtime stage, the base of the image --binary makes.
+RUNTIME_IMAGE=localhost/oxhorn-runtime:cache
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
@@ -42,8 +53,22 @@ cache=${OXHORN_CACHE:-${HOME}/.cache/oxhorn}
 bin=$cache/bin
 out=${OXHORN_IMAGE_DIR:-$cache/images}
 
-log() { printf '[build-image] %s\n' "$*" >&2; }
+log_name=build-image
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
 die() { log "$*"; exit 1; }
+
+binary=
+case ${1:-} in
+'') ;;
+--binary)
+	if ! { [ $# -eq 2 ] && [ -f "$2" ] && [ -x "$2" ]; }; then
+		die "--binary needs an executable file, not '${2:-}'"
+	fi
+	binary=$2
+	;;
+*) die "usage: $0 [--binary FILE]" ;;
+esac
 
 # shellcheck source-path=SCRIPTDIR source=../deploy/images.env
 . "$root/deploy/images.env"
@@ -58,8 +83,8 @@ sidecars=(
 )
 
 [ "$(id -u)" = 0 ] || die "needs root (buildah's storage, mmdebstrap)"
-for tool in buildah mmdebstrap mmtarfilter; do
-	command -v "$tool" >/dev/null || die "$tool is missing: run hack/install-test-deps.sh"
+for tool in buildah mmdebstrap mmtarfilter objcopy; do
+	command -v "$tool" >/dev/null || die "$tool is missing: run hack/install-deps.sh"
 done
 
 # The working container of the moment, removed at exit however it ends.
@@ -95,7 +120,7 @@ label() { # IMAGE KEY
 make_debian() {
 	image_id "$DEBIAN_IMAGE" >/dev/null && return
 	log "making $DEBIAN_IMAGE with mmdebstrap (a local stand-in, a minute or two)"
-	local mirror=http://deb.debian.org/debian mnt
+	local mirror=http://deb.debian.org/debian mnt start=$SECONDS
 	# merged-usr: /usr merged by mmdebstrap itself, not by usrmerge (which
 	# would bring perl).
 	if ! mmdebstrap --quiet --variant=minbase \
@@ -138,6 +163,7 @@ make_debian() {
 		--label io.oxhorn.stand-in="mmdebstrap $DEBIAN_SUITE minbase, by hack/build-image.sh" \
 		"$container"
 	commit "$DEBIAN_IMAGE"
+	log "done in $(elapsed "$start"): making $DEBIAN_IMAGE"
 }
 
 # The Rust build image: the Debian base, what the registry's image has for
@@ -149,7 +175,7 @@ make_debian() {
 make_rust() {
 	image_id "$RUST_IMAGE" >/dev/null && return
 	command -v rustup >/dev/null || die "rustup is missing: it provides the Rust toolchain to copy"
-	local cargo toolchain name mnt proxy
+	local cargo toolchain name mnt proxy start=$SECONDS
 	if ! cargo=$(rustup which cargo --toolchain "$RUST_TOOLCHAIN" 2>/dev/null); then
 		log "rustup toolchain install $RUST_TOOLCHAIN"
 		rustup toolchain install --profile minimal "$RUST_TOOLCHAIN" >&2
@@ -157,7 +183,7 @@ make_rust() {
 	fi
 	toolchain=$(dirname "$(dirname "$cargo")")
 	name=$(basename "$toolchain")
-	log "making $RUST_IMAGE from $DEBIAN_IMAGE and the host's $name (a local stand-in)"
+	log "making $RUST_IMAGE from $DEBIAN_IMAGE and the host's $name (a local stand-in, about a minute)"
 	new_container "$DEBIAN_IMAGE"
 	# The host's own CAs, trusted here as on the host: the build downloads
 	# crates over HTTPS from this network, which may intercept TLS. Only
@@ -191,6 +217,7 @@ make_rust() {
 		--label io.oxhorn.stand-in="$DEBIAN_IMAGE with the host's $name, by hack/build-image.sh" \
 		"$container"
 	commit "$RUST_IMAGE"
+	log "done in $(elapsed "$start"): making $RUST_IMAGE"
 }
 
 # The base images the Dockerfile names must be the ones made here: anything
@@ -210,33 +237,65 @@ check_dockerfile_bases() {
 # ($BUILD_CACHE_IMAGE): its last step is then no dangling image for
 # prune_stale, and a rebuild of an unchanged context finds it.
 build_oxhorn() {
-	log "buildah bud $OXHORN_IMAGE"
 	local bud=(buildah bud --quiet --layers --pull=false --network host -f "$root/Dockerfile")
-	"${bud[@]}" -t "$OXHORN_IMAGE" "$root" >&2
+	timed "buildah bud $OXHORN_IMAGE (cold: about 11 min, its cargo build; unchanged: seconds)" \
+		"${bud[@]}" -t "$OXHORN_IMAGE" "$root" >&2
 	"${bud[@]}" --target build -t "$BUILD_CACHE_IMAGE" "$root" >/dev/null
+}
+
+# build_oxhorn_from FILE: the product image as the Dockerfile's runtime
+# stage ($RUNTIME_IMAGE, built from an empty context: the stage copies
+# nothing in) with FILE as /usr/local/bin/oxhorn, its debug sections
+# compressed (a third the size) as in the build stage.
+build_oxhorn_from() {
+	local file=$1 context=$scratch/context
+	mkdir -p "$context"
+	timed "buildah bud --target runtime (the Dockerfile's runtime stage: about 20 s when new)" \
+		buildah bud --quiet --layers --pull=false --network host -f "$root/Dockerfile" \
+		--target runtime -t "$RUNTIME_IMAGE" "$context" >/dev/null
+	up_to_date "$OXHORN_IMAGE" "$RUNTIME_IMAGE" "$file" && return
+	log "building $OXHORN_IMAGE from $file"
+	objcopy --compress-debug-sections=zlib "$file" "$scratch/oxhorn"
+	add_binary "$OXHORN_IMAGE" "$RUNTIME_IMAGE" "$file" "$scratch/oxhorn" /usr/local/bin/oxhorn
+}
+
+# up_to_date IMAGE BASE FILE: true when IMAGE was made by add_binary from
+# BASE and FILE as they are now (its labels say).
+up_to_date() {
+	[ "$(label "$1" io.oxhorn.binary-sha256 || true)" = "$(sha256sum <"$3" | cut -d' ' -f1)" ] &&
+		[ "$(label "$1" io.oxhorn.base || true)" = "$(image_id "$2")" ]
+}
+
+# add_binary IMAGE BASE FILE COPY PATH [entrypoint]: IMAGE as BASE with COPY
+# (FILE, or what was made of it) at PATH, labelled for up_to_date; with
+# "entrypoint", PATH is its entrypoint, with no command (no argument but
+# the pod's).
+add_binary() {
+	local image=$1 base=$2 file=$3 copy=$4 path=$5
+	new_container "$base"
+	buildah copy --quiet --chmod 0755 "$container" "$copy" "$path" >/dev/null
+	if [ "${6:-}" = entrypoint ]; then
+		# The base's command cleared first, or buildah warns that it
+		# would be the entrypoint's argument.
+		buildah config --cmd '' "$container"
+		buildah config --entrypoint "[\"$path\"]" "$container"
+	fi
+	buildah config \
+		--label io.oxhorn.binary-sha256="$(sha256sum <"$file" | cut -d' ' -f1)" \
+		--label io.oxhorn.base="$(image_id "$base")" \
+		"$container"
+	commit "$image"
 }
 
 # sidecar IMAGE BINARY: IMAGE as the Debian base with $bin/BINARY as
 # /BINARY, its entrypoint (as the upstream images have it); rebuilt when the
 # binary or the base changed.
 build_sidecar() {
-	local image=$1 binary=$2 sum base
-	[ -x "$bin/$binary" ] || die "$bin/$binary is missing: run hack/install-test-deps.sh"
-	sum=$(sha256sum <"$bin/$binary" | cut -d' ' -f1)
-	base=$(image_id "$DEBIAN_IMAGE")
-	if [ "$(label "$image" io.oxhorn.binary-sha256 || true)" = "$sum" ] &&
-		[ "$(label "$image" io.oxhorn.base || true)" = "$base" ]; then
-		return
-	fi
+	local image=$1 binary=$2
+	[ -x "$bin/$binary" ] || die "$bin/$binary is missing: run hack/install-deps.sh"
+	up_to_date "$image" "$DEBIAN_IMAGE" "$bin/$binary" && return
 	log "building $image from $bin/$binary"
-	new_container "$DEBIAN_IMAGE"
-	buildah copy --quiet --chmod 0755 "$container" "$bin/$binary" "/$binary" >/dev/null
-	# The base's command cleared first: no argument but the pod's.
-	buildah config --cmd '' "$container"
-	buildah config --entrypoint "[\"/$binary\"]" \
-		--label io.oxhorn.binary-sha256="$sum" --label io.oxhorn.base="$base" \
-		"$container"
-	commit "$image"
+	add_binary "$image" "$DEBIAN_IMAGE" "$bin/$binary" "$bin/$binary" "/$binary" entrypoint
 }
 
 # prune_stale: removes what earlier builds left that no image uses any more
@@ -274,17 +333,21 @@ export_image() {
 	local image=$1 file=$out/$2.tar id
 	id=$(image_id "$image")
 	[ -f "$file" ] && [ "$(archive_of "$file")" = "sha256:${id#sha256:} $image" ] && return
-	log "writing $file"
 	# Not *.tar until complete: readers take every *.tar of the directory.
 	rm -f "$out/.$2.tar.partial"
-	buildah push --quiet "$image" "oci-archive:$out/.$2.tar.partial:$image" >&2
+	timed "writing $file (seconds)" \
+		buildah push --quiet "$image" "oci-archive:$out/.$2.tar.partial:$image" >&2
 	mv -f "$out/.$2.tar.partial" "$file"
 }
 
 check_dockerfile_bases
 make_debian
-make_rust
-build_oxhorn
+if [ -n "$binary" ]; then
+	build_oxhorn_from "$binary"
+else
+	make_rust
+	build_oxhorn
+fi
 mkdir -p "$out"
 export_image "$OXHORN_IMAGE" oxhorn
 for sidecar in "${sidecars[@]}"; do
