@@ -46,8 +46,8 @@ die() { log "$*"; exit 1; }
 for tool in go umoci; do
 	command -v "$tool" >/dev/null || die "$tool is missing: run hack/install-test-deps.sh"
 done
-file -L "$BUSYBOX" 2>/dev/null | grep -q 'statically linked' ||
-	die "$BUSYBOX is not a static busybox: run hack/install-test-deps.sh (busybox-static)"
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' ||
+	die "busybox-static is missing ($BUSYBOX must be static): run hack/install-test-deps.sh"
 
 # jq reads the archives' index and hack/e2e.sh's report.
 if ! command -v jq >/dev/null; then
