@@ -33,12 +33,14 @@
 # only missing images; e2e.test against it. The kubelet nodes of all
 # processes on this machine take turns, so the cluster may first wait for
 # another's to stop. The cluster is stopped when the run ends, however it
-# ends: an interrupt (SIGINT) lets it delete its demo claim and stop its
-# processes (one before it is up kills it outright; the test bed sweeps what
-# is left at its next start).
+# ends: once up, with SIGINT, which lets it delete its demo claim and stop
+# its processes; before, with TERM, which kills it outright (the test bed
+# sweeps what is left at its next start). An interrupt or TERM of this
+# script during e2e.test lets e2e.test clean up and write its reports first.
 #
 # Prints the counts of passed, failed and skipped tests, the failed tests'
-# names and why tests were skipped. Exits with e2e.test's status.
+# names and why tests were skipped. Exits with e2e.test's status (130 or 143
+# when interrupted).
 # The report directory holds e2e.log (e2e.test's output), junit_01.xml,
 # report.json (Ginkgo's) and cluster.log (the local cluster's output).
 # Needs root, as hack/local-cluster.sh.
@@ -112,16 +114,40 @@ stop_cluster() {
 	[ -n "$cluster" ] || return 0
 	if kill -0 "$cluster" 2>/dev/null; then
 		log "stopping the local cluster (its output: $report/cluster.log)"
-		kill -INT "$cluster" 2>/dev/null || true
+		# Once up it waits for SIGINT, and then deletes its claim and stops
+		# its processes. Before, SIGINT might be ignored (by a script run in
+		# the background with it ignored): TERM ends it outright.
+		if grep -q '^Ctrl-C stops the cluster' "$report/cluster.log"; then
+			kill -INT "$cluster" 2>/dev/null || true
+		else
+			kill -TERM "$cluster" 2>/dev/null || true
+		fi
 	fi
 	wait "$cluster" 2>/dev/null || true
 	cluster=''
 }
 trap stop_cluster EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# An interrupt or a TERM ends the run: before e2e.test runs, at once; while
+# it runs, once it has cleaned up after an interrupt of its own (its
+# reports are then written, and summed up as usual).
+e2e='' interrupted=''
+# shellcheck disable=SC2317 # run by the INT and TERM traps
+on_signal() {
+	interrupted=$1
+	if [ -n "$e2e" ]; then
+		# Ginkgo takes TERM as it takes an interrupt (and TERM, unlike
+		# INT, is never ignored from the start).
+		kill -TERM "$e2e" 2>/dev/null || true
+	else
+		exit "$interrupted"
+	fi
+}
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 log "starting the local cluster (it may wait its turn for the kubelet nodes)"
+# There before the cluster's shell opens it: the loop below reads it at once.
+: >"$report/cluster.log"
 set -m
 "$release/examples/local-cluster" --oxhorn "$release/oxhorn" --hold \
 	--import-images "$images" >"$report/cluster.log" 2>&1 &
@@ -166,8 +192,19 @@ args=(
 )
 [ -n "$skip" ] && args+=(-ginkgo.skip="$skip")
 log "e2e.test $(printf '%q ' "${args[@]}" "$@")"
+# In the background, in a process group of its own (as the cluster), so
+# that a signal of this script reaches it once, from on_signal, and `wait`
+# returns to run the trap at once.
+set -m
+KUBECONFIG=$kubeconfig "$bin/e2e.test" "${args[@]}" "$@" >"$report/e2e.log" 2>&1 &
+e2e=$!
+set +m
 status=0
-KUBECONFIG=$kubeconfig "$bin/e2e.test" "${args[@]}" "$@" >"$report/e2e.log" 2>&1 || status=$?
+while :; do
+	wait "$e2e" && status=0 || status=$?
+	# A trap's return leaves it running: wait again.
+	kill -0 "$e2e" 2>/dev/null || break
+done
 log "e2e.test exited with $status; its output: $report/e2e.log"
 
 # The summary, from Ginkgo's JSON report. Specs the filters left out are
@@ -193,4 +230,4 @@ else
 	tail -n 30 "$report/e2e.log" >&2
 fi
 log "reports in $report"
-exit "$status"
+exit "${interrupted:-$status}"
