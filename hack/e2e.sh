@@ -5,7 +5,7 @@
 # is validated: e2e.test -storage.testdriver=deploy/e2e/driver.yaml.
 #
 #   hack/e2e.sh [--full] [--focus REGEX] [--skip REGEX] [--report-dir DIR]
-#               [--no-build] [-- E2E.TEST FLAGS...]
+#               [--no-build] [--list] [-- E2E.TEST FLAGS...]
 #
 #   --full        also the [Slow], [Serial] and [Disruptive] tests
 #   --focus R     only the External Storage tests whose name also matches R
@@ -16,6 +16,9 @@
 #   --no-build    skip the install and build steps: run what an earlier
 #                 run (or hack/local-cluster.sh and hack/install-e2e-deps.sh)
 #                 built, leaving the shared image archives and tools alone
+#   --list        only list the tests the other options select (a dry run
+#                 of e2e.test, with no cluster), and their count; those
+#                 whose capability the driver lacks skip themselves when run
 #   after --      flags for e2e.test itself (-ginkgo.dry-run, -ginkgo.v, ...)
 #
 # Which tests: those of the External Storage suite the driver definition
@@ -66,7 +69,7 @@ log() { printf '[e2e] %s\n' "$*" >&2; }
 die() { log "$*"; exit 2; }
 usage() { sed -n '/^#   hack\/e2e.sh/,/^#   after --/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
 
-full=false focus='' skip='' report='' build=true
+full=false focus='' skip='' report='' build=true list=false
 while [ $# -gt 0 ]; do
 	case $1 in
 	--full) full=true ;;
@@ -74,12 +77,38 @@ while [ $# -gt 0 ]; do
 	--skip) [ $# -ge 2 ] || usage; skip=$2; shift ;;
 	--report-dir) [ $# -ge 2 ] || usage; report=$2; shift ;;
 	--no-build) build=false ;;
+	--list) list=true ;;
 	--) shift; break ;;
 	-h | --help) usage ;;
 	*) log "unknown argument: $1"; usage ;;
 	esac
 	shift
 done
+
+# The tests: e2e.test's flags that select them.
+filter="!Flaky && !Alpha && !BetaOffByDefault && !OffByDefault && Feature: isSubsetOf {$SUPPORTED_FEATURES}"
+$full || filter="!Slow && !Serial && !Disruptive && $filter"
+selection=(
+	-storage.testdriver="$root/deploy/e2e/driver.yaml"
+	-ginkgo.focus="External.Storage${focus:+.*($focus)}"
+	-ginkgo.label-filter="$filter"
+)
+[ -n "$skip" ] && selection+=(-ginkgo.skip="$skip")
+
+if $list; then
+	[ -x "$bin/e2e.test" ] || die "$bin/e2e.test is missing: run hack/install-e2e-deps.sh"
+	scratch=$(mktemp -d "${TMPDIR:-/tmp}/oxhorn-e2e-list.XXXXXX")
+	trap 'rm -rf "$scratch"' EXIT
+	# A dry run reaches no cluster, but wants a -kubeconfig.
+	"$bin/e2e.test" "${selection[@]}" -ginkgo.dry-run -ginkgo.no-color \
+		-ginkgo.json-report="$scratch/report.json" -kubeconfig=/dev/null "$@" \
+		>"$scratch/e2e.log" 2>&1 || { tail -n 30 "$scratch/e2e.log" >&2; die "e2e.test -ginkgo.dry-run failed"; }
+	jq -r '[.[].SpecReports[] | select(.LeafNodeType == "It" and .State == "passed")
+		| ((.ContainerHierarchyTexts // []) + [.LeafNodeText]) | join(" ")] | sort
+		| (.[], "\(length) tests")' "$scratch/report.json"
+	exit 0
+fi
+
 [ "$(id -u)" = 0 ] || die "needs root (the local cluster's kubelet nodes)"
 
 report=${report:-$cache/e2e-reports/$(date -u +%Y%m%dT%H%M%SZ)}
@@ -172,25 +201,20 @@ while [ -z "$kubeconfig" ]; do
 done
 log "cluster up: export KUBECONFIG=$kubeconfig"
 
-filter="!Flaky && !Alpha && !BetaOffByDefault && !OffByDefault && Feature: isSubsetOf {$SUPPORTED_FEATURES}"
-$full || filter="!Slow && !Serial && !Disruptive && $filter"
 args=(
+	"${selection[@]}"
 	-kubeconfig="$kubeconfig"
 	-kubectl-path="$bin/kubectl"
 	# No cloud: the fallback provider, which needs nothing.
 	-provider=skeleton
 	-repo-root="$root"
-	-storage.testdriver="$root/deploy/e2e/driver.yaml"
 	-non-blocking-taints="$NON_BLOCKING_TAINTS"
 	-report-dir="$report"
-	-ginkgo.focus="External.Storage${focus:+.*($focus)}"
-	-ginkgo.label-filter="$filter"
 	-ginkgo.json-report="$report/report.json"
 	-ginkgo.no-color
 	# Ginkgo's default is an hour; a --full run takes longer.
 	-ginkgo.timeout=24h
 )
-[ -n "$skip" ] && args+=(-ginkgo.skip="$skip")
 log "e2e.test $(printf '%q ' "${args[@]}" "$@")"
 # In the background, in a process group of its own (as the cluster), so
 # that a signal of this script reaches it once, from on_signal, and `wait`
