@@ -19,7 +19,7 @@
 #   --list        only list the tests the other options select (a dry run
 #                 of e2e.test, with no cluster), and their count; those
 #                 whose capability the driver lacks skip themselves when run
-#   after --      flags for e2e.test itself (-ginkgo.dry-run, -ginkgo.v, ...)
+#   after --      flags for e2e.test itself (-ginkgo.v, -ginkgo.fail-fast, ...)
 #
 # Which tests: those of the External Storage suite the driver definition
 # enables, minus the [Flaky] ones, those of features off by default
