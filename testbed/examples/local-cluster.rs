@@ -7,7 +7,8 @@
 //! the default StorageClass's three replicas have three nodes. A claim on
 //! that class and a pod on node-1 that writes a file and its checksum, then
 //! another on node-2 that checks it; kubectl shows the objects. Then it is all deleted and
-//! stopped (or, with --hold, after Ctrl-C).
+//! stopped (or, with --hold, after Ctrl-C). --import-images adds images of
+//! one's own to the nodes (hack/e2e.sh's test images).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -46,6 +47,12 @@ struct Args {
     /// Keep the cluster running until Ctrl-C.
     #[arg(long)]
     hold: bool,
+    /// Also import every image archive (`*.tar`) of this directory into
+    /// each kubelet node, under the names the archives carry: images the
+    /// cluster's pods run without pulling (hack/e2e.sh passes those of
+    /// hack/install-e2e-deps.sh). Repeatable.
+    #[arg(long, value_name = "DIR")]
+    import_images: Vec<PathBuf>,
 }
 
 type Failure = Box<dyn std::error::Error>;
@@ -82,6 +89,10 @@ async fn run(args: Args) -> Result<(), Failure> {
     let node_2 = KubeletNode::start_beside(&control_plane, second, &node).await?;
     node.import_product_images()?;
     node_2.import_product_images()?;
+    for dir in &args.import_images {
+        node.import_images(dir)?;
+        node_2.import_images(dir)?;
+    }
     let _controllers = Sidecars::start_cluster(&control_plane)?;
     say("kubelet nodes node-1 and node-2 ready, oxhorn's images imported");
 

@@ -109,15 +109,22 @@ pub fn product_dir() -> PathBuf {
 /// `socket`, each under the names it carries; an error saying to run
 /// hack/build-image.sh when there are none.
 pub fn import_product(socket: &Path) -> Result<()> {
-    let dir = product_dir();
-    let mut archives: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| Error::Failed(format!("{}: {e}: run hack/build-image.sh", dir.display())))?
+    import_dir(socket, &product_dir(), Some("hack/build-image.sh"))
+}
+
+/// Imports every archive (`*.tar`) of `dir` into the containerd at `socket`,
+/// each under the names it carries; an error when there are none, saying
+/// to run `maker` if given.
+pub fn import_dir(socket: &Path, dir: &Path, maker: Option<&str>) -> Result<()> {
+    let hint = maker.map(|m| format!(": run {m}")).unwrap_or_default();
+    let mut archives: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Failed(format!("{}: {e}{hint}", dir.display())))?
         .filter_map(|entry| Some(entry.ok()?.path()))
         .filter(|path| path.extension().is_some_and(|ext| ext == "tar"))
         .collect();
     if archives.is_empty() {
         return Err(Error::Failed(format!(
-            "no image archives in {}: run hack/build-image.sh",
+            "no image archives in {}{hint}",
             dir.display()
         )));
     }

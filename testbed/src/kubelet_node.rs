@@ -284,6 +284,13 @@ impl KubeletNode {
         images::import_product(&self.socket)
     }
 
+    /// Imports every image archive of `dir` (hack/install-e2e-deps.sh's,
+    /// for one), each under the names it carries, so that pods find them
+    /// without pulling.
+    pub fn import_images(&self, dir: &Path) -> Result<()> {
+        images::import_dir(&self.socket, dir, None)
+    }
+
     /// The last `lines` lines of each container log of the pods of
     /// `namespace`, from the kubelet's pod log directory.
     pub fn pod_logs(&self, namespace: &str, lines: usize) -> String {
