@@ -28,9 +28,10 @@
 # in SUPPORTED_FEATURES. [LinuxOnly] tests run: the nodes are Linux. Without
 # --full, [Slow], [Serial] and [Disruptive] tests are left out too.
 #
-# Steps: hack/install-test-deps.sh, hack/build-image.sh and
-# hack/install-e2e-deps.sh (each does nothing when done already); the
-# release build of oxhorn and examples/local-cluster.rs; the local cluster,
+# Steps: hack/install-deps.sh and hack/install-e2e-deps.sh (each does
+# nothing when done already); the release build of oxhorn and
+# testbed/examples/local-cluster.rs, and the image of that oxhorn
+# (hack/build-image.sh --binary); the local cluster,
 # kept up (--hold) with the e2e images imported into each kubelet node
 # (--import-images), since no registry is reachable and the tests' pods pull
 # only missing images; e2e.test against it. The kubelet nodes of all
@@ -54,12 +55,9 @@ set -euo pipefail
 SUPPORTED_FEATURES='VolumeSnapshotDataSource, VolumeSourceXFS'
 # Taints e2e's start-up check lets a Ready node have (it waits, 30 minutes,
 # for every other tainted node): the manager-only node's (a node with no
-# kubelet, which no test pod may land on), and the not-ready taint the API
-# server gives a new Node, which that node keeps (the test bed registers it
-# Ready itself, and no node-lifecycle controller removes the taint); and
-# control-plane nodes'. Tests pick nodes without NoSchedule taints, so none
-# lands there.
-NON_BLOCKING_TAINTS=oxhorn.io/manager-only,node.kubernetes.io/not-ready,node-role.kubernetes.io/control-plane
+# kubelet, which no test pod may land on), and control-plane nodes'. Tests
+# pick nodes without NoSchedule taints, so none lands there.
+NON_BLOCKING_TAINTS=oxhorn.io/manager-only,node-role.kubernetes.io/control-plane
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${OXHORN_CACHE:-${HOME}/.cache/oxhorn}
@@ -117,11 +115,13 @@ report=$(cd "$report" && pwd)
 
 cd "$root"
 if $build; then
-	hack/install-test-deps.sh >/dev/null
-	hack/build-image.sh >/dev/null
+	hack/install-deps.sh >/dev/null
 	images=$(hack/install-e2e-deps.sh | tail -n 1)
-	log "cargo build --release (oxhorn, examples/local-cluster)"
-	cargo build --quiet --release --bin oxhorn --example local-cluster
+	log "cargo build --release (oxhorn, the local-cluster example)"
+	cargo build --quiet --release --locked -p oxhorn --bin oxhorn \
+		-p oxhorn-testbed --example local-cluster
+	# Where cargo put it: $CARGO_TARGET_DIR (relative to here) or target/.
+	hack/build-image.sh --binary "${CARGO_TARGET_DIR:-target}/release/oxhorn" >/dev/null
 else
 	# Where hack/install-e2e-deps.sh puts them.
 	images=${OXHORN_E2E_IMAGE_DIR:-$cache/e2e-images}

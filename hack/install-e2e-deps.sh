@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds what hack/e2e.sh needs beyond hack/install-test-deps.sh to run
+# Builds what hack/e2e.sh needs beyond hack/install-deps.sh to run
 # Kubernetes' external-storage e2e suite (test/e2e/storage/external)
 # against Oxhorn, idempotently:
 #
 # - e2e.test, the e2e suite's binary, from the k8s.io/kubernetes module
 #   hack/tools/go.mod pins (`go test -c`, version-stamped like the other
-#   Kubernetes binaries of hack/install-test-deps.sh), into the bin
+#   Kubernetes binaries of hack/install-deps.sh), into the bin
 #   directory, with a version stamp;
 # - the container images its storage tests run, as OCI archives
 #   `ctr -n k8s.io images import` takes under the names the suite's
@@ -27,7 +27,7 @@
 #   OXHORN_E2E_IMAGE_DIR  where the image archives go (default:
 #                         $OXHORN_CACHE/e2e-images), one <name>.tar each
 #
-# Needs the Go toolchain, umoci and busybox-static (hack/install-test-deps.sh
+# Needs the Go toolchain, umoci and busybox-static (hack/install-deps.sh
 # installs them) and jq (installed here). Logs go to stderr; prints the
 # archive directory as its last line.
 set -euo pipefail
@@ -44,10 +44,10 @@ log() { printf '[install-e2e-deps] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 for tool in go umoci; do
-	command -v "$tool" >/dev/null || die "$tool is missing: run hack/install-test-deps.sh"
+	command -v "$tool" >/dev/null || die "$tool is missing: run hack/install-deps.sh"
 done
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' ||
-	die "busybox-static is missing ($BUSYBOX must be static): run hack/install-test-deps.sh"
+	die "busybox-static is missing ($BUSYBOX must be static): run hack/install-deps.sh"
 
 # jq reads the archives' index and hack/e2e.sh's report.
 if ! command -v jq >/dev/null; then
@@ -74,7 +74,7 @@ mkdir -p "$bin" "$out"
 stamped() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
 stamp() { echo "$2" >"$bin/.$1.version"; }
 
-# The -ldflags of hack/install-test-deps.sh's build_kube: the version the
+# The -ldflags of hack/install-deps.sh's build_kube: the version the
 # binary reports (e2e.test logs it; some tests compare it with the server's).
 kube_ldflags() {
 	local ver=${KUBE_VERSION#v} ldflags="-s -w" kv
