@@ -83,6 +83,15 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
+# Tests this test bed cannot run, for reasons of the machine, not Oxhorn's:
+# they look into a node through a hostexec pod, which enters pid 1's mount
+# namespace (this VM's init, out of reach: opening /proc/1/ns/mnt is
+# refused) and looks for pods under /var/lib/kubelet, where two kubelets
+# sharing one host cannot both keep theirs (each has a root directory of
+# its own); and (--full only) those that stop or restart a kubelet with
+# systemctl over SSH or a hostexec pod, neither of which exists here.
+TESTBED_SKIP='should not mount / map unused volumes in a pod|while kubelet is down|kubelet restart'
+
 # The tests: e2e.test's flags that select them.
 filter="!Flaky && !Alpha && !BetaOffByDefault && !OffByDefault && Feature: isSubsetOf {$SUPPORTED_FEATURES}"
 $full || filter="!Slow && !Serial && !Disruptive && $filter"
@@ -91,7 +100,7 @@ selection=(
 	-ginkgo.focus="External.Storage${focus:+.*($focus)}"
 	-ginkgo.label-filter="$filter"
 )
-[ -n "$skip" ] && selection+=(-ginkgo.skip="$skip")
+selection+=(-ginkgo.skip="$TESTBED_SKIP${skip:+|$skip}")
 
 if $list; then
 	[ -x "$bin/e2e.test" ] || die "$bin/e2e.test is missing: run hack/install-e2e-deps.sh"
