@@ -89,8 +89,12 @@ done
 # refused) and looks for pods under /var/lib/kubelet, where two kubelets
 # sharing one host cannot both keep theirs (each has a root directory of
 # its own); and (--full only) those that stop or restart a kubelet with
-# systemctl over SSH or a hostexec pod, neither of which exists here.
-TESTBED_SKIP='should not mount / map unused volumes in a pod|while kubelet is down|kubelet restart'
+# systemctl over SSH or a hostexec pod, neither of which exists here; and
+# those that grow the default filesystem, ext4, whose growth (online, or
+# at staging after the claim grew) needs CAP_SYS_RESOURCE, which this VM's
+# capability bounding set withholds from every process (tests/it grows
+# xfs for this reason; the block and xfs patterns still run).
+TESTBED_SKIP='should not mount / map unused volumes in a pod|while kubelet is down|kubelet restart|\(default fs\)\(allowExpansion\)'
 
 # The tests: e2e.test's flags that select them.
 filter="!Flaky && !Alpha && !BetaOffByDefault && !OffByDefault && Feature: isSubsetOf {$SUPPORTED_FEATURES}"
