@@ -858,16 +858,20 @@ async fn installed_a_stateful_set_scales_and_a_claim_grows_under_its_pod() {
 }
 
 /// A pod on `node` with a generic ephemeral volume on the default class:
-/// it writes through it and checks it is an ext4 filesystem of its own.
+/// it writes through it and checks it is an ext4 filesystem of its own. It
+/// runs as a user other than root with an fsGroup, as most databases' pods
+/// do: it can write only if the kubelet gave the volume to its group.
 fn ephemeral_pod(name: &str, node: &str) -> Value {
     let script = format!(
         "set -e; grep -q ' {MOUNT} ext4 ' /proc/mounts; \
+         test \"$(stat -c %g {MOUNT})\" = 2000; \
          dd if=/dev/urandom of={MOUNT}/file bs=4096 count=64; \
-         sha256sum {MOUNT}/file > /tmp/sum; sync; sha256sum -c /tmp/sum"
+         sha256sum {MOUNT}/file > {MOUNT}/sum; sync; sha256sum -c {MOUNT}/sum"
     );
     let mut pod = one_shot_pod(name, &script);
     let spec = &mut pod["spec"];
     spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    spec["securityContext"] = json!({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000});
     spec["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": MOUNT}]);
     spec["volumes"] = json!([{"name": "data", "ephemeral": {"volumeClaimTemplate": {"spec": {
         "accessModes": ["ReadWriteOnce"],
