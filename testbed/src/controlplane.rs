@@ -6,8 +6,10 @@
 //! Node names resolve to 127.0.0.1 through a hosts file of the control
 //! plane's ([`ControlPlane::resolve_locally`]), which the API server and the
 //! kubelets see as /etc/hosts in mount namespaces of their own; their
-//! /etc/resolv.conf names only 127.0.0.1, where nothing answers, so no name
-//! lookup of theirs leaves the machine.
+//! /etc/resolv.conf names only 127.0.0.1 (no DNS server runs on this
+//! machine), so no name lookup of theirs leaves it. Pods inherit that
+//! resolv.conf from their kubelet (there is no cluster DNS): a name a pod
+//! looks up resolves nowhere.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

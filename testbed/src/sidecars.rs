@@ -43,6 +43,10 @@ serviceaccount-controller";
 /// (manager-only nodes renew their Leases: see
 /// [`crate::register_kube_node`]).
 const CLUSTER_CONTROLLERS: &str = "*";
+/// The same on a control plane that other tests share: without node
+/// lifecycle, which would judge those tests' manager-only nodes too, whose
+/// Leases renew only while each test's own runtime gets to run.
+const SHARED_CLUSTER_CONTROLLERS: &str = "*,-node-lifecycle-controller";
 
 /// The running sidecars; dropping this kills them and removes their logs.
 pub struct Sidecars {
@@ -69,9 +73,19 @@ impl Sidecars {
     /// manifest (whose Deployments bring the CSI sidecars): kube-scheduler
     /// and kube-controller-manager with its default controllers.
     pub fn start_cluster(control_plane: &ControlPlane) -> Result<Self> {
+        Self::start_cluster_with(control_plane, CLUSTER_CONTROLLERS)
+    }
+
+    /// Like [`Sidecars::start_cluster`], on a control plane other tests
+    /// share ([`crate::shared`]): without the node-lifecycle controller.
+    pub fn start_cluster_beside_tests(control_plane: &ControlPlane) -> Result<Self> {
+        Self::start_cluster_with(control_plane, SHARED_CLUSTER_CONTROLLERS)
+    }
+
+    fn start_cluster_with(control_plane: &ControlPlane, controllers: &str) -> Result<Self> {
         let dir = logs_dir()?;
         let kubeconfig = control_plane.kubeconfig();
-        let mut kube_controllers = kube_controller_manager(kubeconfig, CLUSTER_CONTROLLERS)?;
+        let mut kube_controllers = kube_controller_manager(kubeconfig, controllers)?;
         kube_controllers.arg(format!(
             "--root-ca-file={}",
             control_plane.ca_file().display()

@@ -13,7 +13,9 @@
 //! its directories and address, since the nodes share one host; the
 //! namespaces the manager joins as the host's, since this machine's pid 1 is
 //! out of reach. kube-scheduler and kube-controller-manager (with its
-//! default controllers, node lifecycle included) run beside them.
+//! default controllers but node lifecycle, which would judge the manager-only
+//! nodes of the other tests sharing the control plane) run beside them; the
+//! main job runs node lifecycle too (tests/it/local_cluster.rs).
 //!
 //! The first test waits for the DaemonSets' pods to be Ready on every node,
 //! the Deployments' pods, and every kubelet to list the driver. Before
@@ -107,7 +109,7 @@ impl Installed {
         for node in &kubelets {
             node.import_product_images().unwrap();
         }
-        let controllers = Sidecars::start_cluster(control_plane).unwrap();
+        let controllers = Sidecars::start_cluster_beside_tests(control_plane).unwrap();
         steps.report("kubelet nodes and cluster controllers up");
         // The nodes of the cluster below, their addresses 127.0.subnet.i.
         let subnet = next_subnet();

@@ -161,8 +161,7 @@ fn debugging_problems(kubeconfig: &Path) -> Vec<String> {
             Err(format!("kubectl {}: {stdout}{stderr}", args.join(" ")))
         }
     };
-    let mut problems = Vec::new();
-    let mut expect = |args: &[&str], wanted: &str| match kubectl(args) {
+    let expect = |problems: &mut Vec<String>, args: &[&str], wanted: &str| match kubectl(args) {
         Ok(out) if out.contains(wanted) => {}
         Ok(out) => problems.push(format!(
             "kubectl {}: {wanted:?} not in {out}",
@@ -170,6 +169,7 @@ fn debugging_problems(kubeconfig: &Path) -> Vec<String> {
         )),
         Err(error) => problems.push(error),
     };
+    let mut problems = Vec::new();
     let managers = kubectl(&[
         "get",
         "pods",
@@ -182,17 +182,20 @@ fn debugging_problems(kubeconfig: &Path) -> Vec<String> {
     ])
     .unwrap_or_default();
     let managers: Vec<&str> = managers.split_whitespace().collect();
-    assert_eq!(managers.len(), 2, "a manager pod on each kubelet node");
+    if managers.len() != 2 {
+        problems.push(format!(
+            "manager pods {managers:?}: not one on each kubelet node"
+        ));
+    }
     let version = format!("oxhorn {}", env!("CARGO_PKG_VERSION"));
     for pod in managers {
         let at = ["-n", "oxhorn-system", pod, "-c", "manager"];
-        expect(&[&["logs"], &at[..]].concat(), "serving CSI");
-        expect(
-            &[&["exec"], &at[..], &["--", "oxhorn", "version"]].concat(),
-            &version,
-        );
+        expect(&mut problems, &[&["logs"], &at[..]].concat(), "serving CSI");
+        let exec = [&["exec"], &at[..], &["--", "oxhorn", "version"]].concat();
+        expect(&mut problems, &exec, &version);
     }
     expect(
+        &mut problems,
         &[
             "exec",
             "demo-reader",
@@ -204,29 +207,36 @@ fn debugging_problems(kubeconfig: &Path) -> Vec<String> {
         "/data/hello.txt: OK",
     );
     // The node-lifecycle controller marks a node whose kubelet stopped
-    // reporting (a manager-only node's Lease not renewed) Unknown after its
-    // grace period, 50 s by default: judged once node-3 is older than that.
+    // reporting (a manager-only node's Lease not renewed) Unknown once its
+    // grace period (50 s) has passed since it first saw the node, at one of
+    // its 5 s rounds: judged once node-3 is older than 80 s.
     let created = kubectl(&[
         "get",
         "node",
         "node-3",
         "-o",
         "jsonpath={.metadata.creationTimestamp}",
-    ])
-    .unwrap_or_default();
-    let created: k8s_openapi::jiff::Timestamp = created.parse().unwrap();
-    let judged = created + k8s_openapi::jiff::SignedDuration::from_secs(60);
-    if let Ok(wait) = Duration::try_from(judged.duration_since(k8s_openapi::jiff::Timestamp::now()))
-    {
-        std::thread::sleep(wait);
+    ]);
+    match created.map(|c| c.parse::<k8s_openapi::jiff::Timestamp>()) {
+        Ok(Ok(created)) => {
+            let judged = created + k8s_openapi::jiff::SignedDuration::from_secs(80);
+            let left = judged.duration_since(k8s_openapi::jiff::Timestamp::now());
+            if let Ok(wait) = Duration::try_from(left) {
+                std::thread::sleep(wait);
+            }
+        }
+        Ok(Err(error)) => problems.push(format!("node-3's creationTimestamp: {error}")),
+        Err(error) => problems.push(error),
     }
     let ready =
         "{range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}";
     expect(
+        &mut problems,
         &["get", "nodes", "-o", &format!("jsonpath={ready}")],
         "node-1=True node-2=True node-3=True",
     );
     expect(
+        &mut problems,
         &["get", "node", "node-3", "-o", "jsonpath={.spec.taints}"],
         r#"{"effect":"NoSchedule","key":"oxhorn.io/manager-only"}"#,
     );
