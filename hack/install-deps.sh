@@ -70,16 +70,11 @@ quiet_system_etcd() {
 # The five Kubernetes commands in one `go build` (-o DIR/), which compiles
 # the packages they share once and links them side by side.
 build_kube() {
-	local ver=${KUBE_VERSION#v} ldflags tool missing=() packages=() out
+	local tool missing=() packages=() out
 	for tool in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
 		stamped "$tool" "$KUBE_VERSION" || missing+=("$tool")
 	done
 	[ ${#missing[@]} -eq 0 ] && return
-	ldflags="-s -w"
-	for kv in gitVersion=$KUBE_VERSION gitMajor=${ver%%.*} gitMinor=$(echo "$ver" | cut -d. -f2) \
-		gitTreeState=clean buildDate=1970-01-01T00:00:00Z; do
-		ldflags+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-	done
 	for tool in "${missing[@]}"; do
 		packages+=("k8s.io/kubernetes/cmd/$tool")
 	done
@@ -89,7 +84,7 @@ build_kube() {
 	rm -rf "$out"
 	mkdir -p "$out"
 	timed "go build ${missing[*]} $KUBE_VERSION (cold: 20 min or more on two CPUs)" \
-		go -C "$here/tools" build -trimpath -ldflags "$ldflags" -o "$out/" "${packages[@]}"
+		go -C "$here/tools" build -trimpath -ldflags "$(kube_ldflags "$KUBE_VERSION")" -o "$out/" "${packages[@]}"
 	for tool in "${missing[@]}"; do
 		mv -f "$out/$tool" "$bin/$tool"
 		stamp "$tool" "$KUBE_VERSION"

@@ -40,7 +40,9 @@ out=${OXHORN_E2E_IMAGE_DIR:-$cache/e2e-images}
 # The static busybox of Debian's busybox-static, as in testbed/src/images.rs.
 BUSYBOX=/bin/busybox
 
-log() { printf '[install-e2e-deps] %s\n' "$*" >&2; }
+log_name=install-e2e-deps
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
 die() { log "$*"; exit 1; }
 
 for tool in go umoci; do
@@ -50,12 +52,7 @@ dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok in
 	die "busybox-static is missing ($BUSYBOX must be static): run hack/install-deps.sh"
 
 # jq reads the archives' index and hack/e2e.sh's report.
-if ! command -v jq >/dev/null; then
-	log "apt: installing jq"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends jq >/dev/null
-fi
+install_apt jq
 
 # The Kubernetes version is the one hack/tools/go.mod pins, so e2e.test,
 # agnhost and the image names all come from the module the cluster's
@@ -71,20 +68,6 @@ fi
 
 mkdir -p "$bin" "$out"
 
-stamped() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
-stamp() { echo "$2" >"$bin/.$1.version"; }
-
-# The -ldflags of hack/install-deps.sh's build_kube: the version the
-# binary reports (e2e.test logs it; some tests compare it with the server's).
-kube_ldflags() {
-	local ver=${KUBE_VERSION#v} ldflags="-s -w" kv
-	for kv in gitVersion=$KUBE_VERSION gitMajor=${ver%%.*} gitMinor=$(echo "$ver" | cut -d. -f2) \
-		gitTreeState=clean buildDate=1970-01-01T00:00:00Z; do
-		ldflags+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
-	done
-	echo "$ldflags"
-}
-
 # e2e.test runs standalone: its -ginkgo.* flags do what the ginkgo CLI
 # would, so the CLI is not built. go vet is left out: it is not our code, and
 # it doubles the build time.
@@ -92,7 +75,7 @@ build_e2e_test() {
 	stamped e2e.test "$KUBE_VERSION" && return
 	log "go test -c k8s.io/kubernetes/test/e2e $KUBE_VERSION (minutes on a cold cache)"
 	local started=$SECONDS
-	(cd "$tools" && go test -c -vet=off -trimpath -ldflags "$(kube_ldflags)" \
+	(cd "$tools" && go test -c -vet=off -trimpath -ldflags "$(kube_ldflags "$KUBE_VERSION")" \
 		-o "$bin/e2e.test" k8s.io/kubernetes/test/e2e)
 	stamp e2e.test "$KUBE_VERSION"
 	log "e2e.test built in $((SECONDS - started)) s"

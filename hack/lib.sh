@@ -28,6 +28,18 @@ timed() {
 stamped() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
 stamp() { echo "$2" >"$bin/.$1.version"; }
 
+# kube_ldflags VERSION: the -ldflags that make a binary of the
+# k8s.io/kubernetes module report VERSION (e2e.test logs it; some tests
+# compare it with the server's).
+kube_ldflags() {
+	local version=$1 ver=${1#v} ldflags="-s -w" kv
+	for kv in gitVersion=$version gitMajor=${ver%%.*} gitMinor=$(echo "$ver" | cut -d. -f2) \
+		gitTreeState=clean buildDate=1970-01-01T00:00:00Z; do
+		ldflags+=" -X k8s.io/component-base/version.$kv -X k8s.io/client-go/pkg/version.$kv"
+	done
+	echo "$ldflags"
+}
+
 # install_apt PACKAGE...: installs those of the Debian packages not
 # installed yet.
 install_apt() {
