@@ -122,8 +122,7 @@ impl Remote {
             .map_err(remote_error)?
             .into_inner();
         let info = info_of(&info)?;
-        lock(&self.mirror).insert(name.clone(), info.clone());
-        let _ = self.events.send(name);
+        remember(&self.mirror, &self.events, name, &info);
         Ok(info)
     }
 
@@ -183,8 +182,25 @@ async fn first_snapshot(
     }
 }
 
+/// Puts what a call answered into the mirror and, if that changes it,
+/// tells subscribers: controllers call [`Remote::ensure_running`] on every
+/// pass, so a notice for an unchanged instance would start their next pass
+/// at once, and again, forever.
+fn remember(
+    mirror: &Mirror,
+    events: &broadcast::Sender<String>,
+    name: String,
+    info: &InstanceInfo,
+) {
+    let previous = lock(mirror).insert(name.clone(), info.clone());
+    if previous.as_ref() != Some(info) {
+        let _ = events.send(name);
+    }
+}
+
 /// Applies one watch event to the mirror and tells subscribers which
-/// instances changed.
+/// instances changed: an update repeating what a call already answered
+/// is no change.
 fn apply(mirror: &Mirror, events: &broadcast::Sender<String>, event: proto::WatchEvent) {
     let mut changed = Vec::new();
     {
@@ -198,18 +214,20 @@ fn apply(mirror: &Mirror, events: &broadcast::Sender<String>, event: proto::Watc
             }
         };
         for update in updates {
-            match update.info.as_ref().map(info_of) {
+            let changes = match update.info.as_ref().map(info_of) {
                 Some(Ok(info)) => {
-                    mirror.insert(update.name.clone(), info);
+                    let previous = mirror.insert(update.name.clone(), info.clone());
+                    previous != Some(info)
                 }
                 Some(Err(error)) => {
-                    warn!(instance = %update.name, %error, "ignoring an instance update")
+                    warn!(instance = %update.name, %error, "ignoring an instance update");
+                    false
                 }
-                None => {
-                    mirror.remove(&update.name);
-                }
+                None => mirror.remove(&update.name).is_some(),
+            };
+            if changes {
+                changed.push(update.name);
             }
-            changed.push(update.name);
         }
     }
     changed.sort();
@@ -271,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_replace_the_mirror_and_updates_change_it() {
+    fn snapshots_replace_the_mirror_and_updates_change_it_telling_only_of_changes() {
         let mirror: Mirror = Arc::default();
         let (events, mut seen) = broadcast::channel(16);
         let snapshot = |names: Vec<proto::InstanceUpdate>| proto::WatchEvent {
@@ -282,6 +300,15 @@ mod tests {
             &mirror,
             &events,
             snapshot(vec![update("a", Some(1)), update("b", Some(2))]),
+        );
+        // What the mirror holds already: no notice.
+        apply(
+            &mirror,
+            &events,
+            proto::WatchEvent {
+                snapshot: Vec::new(),
+                update: Some(update("b", Some(2))),
+            },
         );
         apply(
             &mirror,

@@ -573,3 +573,60 @@ async fn invalid_names_start_nothing() {
     assert_eq!(records.count(), 0);
     assert!(!node.state_dir().join("logs").exists());
 }
+
+/// A manager asks its node's `oxhorn instance-manager` on every controller
+/// pass; an answer that changes nothing must wake no controller, or each
+/// pass would start the next one at once (a manager at rest spent a
+/// quarter of a core so). A hundred such asks, then a new instance: the
+/// notices seen up to that one's are the first start's at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_instance_manager_tells_only_of_changes() {
+    let node = Node::new(9);
+    let socket = node.root.join("instance-manager.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(oxhorn::instance::service::serve(
+        node.config(),
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let manager = InstanceManager::connect(&socket).await.expect("connect");
+    let mut events = manager.subscribe();
+    manager
+        .ensure_running(node.replica("r1"))
+        .await
+        .expect("ensure");
+    let pid = wait_running(&manager, "r1").await.pid;
+
+    for _ in 0..100 {
+        let again = manager
+            .ensure_running(node.replica("r1"))
+            .await
+            .expect("ensure");
+        assert_eq!(again.pid, pid);
+    }
+    manager
+        .ensure_running(node.replica("r2"))
+        .await
+        .expect("ensure");
+    let mut told = 0;
+    loop {
+        let name = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("a notice for r2")
+            .expect("notices");
+        if name == "r2" {
+            break;
+        }
+        told += 1;
+    }
+    // r1's: its ensure_running answer, then the watch's Starting and
+    // Running updates.
+    assert!(told <= 3, "{told} notices for an unchanged r1");
+
+    manager.shutdown().await;
+    stop.send(()).expect("serving");
+    served.await.expect("join").expect("served");
+}
