@@ -12,7 +12,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info};
 
+use super::data_plane::EngineChannels;
+use super::node::FrontendProbe;
 use super::ownership::Owned;
+use super::retries::Retries;
 use super::{ControllerError, Expectations, replace_status};
 use crate::datastore::{Datastore, Liveness, Settings};
 use crate::instance::InstanceManager;
@@ -39,6 +42,12 @@ pub struct Context {
     key: Key,
     /// Objects this manager created that its caches may not show yet.
     pub expected: Expectations,
+    /// Connections to the engines this node runs, kept between polls.
+    pub engine_channels: EngineChannels,
+    /// What this node's frontends need, as last probed.
+    pub frontends: FrontendProbe,
+    /// Failures in a row per object, for how long the next retry waits.
+    pub retries: Retries,
     recorder: Recorder,
 }
 
@@ -65,6 +74,9 @@ impl Context {
             instances,
             key,
             expected: Expectations::default(),
+            engine_channels: EngineChannels::default(),
+            frontends: FrontendProbe::default(),
+            retries: Retries::default(),
             recorder,
         })
     }

@@ -5,6 +5,8 @@
 //! good; a fill's copy is not, but HTTP/2 keepalive ends it if the peer
 //! stops answering.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -117,11 +119,73 @@ pub async fn engine_with_timeout(
 ) -> Result<Control<EngineControlClient<TokenChannel>>, ControllerError> {
     let target = format!("engine {}", engine.name_any());
     let channel = connect(&target, address, Some(timeout)).await?;
-    Ok(Control {
+    Ok(engine_control(channel, target, address, access))
+}
+
+fn engine_control(
+    channel: Channel,
+    target: String,
+    address: &str,
+    access: &Access,
+) -> Control<EngineControlClient<TokenChannel>> {
+    Control {
         client: EngineControlClient::new(crate::protocol::with_token(channel, access)),
         target,
         address: address.to_owned(),
-    })
+    }
+}
+
+/// Connections to the engines this manager polls, kept from one poll to
+/// the next: a poll is then one request on an open HTTP/2 connection
+/// rather than a TCP and HTTP/2 handshake for both sides each time. An
+/// idle kept connection sends nothing (control channels ping only while a
+/// call is in flight); each call is bounded by the timeout it was opened
+/// with.
+#[derive(Default)]
+pub struct EngineChannels {
+    /// Engine name -> (control address, channel).
+    open: Mutex<HashMap<String, (String, Channel)>>,
+}
+
+impl EngineChannels {
+    fn open(&self) -> MutexGuard<'_, HashMap<String, (String, Channel)>> {
+        // A map of handles, left whole by any panicking holder.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The control API of `engine`'s process at `address`, on the kept
+    /// connection if there is one to that address.
+    pub async fn engine(
+        &self,
+        engine: &Engine,
+        address: &str,
+        timeout: Duration,
+        access: &Access,
+    ) -> Result<Control<EngineControlClient<TokenChannel>>, ControllerError> {
+        let name = engine.name_any();
+        let target = format!("engine {name}");
+        let kept = self
+            .open()
+            .get(&name)
+            .filter(|(at, _)| at == address)
+            .map(|(_, channel)| channel.clone());
+        let channel = match kept {
+            Some(channel) => channel,
+            None => {
+                let channel = connect(&target, address, Some(timeout)).await?;
+                let entry = (address.to_owned(), channel.clone());
+                self.open().insert(name, entry);
+                channel
+            }
+        };
+        Ok(engine_control(channel, target, address, access))
+    }
+
+    /// Closes the connection to the engine `name`: it stopped, moved, or a
+    /// call on it failed (the next poll dials afresh).
+    pub fn forget(&self, name: &str) {
+        self.open().remove(name);
+    }
 }
 
 async fn connect(

@@ -15,7 +15,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::data_plane::{self, Control};
+use super::data_plane::Control;
 use super::instance_status::{RUNNING, announce, hold_deletion, never_ran, reflect};
 use super::{Context, ControllerError, release, update_status};
 use crate::engine::FrontendKind;
@@ -48,8 +48,12 @@ pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action,
     let span = info_span!("engine", engine = %engine.name_any(), volume = %engine.spec.instance.volume_name, node = %engine.spec.instance.node_id);
     async move {
         let here = engine.spec.instance.node_id == ctx.node.node_id;
+        if !here {
+            ctx.engine_channels.forget(&engine.name_any());
+        }
         if engine.metadata.deletion_timestamp.is_some() && !serves_attachment(&ctx, &engine) {
             if here {
+                ctx.engine_channels.forget(&engine.name_any());
                 ctx.instances.stop(&engine.name_any()).await?;
             }
             release(&ctx.api::<Engine>(), &engine).await?;
@@ -111,6 +115,7 @@ async fn run_here(
     if engine.spec.instance.desire_state == DesireState::Stopped
         || engine.spec.replica_address_map.is_empty()
     {
+        ctx.engine_channels.forget(&name);
         if ctx.instances.get(&name).is_some() {
             ctx.instances.stop(&name).await?;
             info!("engine process stopped");
@@ -151,9 +156,14 @@ async fn run_here(
     }
     let address = format!("{}:{}", info.ip, info.port);
     let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
-    let mut api =
-        data_plane::engine_with_timeout(engine, &address, CONTROL_TIMEOUT, &access).await?;
-    let observed = converge(ctx, engine, &mut api).await?;
+    let channels = &ctx.engine_channels;
+    let mut api = channels
+        .engine(engine, &address, CONTROL_TIMEOUT, &access)
+        .await?;
+    let observed = converge(ctx, engine, &mut api).await.inspect_err(|_| {
+        // The next pass dials afresh rather than trust this connection.
+        channels.forget(&name);
+    })?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))
 }

@@ -16,6 +16,7 @@ mod lease;
 mod node;
 pub mod ownership;
 mod replica;
+mod retries;
 pub mod settings;
 mod snapshot;
 mod volume;
@@ -34,9 +35,8 @@ pub use writes::{delete, hold, patch_guarded, release, replace_status, update_st
 use std::convert::identity;
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::{StreamExt, TryFuture};
+use futures::{StreamExt, TryFuture, TryFutureExt};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -134,9 +134,19 @@ impl Wiring {
     {
         let controller =
             Controller::for_shared_stream(changed_only(objects.subscribe()), objects.store.clone());
+        let mut reconcile = reconcile;
+        let counted = move |object: Arc<K>, ctx: Arc<Context>| {
+            let key = object_key(&*object);
+            let pass = TryFutureExt::into_future(reconcile(object, Arc::clone(&ctx)));
+            async move {
+                let action = pass.await?;
+                ctx.retries.succeeded(&key);
+                Ok(action)
+            }
+        };
         watches(controller)
             .reconcile_all_on(liveness_changes(&self.liveness))
-            .run(reconcile, error_policy, Arc::clone(&self.ctx))
+            .run(counted, error_policy, Arc::clone(&self.ctx))
             .for_each(|_| futures::future::ready(()))
     }
 }
@@ -166,15 +176,22 @@ where
     }
 }
 
-/// Retries soon after a conflict, later after anything else.
-fn error_policy<K>(object: Arc<K>, error: &ControllerError, _ctx: Arc<Context>) -> Action
+/// "Kind/name": which object, for its retries.
+fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!("{}/{}", K::kind(&()), object.name_any())
+}
+
+/// Retries soon after a conflict, later after anything else, and later
+/// still each time the same object fails again ([`retries`]).
+fn error_policy<K>(object: Arc<K>, error: &ControllerError, ctx: Arc<Context>) -> Action
 where
-    K: Resource,
+    K: Resource<DynamicType = ()>,
 {
     if error.is_conflict() {
         debug!(name = %object.name_any(), "conflict; looking again");
-        return Action::requeue(Duration::from_millis(500));
+        return Action::requeue(retries::CONFLICT_RETRY);
     }
-    warn!(name = %object.name_any(), %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(3))
+    let retry = ctx.retries.failed(&object_key(&*object));
+    warn!(name = %object.name_any(), %error, retry_in = ?retry, "reconcile failed");
+    Action::requeue(retry)
 }

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -22,8 +22,14 @@ use crate::types::{
     REGION_LABEL, ZONE_LABEL,
 };
 
-/// Free space changes without any event: measure this often.
-const MEASURE_EVERY: Duration = Duration::from_secs(10);
+/// Free space changes without any event: measure this often (as often as
+/// Longhorn's disk monitor). A status write wakes every manager's node
+/// controller, so more often would cost all of them for little.
+const MEASURE_EVERY: Duration = Duration::from_secs(30);
+/// What a node's frontends need changes only when someone installs or
+/// removes a package or a module: probe it this often. The iSCSI probe runs
+/// a program in the host's namespaces.
+const PROBE_FRONTENDS_EVERY: Duration = Duration::from_secs(300);
 /// The disk a node gets when its Node object is first created.
 pub const DEFAULT_DISK: &str = "default-disk";
 
@@ -66,7 +72,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Con
     let mut status = node.status.clone().unwrap_or_default();
     let action = if name == ctx.node.node_id {
         observe_own(&ctx, &node, &mut status);
-        status.frontends = frontends(&ctx).await;
+        status.frontends = ctx.frontends.get(Instant::now(), || frontends(&ctx)).await;
         Action::requeue(MEASURE_EVERY)
     } else {
         observe_taken_over(&ctx, &name, &mut status);
@@ -156,6 +162,32 @@ async fn frontends(ctx: &Context) -> Vec<FrontendSupport> {
             reason: support.err().unwrap_or_default(),
         })
         .collect()
+}
+
+/// The node's frontends as last probed, probed again once
+/// [`PROBE_FRONTENDS_EVERY`] has passed.
+#[derive(Default)]
+pub struct FrontendProbe {
+    last: tokio::sync::Mutex<Option<(Instant, Vec<FrontendSupport>)>>,
+}
+
+impl FrontendProbe {
+    async fn get<F>(&self, now: Instant, probe: impl FnOnce() -> F) -> Vec<FrontendSupport>
+    where
+        F: Future<Output = Vec<FrontendSupport>>,
+    {
+        let mut last = self.last.lock().await;
+        match &*last {
+            Some((at, support)) if now.duration_since(*at) < PROBE_FRONTENDS_EVERY => {
+                support.clone()
+            }
+            _ => {
+                let support = probe().await;
+                *last = Some((now, support.clone()));
+                support
+            }
+        }
+    }
 }
 
 /// A node whose manager is gone: not Ready, so nothing is placed there.
@@ -315,5 +347,33 @@ async fn announce_transitions(ctx: &Context, node: &Node, old: &NodeStatus, new:
             ),
         )
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Frontend;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn frontends_are_probed_once_per_period() {
+        let cache = FrontendProbe::default();
+        let probes = AtomicUsize::new(0);
+        let probe = || async {
+            let n = probes.fetch_add(1, Ordering::SeqCst);
+            vec![FrontendSupport {
+                frontend: Frontend::Iscsi,
+                supported: n > 0,
+                reason: String::new(),
+            }]
+        };
+        let start = Instant::now();
+        let first = cache.get(start, probe).await;
+        let again = cache.get(start + PROBE_FRONTENDS_EVERY / 2, probe).await;
+        assert_eq!((probes.load(Ordering::SeqCst), &again), (1, &first));
+        let later = cache.get(start + PROBE_FRONTENDS_EVERY, probe).await;
+        assert_eq!(probes.load(Ordering::SeqCst), 2);
+        assert!(later[0].supported, "the new probe's answer: {later:?}");
     }
 }

@@ -2,7 +2,10 @@
 //! process, a dropped link) is noticed by HTTP/2 keepalive within
 //! [`KEEPALIVE`] + [`PING_TIMEOUT`], which fails every call in flight on the
 //! channel, streams included; unary calls also get [`CONTROL_DEADLINE`], for
-//! a peer that still answers pings but never the call.
+//! a peer that still answers pings but never the call. An idle channel
+//! sends no pings: with no call to fail, they would cost each side a
+//! wake-up every few seconds for nothing (an engine's replicas' liveness
+//! is its data connections' concern).
 //! What every call carries, and what servers admit, is in `token.rs`.
 
 use std::time::Duration;
@@ -22,7 +25,7 @@ pub fn control_endpoint(address: &str) -> Result<Endpoint, tonic::transport::Err
         .connect_timeout(CONNECT_TIMEOUT)
         .http2_keep_alive_interval(KEEPALIVE)
         .keep_alive_timeout(PING_TIMEOUT)
-        .keep_alive_while_idle(true))
+        .keep_alive_while_idle(false))
 }
 
 /// A channel to the control service at `address` (host:port).
