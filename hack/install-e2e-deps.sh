@@ -112,8 +112,9 @@ scratch=$(mktemp -d "${TMPDIR:-/tmp}/oxhorn-e2e-images.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
 # busybox_rootfs DIR: the busybox and a link per applet, the directories a
-# container expects, and the users and groups the agnhost image has (its
-# tests may look them up).
+# container expects, and the users and groups of the official busybox image
+# the e2e busybox mirrors (root and nobody: the fsGroup tests read `ls -l`'s
+# group column as a number, so gid 1000 must have no name).
 busybox_rootfs() {
 	local root=$1 applet
 	mkdir -p "$root/bin" "$root/sbin" "$root/usr/bin" "$root/usr/sbin" "$root/etc" \
@@ -127,11 +128,19 @@ busybox_rootfs() {
 	cat >"$root/etc/passwd" <<-'EOF'
 		root:x:0:0:root:/root:/bin/sh
 		nobody:x:65534:65534:nobody:/nonexistent:/bin/false
-		user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh
 	EOF
 	cat >"$root/etc/group" <<-'EOF'
 		root:x:0:
 		nogroup:x:65534:
+	EOF
+}
+
+# agnhost_users DIR: the user and groups agnhost's Dockerfile adds, which
+# its SupplementalGroups tests look up.
+agnhost_users() {
+	local root=$1
+	echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>"$root/etc/passwd"
+	cat >>"$root/etc/group" <<-'EOF'
 		user-defined-in-image:x:1000:user-defined-in-image
 		group-defined-in-image:x:50000:user-defined-in-image
 	EOF
@@ -180,6 +189,7 @@ build_image() {
 	umoci unpack --image "$layout:build" "$bundle"
 	busybox_rootfs "$bundle/rootfs"
 	if [ "$short" = agnhost ]; then
+		agnhost_users "$bundle/rootfs"
 		install -m 755 "$bin/agnhost" "$bundle/rootfs/agnhost"
 		ln -s agnhost "$bundle/rootfs/agnhost-2"
 	fi
