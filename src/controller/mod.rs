@@ -135,7 +135,7 @@ impl Wiring {
         let controller =
             Controller::for_shared_stream(changed_only(objects.subscribe()), objects.store.clone());
         let mut reconcile = reconcile;
-        let counted = move |object: Arc<K>, ctx: Arc<Context>| {
+        let reconcile_and_reset = move |object: Arc<K>, ctx: Arc<Context>| {
             let key = object_key(&*object);
             let pass = TryFutureExt::into_future(reconcile(object, Arc::clone(&ctx)));
             async move {
@@ -146,7 +146,7 @@ impl Wiring {
         };
         watches(controller)
             .reconcile_all_on(liveness_changes(&self.liveness))
-            .run(counted, error_policy, Arc::clone(&self.ctx))
+            .run(reconcile_and_reset, error_policy, Arc::clone(&self.ctx))
             .for_each(|_| futures::future::ready(()))
     }
 }
