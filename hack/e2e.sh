@@ -93,8 +93,9 @@ done
 # those that grow the default filesystem, ext4, whose growth (online, or
 # at staging after the claim grew) needs CAP_SYS_RESOURCE, which this VM's
 # capability bounding set withholds from every process (tests/it grows
-# xfs for this reason; the block and xfs patterns still run).
-TESTBED_SKIP='should not mount / map unused volumes in a pod|while kubelet is down|kubelet restart|\(default fs\)\(allowExpansion\)'
+# xfs for this reason; the block and xfs patterns still run), generic
+# ephemeral volumes' included.
+TESTBED_SKIP='should not mount / map unused volumes in a pod|while kubelet is down|kubelet restart|\(default fs\)\(allowExpansion\)|Ephemeral-volume \(default fs\).*expansion of pvcs created for ephemeral pvcs'
 
 # The tests: e2e.test's flags that select them.
 filter="!Flaky && !Alpha && !BetaOffByDefault && !OffByDefault && Feature: isSubsetOf {$SUPPORTED_FEATURES}"
