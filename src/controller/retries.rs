@@ -42,10 +42,7 @@ impl Retries {
 
     /// `object` reconciled: its next failure waits [`FIRST_RETRY`] again.
     pub fn succeeded(&self, object: &str) {
-        let mut failures = self.failures();
-        if !failures.is_empty() {
-            failures.remove(object);
-        }
+        self.failures().remove(object);
     }
 }
 

@@ -192,10 +192,18 @@ fn remember(
     name: String,
     info: &InstanceInfo,
 ) {
-    let previous = lock(mirror).insert(name.clone(), info.clone());
-    if previous.as_ref() != Some(info) {
+    if put(&mut lock(mirror), name.clone(), info.clone()) {
         let _ = events.send(name);
     }
+}
+
+/// Puts `info` into the mirror; whether that changed it.
+fn put(mirror: &mut HashMap<String, InstanceInfo>, name: String, info: InstanceInfo) -> bool {
+    if mirror.get(&name) == Some(&info) {
+        return false;
+    }
+    mirror.insert(name, info);
+    true
 }
 
 /// Applies one watch event to the mirror and tells subscribers which
@@ -215,10 +223,7 @@ fn apply(mirror: &Mirror, events: &broadcast::Sender<String>, event: proto::Watc
         };
         for update in updates {
             let changes = match update.info.as_ref().map(info_of) {
-                Some(Ok(info)) => {
-                    let previous = mirror.insert(update.name.clone(), info.clone());
-                    previous != Some(info)
-                }
+                Some(Ok(info)) => put(&mut mirror, update.name.clone(), info),
                 Some(Err(error)) => {
                     warn!(instance = %update.name, %error, "ignoring an instance update");
                     false
