@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use oxhorn::metrics::process::{resident, stat};
 use oxhorn::types::{Robustness, Setting, SettingSpec, Volume, VolumeState};
 use oxhorn_testbed::{self as testbed, ManagerOptions, ManagerProcess, TestNamespace};
 use serde_json::json;
@@ -233,7 +234,7 @@ impl Sample {
             let figures = kinds.entry(kind).or_default();
             figures.processes += 1;
             figures.cpu += end.saturating_sub(*start);
-            figures.rss += resident(pid);
+            figures.rss += resident(pid).unwrap_or(0);
         }
         Self { window, kinds }
     }
@@ -335,43 +336,9 @@ fn processes(nodes: &[ManagerProcess]) -> Vec<(u32, Kind)> {
     found
 }
 
-struct Stat {
-    parent: u32,
-    cpu: Duration,
-}
-
-/// The parent and the user + system CPU time of a process.
-fn stat(pid: u32) -> Option<Stat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold spaces.
-    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
-    let field = |n: usize| fields.get(n)?.parse::<u64>().ok();
-    // Fields after the name: state(0) ppid(1) ... utime(11) stime(12).
-    let ticks = field(11)? + field(12)?;
-    let hertz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as u64;
-    Some(Stat {
-        parent: u32::try_from(field(1)?).ok()?,
-        cpu: Duration::from_millis(ticks * 1000 / hertz),
-    })
-}
-
 fn cpu_times(processes: &[(u32, Kind)]) -> BTreeMap<u32, Duration> {
     processes
         .iter()
         .filter_map(|(pid, _)| Some((*pid, stat(*pid)?.cpu)))
         .collect()
-}
-
-/// Resident memory of a process, in bytes.
-fn resident(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kib| kib.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
 }

@@ -16,7 +16,8 @@
 //!   [`protocol`] (the engine <-> replica data protocol), [`frontend`] (the
 //!   volume as a block device on its node), [`replica`] (one copy of a
 //!   volume's data on a node's disk) and [`names`];
-//! - [`host`]: the node's host: its programs, mounts and filesystems.
+//! - [`host`]: the node's host: its programs, mounts and filesystems;
+//! - [`metrics`]: what a manager owns and does, for Prometheus.
 //!
 //! Beside them, [`cmd`] holds the subcommands that put the layers together
 //! (the per-node manager, the instance manager's pod, installing and
@@ -44,5 +45,6 @@ pub mod host;
 pub mod cmd;
 pub mod error;
 pub mod logging;
+pub mod metrics;
 
 pub use error::{Error, Result};

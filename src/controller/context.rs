@@ -19,6 +19,7 @@ use super::retries::Retries;
 use super::{ControllerError, Expectations, replace_status};
 use crate::datastore::{Datastore, Liveness, Settings};
 use crate::instance::InstanceManager;
+use crate::metrics::ControllerMetrics;
 use crate::protocol::{Access, Key};
 
 /// What this node's manager is and where its pieces are.
@@ -48,6 +49,8 @@ pub struct Context {
     pub frontends: FrontendProbe,
     /// Failures in a row per object, for how long the next retry waits.
     pub retries: Retries,
+    /// Reconciles counted for /metrics.
+    pub metrics: ControllerMetrics,
     recorder: Recorder,
 }
 
@@ -58,6 +61,7 @@ impl Context {
         node: NodeConfig,
         instances: Arc<InstanceManager>,
         key: Key,
+        metrics: ControllerMetrics,
     ) -> Arc<Self> {
         let recorder = Recorder::new(
             client.clone(),
@@ -77,6 +81,7 @@ impl Context {
             engine_channels: EngineChannels::default(),
             frontends: FrontendProbe::default(),
             retries: Retries::default(),
+            metrics,
             recorder,
         })
     }

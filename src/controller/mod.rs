@@ -35,6 +35,7 @@ pub use writes::{delete, hold, patch_guarded, release, replace_status, update_st
 use std::convert::identity;
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::{StreamExt, TryFuture, TryFutureExt};
 use kube::runtime::Controller;
@@ -135,18 +136,23 @@ impl Wiring {
         let controller =
             Controller::for_shared_stream(changed_only(objects.subscribe()), objects.store.clone());
         let mut reconcile = reconcile;
-        let reconcile_and_reset = move |object: Arc<K>, ctx: Arc<Context>| {
+        let reconcile_counted = move |object: Arc<K>, ctx: Arc<Context>| {
             let key = object_key(&*object);
+            let started = Instant::now();
             let pass = TryFutureExt::into_future(reconcile(object, Arc::clone(&ctx)));
             async move {
-                let action = pass.await?;
-                ctx.retries.succeeded(&key);
-                Ok(action)
+                let result = pass.await;
+                ctx.metrics
+                    .reconciled(&K::kind(&()), started, result.is_err());
+                if result.is_ok() {
+                    ctx.retries.succeeded(&key);
+                }
+                result
             }
         };
         watches(controller)
             .reconcile_all_on(liveness_changes(&self.liveness))
-            .run(reconcile_and_reset, error_policy, Arc::clone(&self.ctx))
+            .run(reconcile_counted, error_policy, Arc::clone(&self.ctx))
             .for_each(|_| futures::future::ready(()))
     }
 }

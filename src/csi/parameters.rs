@@ -69,6 +69,13 @@ pub struct VolumeParameters {
     pub from_backup: String,
 }
 
+/// The namespace and name of the claim a CreateVolume is for, when the
+/// external-provisioner says (--extra-create-metadata).
+pub fn claim_of(parameters: &HashMap<String, String>) -> Option<(String, String)> {
+    let get = |key: &str| parameters.get(&format!("{PROVISIONER_PREFIX}{key}"));
+    Some((get("pvc/namespace")?.clone(), get("pvc/name")?.clone()))
+}
+
 impl VolumeParameters {
     pub fn parse(parameters: &HashMap<String, String>) -> Result<Self, ControllerServiceError> {
         let mut parsed = Self::default();
@@ -252,6 +259,20 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_claim_is_read_from_the_provisioners_keys() {
+        let both = params(&[
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "apps"),
+            ("csi.storage.k8s.io/pv/name", "pvc-1"),
+        ]);
+        assert_eq!(claim_of(&both), Some(("apps".into(), "data".into())));
+        assert_eq!(
+            claim_of(&params(&[("csi.storage.k8s.io/pvc/name", "data")])),
+            None
+        );
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus};
 pub use volume::{
-    AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, ReplicaAutoBalance,
-    Robustness, Volume, VolumeFrontend, VolumeSpec, VolumeState, VolumeStatus,
+    AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PVC_NAME, PVC_NAMESPACE,
+    ReplicaAutoBalance, Robustness, Volume, VolumeFrontend, VolumeSpec, VolumeState, VolumeStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -175,6 +175,12 @@ impl Volume {
     }
 }
 
+/// Annotations naming the claim a volume was provisioned for (from the
+/// external-provisioner's --extra-create-metadata), for the operator's eye
+/// and the metrics' `pvc` and `pvc_namespace` labels.
+pub const PVC_NAME: &str = "oxhorn.io/pvc-name";
+pub const PVC_NAMESPACE: &str = "oxhorn.io/pvc-namespace";
+
 /// The volume's condition saying whether it holds its data source's data.
 pub const FILLED: &str = "Filled";
 

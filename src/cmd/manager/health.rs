@@ -3,24 +3,15 @@
 //! `/readyz` 200 once its caches have synced (what CSI Probe reports) and
 //! 503 before. Anything else is 404. HTTP/1.1 on the node's address.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use http::{Method, Request, Response, StatusCode};
+use ::http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{debug, info};
 
-use crate::{Error, Result};
-
-/// A client that has not sent its request headers in this long is dropped.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+use super::http;
+use crate::Result;
 
 fn answer(request: &Request<Incoming>, ready: bool) -> Response<Full<Bytes>> {
     let (status, body) = match (request.method(), request.uri().path()) {
@@ -39,31 +30,11 @@ fn answer(request: &Request<Incoming>, ready: bool) -> Response<Full<Bytes>> {
 
 /// Serves the probes on `address` until the future is dropped.
 pub async fn serve(address: SocketAddr, ready: watch::Receiver<bool>) -> Result<()> {
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|e| Error::io(address.to_string(), e))?;
-    info!(%address, "serving /healthz and /readyz");
-    loop {
-        let (stream, peer) = listener
-            .accept()
-            .await
-            .map_err(|e| Error::io(address.to_string(), e))?;
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| {
-                let ready = *ready.borrow();
-                async move { Ok::<_, Infallible>(answer(&request, ready)) }
-            });
-            let served = http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(error) = served {
-                debug!(%peer, %error, "probe connection closed");
-            }
-        });
-    }
+    http::serve(address, "/healthz and /readyz", move |request| {
+        let ready = *ready.borrow();
+        async move { answer(&request, ready) }
+    })
+    .await
 }
 
 #[cfg(test)]

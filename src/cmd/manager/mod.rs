@@ -4,12 +4,15 @@
 //! started outlive it: the next manager on the node adopts them.
 
 mod health;
+mod http;
+mod metrics;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::oneshot;
@@ -28,6 +31,7 @@ use crate::csi::{
 use crate::datastore::Datastore;
 use crate::host::Host;
 use crate::instance::{InstanceArgs, InstanceManager};
+use crate::metrics::{ControllerMetrics, Exporter, KubeApiLatency};
 use crate::protocol::Key;
 use crate::{Error, Result, names};
 
@@ -84,6 +88,10 @@ pub struct ManagerConfig {
     /// `--ip`; none when not given.
     #[arg(long)]
     pub health_port: Option<u16>,
+    /// Serve Prometheus metrics (`/metrics`) on this port of `--ip`; none
+    /// when not given.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
     /// The socket of the node's `oxhorn instance-manager`, which then holds
     /// the engine and replica processes (in a pod of its own, they outlive
     /// the manager's container); without it the manager holds them itself
@@ -98,8 +106,18 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
     let socket_path = csi::endpoint::parse(&config.csi_endpoint)?;
     let span = info_span!("manager", node = %config.node_id);
     async move {
-        let client = kube_client(config.kubeconfig.as_deref()).await?;
+        let api_latency = KubeApiLatency::default();
+        let client = ClientBuilder::try_from(kube_config(config.kubeconfig.as_deref()).await?)?
+            .with_layer(&api_latency)
+            .build();
         let datastore = Arc::new(Datastore::start(&client, &config.namespace));
+        let reconciles = ControllerMetrics::default();
+        let exporter = Exporter::new(
+            Arc::clone(&datastore),
+            &config.node_id,
+            &reconciles,
+            &api_latency,
+        );
         let (listener, _socket) = csi::endpoint::bind(&socket_path)?;
         info!(socket = %socket_path.display(), namespace = %config.namespace, "serving CSI");
         let identity = IdentityService::new(datastore.readiness());
@@ -117,7 +135,8 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             },
             Arc::clone(&datastore),
         );
-        let controllers = start_controllers(config.clone(), client, Arc::clone(&datastore));
+        let controllers =
+            start_controllers(config.clone(), client, Arc::clone(&datastore), reconciles);
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = Server::builder()
             .add_service(IdentityServer::new(identity))
@@ -128,11 +147,13 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             });
         let registration = register_with_kubelet(&config, &socket_path);
         let health = serve_health(&config, datastore.readiness());
+        let metrics = serve_metrics(&config, exporter);
         tokio::pin!(server);
         tokio::select! {
             served = &mut server => served?,
             registered = registration => registered?,
             answered = health => answered?,
+            answered = metrics => answered?,
             () = shutdown => {
                 let _ = stop_tx.send(());
                 // Graceful shutdown also waits for idle client connections,
@@ -178,6 +199,17 @@ async fn serve_health(
     }
 }
 
+/// Serves `/metrics` while the manager runs, if asked to.
+async fn serve_metrics(config: &ManagerConfig, exporter: Exporter) -> Result<()> {
+    match config.metrics_port {
+        Some(port) => {
+            let address = std::net::SocketAddr::new(config.node.ip, port);
+            metrics::serve(address, Arc::new(exporter)).await
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Once the caches have synced: adopts the engine and replica processes a
 /// previous manager left running, makes sure this node has its Node object,
 /// holds the node's lease and runs the controllers.
@@ -185,10 +217,11 @@ fn start_controllers(
     config: ManagerConfig,
     client: Client,
     datastore: Arc<Datastore>,
+    reconciles: ControllerMetrics,
 ) -> JoinHandle<()> {
     tokio::spawn(
         async move {
-            if let Err(error) = run_controllers(config, client, datastore).await {
+            if let Err(error) = run_controllers(config, client, datastore, reconciles).await {
                 error!(%error, "the controllers stopped");
             }
         }
@@ -209,6 +242,7 @@ async fn run_controllers(
     config: ManagerConfig,
     client: Client,
     datastore: Arc<Datastore>,
+    reconciles: ControllerMetrics,
 ) -> Result<()> {
     datastore.wait_until_ready().await;
     let key = controller::cluster_key(&client, &config.namespace).await?;
@@ -218,7 +252,7 @@ async fn run_controllers(
         data_dir: config.node.data_dir.clone(),
         host: Host::new(host_process(&config)),
     };
-    let ctx = controller::Context::new(client.clone(), datastore, node, instances, key);
+    let ctx = controller::Context::new(client.clone(), datastore, node, instances, key, reconciles);
     controller::ensure_own_node(&ctx).await?;
     let lease = controller::hold_lease(
         client,
@@ -247,7 +281,12 @@ async fn start_instances(config: &ManagerConfig, key: &Key) -> Result<Arc<Instan
 /// A client from the given kubeconfig, or from the environment (in-cluster
 /// service account, $KUBECONFIG, ~/.kube/config).
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
-    let config = match kubeconfig {
+    Ok(Client::try_from(kube_config(kubeconfig).await?)?)
+}
+
+/// The client configuration [`kube_client`] uses.
+async fn kube_config(kubeconfig: Option<&std::path::Path>) -> Result<Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .map_err(|e| Error::KubeConfig(format!("{}: {e}", path.display())))?;
@@ -258,6 +297,5 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<Client>
         None => Config::infer()
             .await
             .map_err(|e| Error::KubeConfig(e.to_string()))?,
-    };
-    Ok(Client::try_from(config)?)
+    })
 }

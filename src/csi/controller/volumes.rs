@@ -13,14 +13,14 @@ use super::backups::backup_of;
 use super::{CSI_NAME, ControllerService, paginate, required, snapshots};
 use crate::csi::capability;
 use crate::csi::error::ControllerServiceError;
-use crate::csi::parameters::{VolumeParameters, volume_size};
+use crate::csi::parameters::{VolumeParameters, claim_of, volume_size};
 use crate::csi::proto::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
 use crate::csi::proto::*;
 use crate::datastore::{Settings, create_if_absent, unless_gone};
 use crate::names::object_name;
 use crate::types::{
-    AccessMode, Backup, CLONE_FOR, Condition, ConditionStatus, DataSource, Robustness, Snapshot,
-    SnapshotSpec, Volume, VolumeSpec,
+    AccessMode, Backup, CLONE_FOR, Condition, ConditionStatus, DataSource, PVC_NAME, PVC_NAMESPACE,
+    Robustness, Snapshot, SnapshotSpec, Volume, VolumeSpec,
 };
 
 /// Longest volume name: replica names, labels and clone snapshot names add
@@ -66,7 +66,8 @@ impl ControllerService {
         match self.get_volume(&id).await? {
             Some(existing) => compatible(&existing, name, &wanted, range.limit_bytes)?,
             None => {
-                self.create_volume_object(&id, name, wanted, source.as_ref())
+                let claim = claim_of(&request.parameters);
+                self.create_volume_object(&id, name, wanted, source.as_ref(), claim)
                     .await?
             }
         }
@@ -171,15 +172,19 @@ impl ControllerService {
         name: &str,
         spec: VolumeSpec,
         source: Option<&Source>,
+        claim: Option<(String, String)>,
     ) -> Result<(), ControllerServiceError> {
         if let Some(Source::Volume(VolumeSource { volume_id })) = source {
             self.snapshot_for_clone(id, volume_id).await?;
         }
         let mut volume = Volume::new(id, spec);
+        let annotations = volume.annotations_mut();
         if id != name {
-            volume
-                .annotations_mut()
-                .insert(CSI_NAME.to_owned(), name.to_owned());
+            annotations.insert(CSI_NAME.to_owned(), name.to_owned());
+        }
+        if let Some((namespace, claim)) = claim {
+            annotations.insert(PVC_NAMESPACE.to_owned(), namespace);
+            annotations.insert(PVC_NAME.to_owned(), claim);
         }
         self.volumes()
             .create(&PostParams::default(), &volume)

@@ -1,0 +1,80 @@
+//! `/metrics`: what this manager owns, in Prometheus' text format
+//! (OpenMetrics), names `oxhorn_*`.
+//!
+//! Every manager reports only what it owns, so that series never double up
+//! across managers: the volumes whose status names it as owner (with their
+//! engines' I/O and replicas), its own node and disks, the backup targets
+//! and backups it owns, and its own process and controllers. The custom
+//! resources are read from the shared caches at scrape time ([`view`]); the
+//! controllers and the API client count as they go ([`controllers`]).
+
+mod controllers;
+mod families;
+pub mod process;
+mod view;
+
+#[cfg(test)]
+mod tests;
+
+pub use controllers::{ControllerMetrics, KubeApiLatency};
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+
+use crate::datastore::Datastore;
+use families::Owned;
+use view::View;
+
+/// The content type of what [`Exporter::scrape`] returns.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Renders this manager's metrics on each scrape.
+pub struct Exporter {
+    registry: Registry,
+    /// What the owned-objects collector encodes; refreshed by each scrape.
+    view: Arc<Mutex<View>>,
+    ds: Arc<Datastore>,
+    node: String,
+    /// Scrapes take turns: each refreshes the view and then encodes it.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Exporter {
+    /// An exporter for the manager of `node`, reporting `controllers`' and
+    /// `api`'s counts beside what it owns.
+    pub fn new(
+        ds: Arc<Datastore>,
+        node: &str,
+        controllers: &ControllerMetrics,
+        api: &KubeApiLatency,
+    ) -> Self {
+        let mut registry = Registry::with_prefix("oxhorn");
+        let view = Arc::new(Mutex::new(View::default()));
+        registry.register_collector(Box::new(Owned::new(Arc::clone(&view))));
+        controllers.register(&mut registry);
+        api.register(&mut registry);
+        Self {
+            registry,
+            view,
+            ds,
+            node: node.to_owned(),
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The metrics as they are now, in OpenMetrics text.
+    pub async fn scrape(&self) -> String {
+        let _turn = self.turn.lock().await;
+        let view = View::of(&self.ds, &self.node);
+        *self.view.lock().unwrap_or_else(PoisonError::into_inner) = view;
+        let mut text = String::new();
+        // Writing into a String cannot fail, and every collector's encode
+        // only writes.
+        if let Err(error) = encode(&mut text, &self.registry) {
+            tracing::error!(%error, "metrics not encoded");
+        }
+        text
+    }
+}

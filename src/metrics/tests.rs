@@ -1,0 +1,255 @@
+//! What a manager exports, as Prometheus reads it: which objects it
+//! reports, and the exposition of each family (names, labels, types).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tower::{Layer, Service, ServiceExt};
+
+use super::families::Owned;
+use super::process::Usage;
+use super::view::{Objects, View};
+use super::{ControllerMetrics, KubeApiLatency};
+use crate::types::{Backup, BackupTarget, Engine, Node, Replica, Volume};
+
+fn object<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<K> {
+    Arc::new(serde_json::from_value(value).unwrap())
+}
+
+fn volume(name: &str, owner: &str, robustness: &str) -> Arc<Volume> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "Volume",
+        "metadata": {"name": name, "annotations": {
+            "oxhorn.io/pvc-name": "data", "oxhorn.io/pvc-namespace": "apps"}},
+        "spec": {"size": 1 << 30, "numberOfReplicas": 3, "nodeID": owner},
+        "status": {"ownerID": owner, "state": "attached", "robustness": robustness,
+                   "actualSize": 4096, "lastBackup": format!("{name}-b1")}
+    }))
+}
+
+fn engine(volume: &str) -> Arc<Engine> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "Engine",
+        "metadata": {"name": format!("{volume}-e")},
+        "spec": {"volumeName": volume, "volumeSize": 1 << 30, "nodeID": "n1",
+                 "replicaAddressMap": {"r1": "10.0.0.1:9000", "r2": "10.0.0.2:9000"}},
+        "status": {
+            "replicaModeMap": {"r1": "RW", "r2": "WO"},
+            "rebuildStatus": {"10.0.0.2:9000": {"isRebuilding": true, "progress": 40}},
+            "rebuildBandwidthLimit": 100,
+            "snapshots": {
+                "s1": {"name": "s1", "size": 8192},
+                "s2": {"name": "s2", "size": 4096, "removed": true}
+            }
+        }
+    }))
+}
+
+fn replica(name: &str, node: &str) -> Arc<Replica> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "Replica",
+        "metadata": {"name": name},
+        "spec": {"volumeName": "v1", "volumeSize": 1 << 30, "nodeID": node}
+    }))
+}
+
+fn node(name: &str) -> Arc<Node> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"disks": {"default": {"path": "/var/lib/oxhorn", "storageReserved": 1000}}},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "ManagerUp"},
+                {"type": "Schedulable", "status": "False", "reason": "Cordoned"}
+            ],
+            "diskStatus": {"default": {
+                "storageMaximum": 10000, "storageAvailable": 7000, "storageScheduled": 5000,
+                "conditions": [{"type": "Ready", "status": "True"},
+                               {"type": "Schedulable", "status": "True"}]
+            }}
+        }
+    }))
+}
+
+fn target(name: &str, owner: &str, available: bool) -> Arc<BackupTarget> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "BackupTarget",
+        "metadata": {"name": name},
+        "spec": {"backupTargetURL": "s3://bucket@us-east-1/"},
+        "status": {"ownerID": owner, "available": available, "conditions": [
+            {"type": "Available", "status": if available { "True" } else { "False" },
+             "reason": if available { "Synced" } else { "Unreachable" }}]}
+    }))
+}
+
+fn backup(name: &str, volume: &str, state: &str) -> Arc<Backup> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "Backup",
+        "metadata": {"name": name},
+        "spec": {"volumeName": volume, "snapshotName": "s1"},
+        "status": {"state": state, "backupCreatedAt": "2026-11-28T05:00:00Z"}
+    }))
+}
+
+/// The view of manager n1 in a cluster where it owns v1 (and v3, being
+/// deleted) and n2 owns v2.
+fn view_of_n1() -> View {
+    let mut deleted = (*volume("v3", "n1", "healthy")).clone();
+    deleted.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+    );
+    let objects = Objects {
+        volumes: &[
+            volume("v1", "n1", "degraded"),
+            volume("v2", "n2", "healthy"),
+            Arc::new(deleted),
+        ],
+        engines: &[engine("v1"), engine("v2")],
+        replicas: &[replica("r1", "n1"), replica("r2", "n2")],
+        nodes: &[node("n1"), node("n2")],
+        targets: &[target("default", "n1", false), target("other", "n2", true)],
+        backups: &[
+            backup("v1-b1", "v1", "Completed"),
+            backup("v1-b2", "v1", "Completed"),
+            backup("v1-b3", "v1", "Error"),
+            backup("v2-b1", "v2", "Completed"),
+        ],
+    };
+    View {
+        manager: Some(Usage {
+            cpu: Duration::from_millis(1500),
+            resident: 30 << 20,
+        }),
+        ..View::from_objects("n1", &objects)
+    }
+}
+
+fn exposition(view: View) -> String {
+    let mut registry = Registry::with_prefix("oxhorn");
+    registry.register_collector(Box::new(Owned::new(Arc::new(Mutex::new(view)))));
+    let mut text = String::new();
+    encode(&mut text, &registry).unwrap();
+    text
+}
+
+/// The sample lines of `text` whose name is `name` exactly (labels aside).
+fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .collect()
+}
+
+#[test]
+fn a_manager_reports_only_what_it_owns() {
+    let view = view_of_n1();
+    let volumes: Vec<_> = view
+        .volumes
+        .iter()
+        .map(|v| v.labels.volume.as_str())
+        .collect();
+    assert_eq!(volumes, ["v1"], "v2 is n2's; v3 is being deleted");
+    assert_eq!(view.replicas.len(), 2, "v1's replicas, wherever they are");
+    assert_eq!(view.own_node.as_ref().unwrap().disks.len(), 1);
+    let targets: Vec<_> = view.targets.iter().map(|t| t.target.as_str()).collect();
+    assert_eq!(targets, ["default"]);
+    assert_eq!(view.backups.values().sum::<u64>(), 3, "v1's backups only");
+}
+
+#[test]
+fn volume_families_carry_the_claim_and_one_series_per_state() {
+    let text = exposition(view_of_n1());
+    let labels = r#"volume="v1",pvc="data",pvc_namespace="apps",node="n1""#;
+    for line in [
+        "# TYPE oxhorn_volume_capacity_bytes gauge",
+        "# UNIT oxhorn_volume_capacity_bytes bytes",
+        &format!("oxhorn_volume_capacity_bytes{{{labels}}} 1073741824"),
+        &format!("oxhorn_volume_actual_size_bytes{{{labels}}} 4096"),
+        &format!(r#"oxhorn_volume_robustness{{{labels},robustness="degraded"}} 1"#),
+        &format!(r#"oxhorn_volume_robustness{{{labels},robustness="healthy"}} 0"#),
+        &format!(r#"oxhorn_volume_state{{{labels},state="attached"}} 1"#),
+        &format!("oxhorn_volume_replicas_wanted{{{labels}}} 3"),
+        &format!("oxhorn_volume_replicas_healthy{{{labels}}} 1"),
+        &format!("oxhorn_volume_snapshots{{{labels}}} 1"),
+        &format!("oxhorn_volume_snapshot_size_bytes{{{labels}}} 8192"),
+        &format!("oxhorn_volume_rebuild_limit_bytes_per_second{{{labels}}} 104857600"),
+        &format!("oxhorn_volume_last_backup_timestamp_seconds{{{labels}}} 1795842000.0"),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in\n{text}"
+        );
+    }
+    assert_eq!(samples(&text, "oxhorn_volume_state").len(), 6);
+    assert_eq!(samples(&text, "oxhorn_volume_robustness").len(), 4);
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[test]
+fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
+    let text = exposition(view_of_n1());
+    for line in [
+        r#"oxhorn_replica_mode{volume="v1",replica="r1",node="n1",mode="RW"} 1"#,
+        r#"oxhorn_replica_mode{volume="v1",replica="r2",node="n2",mode="WO"} 1"#,
+        r#"oxhorn_replica_mode{volume="v1",replica="r2",node="n2",mode="RW"} 0"#,
+        r#"oxhorn_rebuild_progress_ratio{volume="v1",replica="r2"} 0.4"#,
+        r#"oxhorn_node_ready{node="n1",reason="ManagerUp"} 1"#,
+        r#"oxhorn_node_schedulable{node="n1",reason="Cordoned"} 0"#,
+        r#"oxhorn_disk_capacity_bytes{node="n1",disk="default"} 10000"#,
+        r#"oxhorn_disk_usage_bytes{node="n1",disk="default"} 3000"#,
+        r#"oxhorn_disk_reserved_bytes{node="n1",disk="default"} 1000"#,
+        r#"oxhorn_disk_scheduled_bytes{node="n1",disk="default"} 5000"#,
+        r#"oxhorn_disk_schedulable{node="n1",disk="default",reason=""} 1"#,
+        r#"oxhorn_backup_target_available{backup_target="default",reason="Unreachable"} 0"#,
+        r#"oxhorn_backups{volume="v1",state="completed"} 2"#,
+        r#"oxhorn_backups{volume="v1",state="error"} 1"#,
+        "# TYPE oxhorn_manager_cpu_seconds counter",
+        r#"oxhorn_manager_cpu_seconds_total{node="n1"} 1.5"#,
+        r#"oxhorn_manager_resident_memory_bytes{node="n1"} 31457280"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in\n{text}"
+        );
+    }
+    assert_eq!(samples(&text, "oxhorn_replica_mode").len(), 6);
+}
+
+#[tokio::test]
+async fn reconciles_and_api_calls_are_counted_with_their_durations() {
+    let controllers = ControllerMetrics::default();
+    let api = KubeApiLatency::default();
+    let mut registry = Registry::with_prefix("oxhorn");
+    controllers.register(&mut registry);
+    api.register(&mut registry);
+    let started = Instant::now() - Duration::from_millis(3);
+    controllers.reconciled("Volume", started, false);
+    controllers.reconciled("Volume", started, true);
+    let mut client = api.layer(tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(())
+    }));
+    let watch = http::Request::get("/api/v1/nodes?watch=true")
+        .body(())
+        .unwrap();
+    client.ready().await.unwrap().call(watch).await.unwrap();
+    let mut text = String::new();
+    encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"oxhorn_controller_reconciles_total{controller="volume"} 2"#,
+        r#"oxhorn_controller_reconcile_errors_total{controller="volume"} 1"#,
+        r#"oxhorn_controller_reconcile_duration_seconds_count{controller="volume"} 2"#,
+        r#"oxhorn_controller_reconcile_duration_seconds_bucket{le="0.002",controller="volume"} 0"#,
+        r#"oxhorn_controller_reconcile_duration_seconds_bucket{le="+Inf",controller="volume"} 2"#,
+        "# TYPE oxhorn_kube_api_request_duration_seconds histogram",
+        r#"oxhorn_kube_api_request_duration_seconds_count{verb="watch"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in\n{text}"
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! What one manager reports, read from the shared caches at scrape time:
+//! plain rows, so that what is owned and how it is counted is tested without
+//! a cluster, and encoding ([`super::families`]) only writes them out.
+
+use std::collections::BTreeMap;
+
+use crate::datastore::Datastore;
+use crate::types::{
+    Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, Node, PVC_NAME,
+    PVC_NAMESPACE, Replica, ReplicaMode, Robustness, Volume, VolumeState,
+};
+
+use super::process::{self, Usage};
+use crate::controller::backup::AVAILABLE as TARGET_AVAILABLE;
+
+/// Labels of a volume's series.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeLabels {
+    pub volume: String,
+    pub pvc: String,
+    pub pvc_namespace: String,
+    /// The manager reporting it: the volume's owner.
+    pub node: String,
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct VolumeRow {
+    pub labels: VolumeLabels,
+    pub capacity: i64,
+    pub actual_size: i64,
+    pub state: VolumeState,
+    pub robustness: Robustness,
+    pub replicas_wanted: i32,
+    /// Replicas the engine reports in RW mode.
+    pub replicas_healthy: usize,
+    /// When the last backup was created, in seconds since the epoch.
+    pub last_backup: Option<f64>,
+    /// Snapshots the engine reports (not removed), and their bytes.
+    pub snapshots: usize,
+    pub snapshot_bytes: i64,
+    /// Bytes per second each new rebuild may average; 0: no limit.
+    pub rebuild_limit: i64,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct ReplicaRow {
+    pub volume: String,
+    pub replica: String,
+    pub node: String,
+    pub mode: ReplicaMode,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct RebuildRow {
+    pub volume: String,
+    pub replica: String,
+    pub progress: f64,
+}
+
+/// A condition as a 0/1 value with its reason.
+#[derive(Debug, Default, PartialEq)]
+pub struct Flag {
+    pub on: bool,
+    pub reason: String,
+}
+
+impl Flag {
+    fn of(conditions: &[Condition], type_: &str) -> Self {
+        let found = conditions.iter().find(|c| c.type_ == type_);
+        Self {
+            on: found.is_some_and(|c| c.status == ConditionStatus::True),
+            reason: found.map(|c| c.reason.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct DiskRow {
+    pub disk: String,
+    pub capacity: i64,
+    pub used: i64,
+    pub reserved: i64,
+    pub scheduled: i64,
+    pub ready: Flag,
+    pub schedulable: Flag,
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct NodeRow {
+    pub ready: Flag,
+    pub schedulable: Flag,
+    pub disks: Vec<DiskRow>,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct TargetRow {
+    pub target: String,
+    pub available: Flag,
+}
+
+/// Everything one scrape reports.
+#[derive(Debug, Default)]
+pub struct View {
+    pub node: String,
+    pub volumes: Vec<VolumeRow>,
+    pub replicas: Vec<ReplicaRow>,
+    pub rebuilds: Vec<RebuildRow>,
+    pub own_node: Option<NodeRow>,
+    pub targets: Vec<TargetRow>,
+    /// Backups of owned volumes by (volume, state).
+    pub backups: BTreeMap<(String, &'static str), u64>,
+    pub manager: Option<Usage>,
+}
+
+/// The objects a view is made of, as the caches hold them.
+pub struct Objects<'a> {
+    pub volumes: &'a [std::sync::Arc<Volume>],
+    pub engines: &'a [std::sync::Arc<Engine>],
+    pub replicas: &'a [std::sync::Arc<Replica>],
+    pub nodes: &'a [std::sync::Arc<Node>],
+    pub targets: &'a [std::sync::Arc<BackupTarget>],
+    pub backups: &'a [std::sync::Arc<Backup>],
+}
+
+impl View {
+    /// What the manager of `node` owns, as its caches have it now.
+    pub fn of(ds: &Datastore, node: &str) -> Self {
+        let objects = Objects {
+            volumes: &ds.volumes.store.state(),
+            engines: &ds.engines.store.state(),
+            replicas: &ds.replicas.store.state(),
+            nodes: &ds.nodes.store.state(),
+            targets: &ds.backup_targets.store.state(),
+            backups: &ds.backups.store.state(),
+        };
+        Self {
+            manager: process::usage(std::process::id()),
+            ..Self::from_objects(node, &objects)
+        }
+    }
+
+    /// What the manager of `node` owns among `objects`.
+    pub fn from_objects(node: &str, objects: &Objects) -> Self {
+        let mut view = Self {
+            node: node.to_owned(),
+            ..Self::default()
+        };
+        let owned = objects.volumes.iter().filter(|v| {
+            v.status
+                .as_ref()
+                .is_some_and(|s| s.owner_id == node && v.metadata.deletion_timestamp.is_none())
+        });
+        for volume in owned {
+            let name = volume.metadata.name.clone().unwrap_or_default();
+            let engine = objects
+                .engines
+                .iter()
+                .find(|e| e.spec.instance.volume_name == name);
+            view.add_volume(volume, engine.map(|e| &**e), objects);
+        }
+        view.own_node = objects
+            .nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(node))
+            .map(|n| node_row(n));
+        view.targets = objects
+            .targets
+            .iter()
+            .filter(|t| t.status.as_ref().is_some_and(|s| s.owner_id == node))
+            .map(|t| target_row(t))
+            .collect();
+        view
+    }
+
+    fn add_volume(&mut self, volume: &Volume, engine: Option<&Engine>, objects: &Objects) {
+        let name = volume.metadata.name.clone().unwrap_or_default();
+        let status = volume.status.clone().unwrap_or_default();
+        let annotation = |key: &str| {
+            volume
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let engine_status = engine.and_then(|e| e.status.clone()).unwrap_or_default();
+        let snapshots = engine_status.snapshots.values().filter(|s| !s.removed);
+        let last_backup = objects
+            .backups
+            .iter()
+            .find(|b| b.metadata.name.as_deref() == Some(status.last_backup.as_str()))
+            .and_then(|b| b.status.as_ref()?.backup_created_at.as_ref())
+            .map(|created| created.0.as_millisecond() as f64 / 1000.0);
+        self.volumes.push(VolumeRow {
+            labels: VolumeLabels {
+                volume: name.clone(),
+                pvc: annotation(PVC_NAME),
+                pvc_namespace: annotation(PVC_NAMESPACE),
+                node: self.node.clone(),
+            },
+            capacity: volume.spec.size,
+            actual_size: status.actual_size,
+            state: status.state,
+            robustness: status.robustness,
+            replicas_wanted: volume.spec.number_of_replicas,
+            replicas_healthy: engine_status
+                .replica_mode_map
+                .values()
+                .filter(|m| **m == ReplicaMode::ReadWrite)
+                .count(),
+            last_backup,
+            snapshots: snapshots.clone().count(),
+            snapshot_bytes: snapshots.map(|s| s.size).sum(),
+            rebuild_limit: engine_status.rebuild_bandwidth_limit << 20,
+        });
+        if let Some(engine) = engine {
+            self.add_replicas(&name, engine, objects.replicas);
+        }
+        for backup in objects
+            .backups
+            .iter()
+            .filter(|b| b.spec.volume_name == name)
+        {
+            let state = backup_state(backup.status.as_ref().map(|s| s.state));
+            *self.backups.entry((name.clone(), state)).or_default() += 1;
+        }
+    }
+
+    fn add_replicas(
+        &mut self,
+        volume: &str,
+        engine: &Engine,
+        replicas: &[std::sync::Arc<Replica>],
+    ) {
+        let Some(status) = &engine.status else {
+            return;
+        };
+        let node_of = |replica: &str| {
+            replicas
+                .iter()
+                .find(|r| r.metadata.name.as_deref() == Some(replica))
+                .map(|r| r.spec.instance.node_id.clone())
+                .unwrap_or_default()
+        };
+        for (replica, mode) in &status.replica_mode_map {
+            self.replicas.push(ReplicaRow {
+                volume: volume.to_owned(),
+                replica: replica.clone(),
+                node: node_of(replica),
+                mode: *mode,
+            });
+        }
+        // Rebuilds are keyed by the replica's address.
+        for (address, rebuild) in &status.rebuild_status {
+            let replica = engine
+                .spec
+                .replica_address_map
+                .iter()
+                .find(|(_, a)| *a == address)
+                .map_or_else(|| address.clone(), |(name, _)| name.clone());
+            if rebuild.is_rebuilding {
+                self.rebuilds.push(RebuildRow {
+                    volume: volume.to_owned(),
+                    replica,
+                    progress: f64::from(rebuild.progress.clamp(0, 100)) / 100.0,
+                });
+            }
+        }
+    }
+}
+
+fn backup_state(state: Option<BackupState>) -> &'static str {
+    match state.unwrap_or_default() {
+        BackupState::Pending => "pending",
+        BackupState::InProgress => "in_progress",
+        BackupState::Completed => "completed",
+        BackupState::Error => "error",
+    }
+}
+
+fn node_row(node: &Node) -> NodeRow {
+    let Some(status) = &node.status else {
+        return NodeRow::default();
+    };
+    let disks = status
+        .disk_status
+        .iter()
+        .map(|(disk, s)| DiskRow {
+            disk: disk.clone(),
+            capacity: s.storage_maximum,
+            used: s.storage_maximum.saturating_sub(s.storage_available),
+            reserved: node.spec.disks.get(disk).map_or(0, |d| d.storage_reserved),
+            scheduled: s.storage_scheduled,
+            ready: Flag::of(&s.conditions, "Ready"),
+            schedulable: Flag::of(&s.conditions, "Schedulable"),
+        })
+        .collect();
+    NodeRow {
+        ready: Flag::of(&status.conditions, "Ready"),
+        schedulable: Flag::of(&status.conditions, "Schedulable"),
+        disks,
+    }
+}
+
+fn target_row(target: &BackupTarget) -> TargetRow {
+    let status = target.status.clone().unwrap_or_default();
+    TargetRow {
+        target: target.metadata.name.clone().unwrap_or_default(),
+        available: Flag {
+            on: status.available,
+            ..Flag::of(&status.conditions, TARGET_AVAILABLE)
+        },
+    }
+}
