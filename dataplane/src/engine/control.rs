@@ -14,6 +14,9 @@ use crate::protocol::control::{
     SnapshotRequest,
 };
 
+#[cfg(test)]
+mod tests;
+
 pub struct EngineControlService {
     engine: Arc<Engine>,
     /// Where the frontend exposes the volume, if it has one.
