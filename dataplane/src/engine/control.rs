@@ -1,4 +1,5 @@
-//! The engine's control API (gRPC): status, snapshots, expansion, replicas.
+//! The engine's control API (gRPC): status, snapshots, expansion, replicas,
+//! I/O metrics.
 //! The one place engine errors become gRPC codes.
 
 use std::sync::Arc;
@@ -8,9 +9,13 @@ use tonic::{Request, Response, Status};
 use super::{Engine, EngineError};
 use crate::protocol::control::engine_control_server::EngineControl;
 use crate::protocol::control::{
-    AddReplicaRequest, EngineStatus, EngineStatusRequest, ExpandRequest, RemoveReplicaRequest,
-    RemoveSnapshotRequest, SetRebuildLimitRequest, SnapshotRequest,
+    AddReplicaRequest, EngineMetrics, EngineMetricsRequest, EngineStatus, EngineStatusRequest,
+    ExpandRequest, RemoveReplicaRequest, RemoveSnapshotRequest, SetRebuildLimitRequest,
+    SnapshotRequest,
 };
+
+#[cfg(test)]
+mod tests;
 
 pub struct EngineControlService {
     engine: Arc<Engine>,
@@ -120,5 +125,12 @@ impl EngineControl for EngineControlService {
         self.engine
             .set_rebuild_limit(request.into_inner().bytes_per_second);
         Ok(Response::new(self.status().await))
+    }
+
+    async fn metrics(
+        &self,
+        _: Request<EngineMetricsRequest>,
+    ) -> Result<Response<EngineMetrics>, Status> {
+        Ok(Response::new(self.engine.io_stats.snapshot()))
     }
 }

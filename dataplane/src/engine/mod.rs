@@ -18,6 +18,7 @@
 
 mod control;
 mod io_path;
+mod io_stats;
 mod member;
 mod process;
 mod ranges;
@@ -41,6 +42,7 @@ use crate::frontend::{BlockDevice, FrontendError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{ReplicaStatus, SnapshotRequest};
 use crate::protocol::{self, Access, ConnectionError, MAX_PAYLOAD, Status, TokenChannel};
+use io_stats::IoStats;
 use member::Member;
 use ranges::RangeLocks;
 
@@ -133,6 +135,8 @@ pub struct Engine {
     /// Bytes per second each rebuild started from now on may average (0:
     /// no limit); the controller sets it from its Setting.
     rebuild_limit: AtomicU64,
+    /// The frontend's I/O: ops, bytes, errors, latencies.
+    io_stats: IoStats,
     myself: Weak<Engine>,
 }
 
@@ -166,6 +170,7 @@ impl Engine {
             next_read: AtomicUsize::new(0),
             resized: tokio::sync::watch::Sender::new(size),
             rebuild_limit: AtomicU64::new(DEFAULT_REBUILD_LIMIT),
+            io_stats: IoStats::default(),
             myself: myself.clone(),
         });
         let connected = join_all(addresses.iter().map(|a| Member::connect(a, access))).await;
@@ -515,12 +520,9 @@ impl From<EngineError> for io::Error {
     }
 }
 
-impl BlockDevice for Engine {
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+/// The frontend's I/O, measured by the [`BlockDevice`] methods below.
+impl Engine {
+    async fn read_volume(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         let _io = self.gate.read().await;
         if (1..=u64::from(MAX_PAYLOAD)).contains(&(len as u64)) {
             // One frame: its data as it came, without a copy.
@@ -533,7 +535,7 @@ impl BlockDevice for Engine {
         Ok(out.freeze())
     }
 
-    async fn write(&self, offset: u64, data: Bytes) -> io::Result<()> {
+    async fn write_volume(&self, offset: u64, data: Bytes) -> io::Result<()> {
         let _io = self.gate.read().await;
         let _range = self
             .in_flight
@@ -551,14 +553,14 @@ impl BlockDevice for Engine {
         Ok(())
     }
 
-    async fn flush(&self) -> io::Result<()> {
+    async fn flush_volume(&self) -> io::Result<()> {
         let _io = self.gate.read().await;
         Ok(self
             .replicate("flush", |m| async move { m.data.flush().await })
             .await?)
     }
 
-    async fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+    async fn unmap_volume(&self, offset: u64, len: u64) -> io::Result<()> {
         let _io = self.gate.read().await;
         let _range = self.in_flight.lock(offset, end(offset, len)?).await;
         for (at, length) in pieces(offset, len) {
@@ -569,6 +571,35 @@ impl BlockDevice for Engine {
             .await?;
         }
         Ok(())
+    }
+}
+
+/// Each op's latency is the whole op as the frontend sees it: the wait for
+/// the gate (behind a snapshot or an expansion) and for overlapping writes
+/// and discards in flight is part of it, as it is of the application's.
+impl BlockDevice for Engine {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        let read = self.read_volume(offset, len);
+        self.io_stats.read.measure(len as u64, read).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes) -> io::Result<()> {
+        let bytes = data.len() as u64;
+        let write = self.write_volume(offset, data);
+        self.io_stats.write.measure(bytes, write).await
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        self.io_stats.flush.measure(0, self.flush_volume()).await
+    }
+
+    async fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        let unmap = self.unmap_volume(offset, len);
+        self.io_stats.unmap.measure(len, unmap).await
     }
 }
 

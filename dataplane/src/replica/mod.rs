@@ -56,5 +56,5 @@ pub use extents::ExtentSet;
 pub use meta::IoPath;
 pub use naming::{SNAPSHOT_NAME_MAX, VOLUME_HEAD, validate_snapshot_name};
 pub use rebuild_store::{ChunkSummary, LayerSpec};
-pub use service::{ReplicaConfig, run};
+pub use service::{ReplicaConfig, run, run_with_key};
 pub use store::{LayerFile, ReplicaStore};

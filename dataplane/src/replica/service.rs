@@ -63,11 +63,21 @@ pub async fn run(
     config: ReplicaConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StorageError> {
+    let key = Key::from_env().map_err(|e| StorageError::Config(e.to_string()))?;
+    run_with_key(config, key, shutdown).await
+}
+
+/// [`run`] with the volume's key given, not read from the environment: for
+/// replicas run inside another process (tests).
+pub async fn run_with_key(
+    config: ReplicaConfig,
+    key: Key,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StorageError> {
     let span = info_span!("replica", volume = %config.volume, dir = %config.dir.display(), listen = %config.listen);
     async move {
         crate::names::validate_dns_subdomain("volume name", &config.volume)
             .map_err(StorageError::Config)?;
-        let key = Key::from_env().map_err(|e| StorageError::Config(e.to_string()))?;
         let store = Arc::new(open_or_create(&config)?);
         let id = store.claim(&config.volume)?;
         let fence = Arc::new(Fence::new(store.generation()?));
