@@ -18,7 +18,8 @@ use super::ControllerError;
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{
-    EngineStatus, EngineStatusRequest, ReplicaStatus, ReplicaStatusRequest,
+    EngineMetrics, EngineMetricsRequest, EngineStatus, EngineStatusRequest, ReplicaStatus,
+    ReplicaStatusRequest,
 };
 use crate::types::{Engine, InstanceState, Replica};
 
@@ -77,6 +78,14 @@ impl Control<EngineControlClient<TokenChannel>> {
     /// The engine's replicas and snapshots.
     pub async fn status(&mut self) -> Result<EngineStatus, ControllerError> {
         let reply = self.client.status(EngineStatusRequest {}).await;
+        reply
+            .map(tonic::Response::into_inner)
+            .map_err(|e| self.failed(e))
+    }
+
+    /// The engine's I/O counters and latency histograms.
+    pub async fn metrics(&mut self) -> Result<EngineMetrics, ControllerError> {
+        let reply = self.client.metrics(EngineMetricsRequest {}).await;
         reply
             .map(tonic::Response::into_inner)
             .map_err(|e| self.failed(e))

@@ -38,6 +38,30 @@ const CHAP_UNUSABLE: &str = "ChapSecretUnusable";
 /// Bounds each call of a poll, so that a hung engine fails the pass.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The I/O figures of `engine`, for /metrics: None unless it runs on this
+/// node, where its kept connection is.
+pub async fn io_metrics(
+    ctx: &Context,
+    engine: &Engine,
+) -> Result<Option<protocol::EngineMetrics>, ControllerError> {
+    let instance = engine.status.as_ref().map(|s| &s.instance);
+    let Some(instance) = instance.filter(|i| i.current_state == InstanceState::Running) else {
+        return Ok(None);
+    };
+    if engine.spec.instance.node_id != ctx.node.node_id {
+        return Ok(None);
+    }
+    let address = format!("{}:{}", instance.ip, instance.port);
+    let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
+    let channels = &ctx.engine_channels;
+    let mut api = channels
+        .engine(engine, &address, CONTROL_TIMEOUT, &access)
+        .await?;
+    api.metrics().await.map(Some).inspect_err(|_| {
+        channels.forget(&engine.name_any());
+    })
+}
+
 pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     if idle(&engine) {
         return Ok(Action::await_change());

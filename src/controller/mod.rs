@@ -25,6 +25,7 @@ mod writes;
 
 pub use cluster_key::{KEY_SECRET, cluster_key};
 pub use context::{Context, NodeConfig};
+pub use engine::io_metrics;
 pub use error::ControllerError;
 pub use expectations::Expectations;
 pub use lease::hold_lease;

@@ -10,12 +10,15 @@ use std::fmt::Error;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric, NoLabelSet,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Unit;
 
 use super::view::{Flag, View, VolumeLabels};
+use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
 use crate::types::{ReplicaMode, Robustness, VolumeState};
 
 type Labels = Vec<(&'static str, String)>;
@@ -58,6 +61,7 @@ impl Collector for Owned {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), Error> {
         let view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
         volumes(&mut encoder, &view)?;
+        io(&mut encoder, &view)?;
         replicas(&mut encoder, &view)?;
         node(&mut encoder, &view)?;
         backups(&mut encoder, &view)?;
@@ -79,10 +83,10 @@ fn gauges<V: EncodeGaugeValue>(
 }
 
 /// One counter family: its descriptor, then each sample.
-fn counters(
+fn counters<V: EncodeCounterValue>(
     encoder: &mut DescriptorEncoder,
     (name, help, unit): (&str, &str, Option<Unit>),
-    samples: impl IntoIterator<Item = (Labels, f64)>,
+    samples: impl IntoIterator<Item = (Labels, V)>,
 ) -> Result<(), Error> {
     let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
     for (labels, value) in samples {
@@ -193,6 +197,146 @@ fn volumes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         ("volume_last_backup_timestamp_seconds", help, None),
         backed_up,
     )
+}
+
+/// One histogram family of latencies, in seconds.
+fn histograms<'a>(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    samples: impl IntoIterator<Item = (Labels, &'a LatencyHistogram)>,
+) -> Result<(), Error> {
+    let unit = Some(&Unit::Seconds);
+    let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
+    for (labels, histogram) in samples {
+        let sum = histogram.sum_ns as f64 / 1e9;
+        family
+            .encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(sum, histogram.count, &buckets(histogram), None)?;
+    }
+    Ok(())
+}
+
+/// The engine's cumulative counts per bound (ns) as the encoder wants
+/// them: per bucket, bounds in seconds, +Inf last (the encoder sums them).
+fn buckets(histogram: &LatencyHistogram) -> Vec<(f64, u64)> {
+    let bounds = histogram.bounds_ns.iter().map(|ns| *ns as f64 / 1e9);
+    let mut below = 0;
+    bounds
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(&histogram.cumulative_counts)
+        .map(|(bound, cumulative)| {
+            let in_bucket = cumulative.saturating_sub(below);
+            below = below.max(*cumulative);
+            (bound, in_bucket)
+        })
+        .collect()
+}
+
+/// The volumes' I/O as their engines counted it.
+fn io(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
+    let counted = || {
+        view.volumes
+            .iter()
+            .filter_map(|v| Some((volume_labels(&v.labels), v.io.as_ref()?)))
+    };
+    type Pick = fn(&EngineMetrics) -> Option<&IoOpStats>;
+    let ops = |pick: Pick| counted().map(move |(l, m)| (l, pick(m).map_or(0, |o| o.ops)));
+    let bytes = |pick: Pick| counted().map(move |(l, m)| (l, pick(m).map_or(0, |o| o.bytes)));
+    let latency =
+        |pick: Pick| counted().filter_map(move |(l, m)| Some((l, pick(m)?.latency.as_ref()?)));
+    let (read, write): (Pick, Pick) = (|m| m.read.as_ref(), |m| m.write.as_ref());
+    let (flush, unmap): (Pick, Pick) = (|m| m.flush.as_ref(), |m| m.unmap.as_ref());
+    counters(
+        e,
+        (
+            "volume_read_ops",
+            "Reads the volume's engine answered",
+            None,
+        ),
+        ops(read),
+    )?;
+    counters(
+        e,
+        (
+            "volume_write_ops",
+            "Writes the volume's engine answered",
+            None,
+        ),
+        ops(write),
+    )?;
+    counters(
+        e,
+        (
+            "volume_flush_ops",
+            "Flushes the volume's engine answered",
+            None,
+        ),
+        ops(flush),
+    )?;
+    counters(
+        e,
+        (
+            "volume_unmap_ops",
+            "Unmaps (discards) the volume's engine answered",
+            None,
+        ),
+        ops(unmap),
+    )?;
+    counters(
+        e,
+        (
+            "volume_read",
+            "Bytes read from the volume",
+            Some(Unit::Bytes),
+        ),
+        bytes(read),
+    )?;
+    counters(
+        e,
+        (
+            "volume_write",
+            "Bytes written to the volume",
+            Some(Unit::Bytes),
+        ),
+        bytes(write),
+    )?;
+    counters(
+        e,
+        (
+            "volume_unmap",
+            "Bytes unmapped (discarded) on the volume",
+            Some(Unit::Bytes),
+        ),
+        bytes(unmap),
+    )?;
+    let errors = counted().flat_map(|(labels, m)| {
+        [
+            ("read", read),
+            ("write", write),
+            ("flush", flush),
+            ("unmap", unmap),
+        ]
+        .map(|(op, pick)| {
+            let mut labels = labels.clone();
+            labels.push(("op", op.to_owned()));
+            (labels, pick(m).map_or(0, |o| o.errors))
+        })
+    });
+    counters(
+        e,
+        (
+            "volume_io_errors",
+            "Operations on the volume that failed, by op",
+            None,
+        ),
+        errors,
+    )?;
+    let help = "Time from a read's arrival at the engine to its answer";
+    histograms(e, ("volume_read_latency", help), latency(read))?;
+    let help = "Time from a write's arrival at the engine to its answer (every replica's)";
+    histograms(e, ("volume_write_latency", help), latency(write))?;
+    let help = "Time from a flush's arrival at the engine to its answer";
+    histograms(e, ("volume_flush_latency", help), latency(flush))
 }
 
 fn replicas(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {

@@ -9,6 +9,7 @@
 //! controllers and the API client count as they go ([`controllers`]).
 
 mod controllers;
+mod engine_io;
 mod families;
 pub mod process;
 mod view;
@@ -18,11 +19,12 @@ mod tests;
 
 pub use controllers::{ControllerMetrics, KubeApiLatency};
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
+use crate::controller::Context;
 use crate::datastore::Datastore;
 use families::Owned;
 use view::View;
@@ -37,37 +39,52 @@ pub struct Exporter {
     view: Arc<Mutex<View>>,
     ds: Arc<Datastore>,
     node: String,
+    reconciles: ControllerMetrics,
+    /// The controllers' context, once they run: engines are read through it.
+    controllers: OnceLock<Arc<Context>>,
     /// Scrapes take turns: each refreshes the view and then encodes it.
     turn: tokio::sync::Mutex<()>,
 }
 
 impl Exporter {
-    /// An exporter for the manager of `node`, reporting `controllers`' and
-    /// `api`'s counts beside what it owns.
-    pub fn new(
-        ds: Arc<Datastore>,
-        node: &str,
-        controllers: &ControllerMetrics,
-        api: &KubeApiLatency,
-    ) -> Self {
+    /// An exporter for the manager of `node`, reporting `api`'s answer times
+    /// and its controllers' reconciles beside what it owns.
+    pub fn new(ds: Arc<Datastore>, node: &str, api: &KubeApiLatency) -> Self {
         let mut registry = Registry::with_prefix("oxhorn");
         let view = Arc::new(Mutex::new(View::default()));
         registry.register_collector(Box::new(Owned::new(Arc::clone(&view))));
-        controllers.register(&mut registry);
+        let reconciles = ControllerMetrics::default();
+        reconciles.register(&mut registry);
         api.register(&mut registry);
         Self {
             registry,
             view,
             ds,
             node: node.to_owned(),
+            reconciles,
+            controllers: OnceLock::new(),
             turn: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Where the controllers count their reconciles.
+    pub fn reconciles(&self) -> ControllerMetrics {
+        self.reconciles.clone()
+    }
+
+    /// From now on, scrapes read the I/O of the engines this node runs
+    /// through the controllers' connections to them.
+    pub fn controllers_run(&self, ctx: Arc<Context>) {
+        let _ = self.controllers.set(ctx);
     }
 
     /// The metrics as they are now, in OpenMetrics text.
     pub async fn scrape(&self) -> String {
         let _turn = self.turn.lock().await;
-        let view = View::of(&self.ds, &self.node);
+        let mut view = View::of(&self.ds, &self.node);
+        if let Some(ctx) = self.controllers.get() {
+            engine_io::read(ctx, &mut view).await;
+        }
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = view;
         let mut text = String::new();
         // Writing into a String cannot fail, and every collector's encode

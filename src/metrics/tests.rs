@@ -13,6 +13,7 @@ use super::families::Owned;
 use super::process::Usage;
 use super::view::{Objects, View};
 use super::{ControllerMetrics, KubeApiLatency};
+use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
 use crate::types::{Backup, BackupTarget, Engine, Node, Replica, Volume};
 
 fn object<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<K> {
@@ -217,6 +218,60 @@ fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
         );
     }
     assert_eq!(samples(&text, "oxhorn_replica_mode").len(), 6);
+}
+
+/// An engine's figures: 9 writes of 4 KiB, 3 of them failed; their
+/// latencies fell at most 100 us (4), at most 1 ms (7), beyond 10 s (9).
+fn engine_metrics() -> EngineMetrics {
+    let bounds_ns = [25_000, 100_000, 1_000_000, 10_000_000_000].to_vec();
+    let write = IoOpStats {
+        ops: 9,
+        bytes: 6 * 4096,
+        errors: 3,
+        latency: Some(LatencyHistogram {
+            bounds_ns,
+            cumulative_counts: vec![0, 4, 7, 7, 9],
+            count: 9,
+            sum_ns: 30_000_000_000,
+        }),
+    };
+    EngineMetrics {
+        write: Some(write),
+        ..EngineMetrics::default()
+    }
+}
+
+#[test]
+fn the_engines_io_is_exported_as_counters_and_cumulative_histograms() {
+    let mut view = view_of_n1();
+    view.volumes[0].io = Some(engine_metrics());
+    let text = exposition(view);
+    let labels = r#"volume="v1",pvc="data",pvc_namespace="apps",node="n1""#;
+    for line in [
+        "# TYPE oxhorn_volume_write_ops counter".to_owned(),
+        format!("oxhorn_volume_write_ops_total{{{labels}}} 9"),
+        format!("oxhorn_volume_read_ops_total{{{labels}}} 0"),
+        format!("oxhorn_volume_write_bytes_total{{{labels}}} 24576"),
+        format!(r#"oxhorn_volume_io_errors_total{{{labels},op="write"}} 3"#),
+        "# TYPE oxhorn_volume_write_latency_seconds histogram".to_owned(),
+        format!("oxhorn_volume_write_latency_seconds_count{{{labels}}} 9"),
+        format!("oxhorn_volume_write_latency_seconds_sum{{{labels}}} 30.0"),
+        format!(r#"oxhorn_volume_write_latency_seconds_bucket{{le="0.0001",{labels}}} 4"#),
+        format!(r#"oxhorn_volume_write_latency_seconds_bucket{{le="0.001",{labels}}} 7"#),
+        format!(r#"oxhorn_volume_write_latency_seconds_bucket{{le="10.0",{labels}}} 7"#),
+        format!(r#"oxhorn_volume_write_latency_seconds_bucket{{le="+Inf",{labels}}} 9"#),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in\n{text}"
+        );
+    }
+    let buckets = samples(&text, "oxhorn_volume_write_latency_seconds_bucket");
+    assert_eq!(buckets.len(), 5, "{buckets:?}");
+    assert!(
+        samples(&text, "oxhorn_volume_read_latency_seconds_bucket").is_empty(),
+        "an engine without read figures has no read histogram"
+    );
 }
 
 #[tokio::test]

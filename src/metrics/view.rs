@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::datastore::Datastore;
+use crate::protocol::control::EngineMetrics;
 use crate::types::{
     Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, Node, PVC_NAME,
     PVC_NAMESPACE, Replica, ReplicaMode, Robustness, Volume, VolumeState,
@@ -40,6 +41,8 @@ pub struct VolumeRow {
     pub snapshot_bytes: i64,
     /// Bytes per second each new rebuild may average; 0: no limit.
     pub rebuild_limit: i64,
+    /// What its engine counted, when it runs here and answered.
+    pub io: Option<EngineMetrics>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -213,6 +216,7 @@ impl View {
             snapshots: snapshots.clone().count(),
             snapshot_bytes: snapshots.map(|s| s.size).sum(),
             rebuild_limit: engine_status.rebuild_bandwidth_limit << 20,
+            io: None,
         });
         if let Some(engine) = engine {
             self.add_replicas(&name, engine, objects.replicas);

@@ -29,6 +29,7 @@ pub mod netns;
 mod nfs;
 mod objectstore;
 mod process;
+pub mod prometheus;
 pub mod sidecars;
 mod tgtd;
 pub mod writer;

@@ -33,6 +33,8 @@ pub struct ManagerOptions {
     /// process of the node's own, as the installed product does, instead
     /// of inside the manager.
     pub instance_manager: bool,
+    /// Serve `/metrics` on this port of `ip`.
+    pub metrics_port: Option<u16>,
 }
 
 impl ManagerOptions {
@@ -46,6 +48,7 @@ impl ManagerOptions {
             netns: None,
             kubelet_registration_dir: None,
             instance_manager: false,
+            metrics_port: None,
         }
     }
 }
@@ -113,6 +116,12 @@ impl ManagerProcess {
 
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// Where the manager serves `/metrics`, if it does.
+    pub fn metrics_address(&self) -> Option<std::net::SocketAddr> {
+        let port = self.options.metrics_port?;
+        Some(std::net::SocketAddr::new(self.options.ip, port))
     }
 
     /// The node's address.
@@ -264,6 +273,9 @@ fn spawn_process(
         command
             .arg("--instance-manager")
             .arg(instance_manager_socket(dir));
+    }
+    if let Some(port) = options.metrics_port {
+        command.arg(format!("--metrics-port={port}"));
     }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
 }

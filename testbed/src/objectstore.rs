@@ -179,7 +179,7 @@ impl ObjectServer {
 
 /// Waits until `request` (method and path) to `port` gets a status line
 /// holding `expected`.
-fn until_answers(port: u16, request: &str, expected: &str) -> Result<()> {
+pub(crate) fn until_answers(port: u16, request: &str, expected: &str) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         match http(port, request) {

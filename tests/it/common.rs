@@ -20,6 +20,9 @@ use serde_json::json;
 pub const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
 pub const MIB: i64 = 1 << 20;
 pub const PATIENCE: Duration = Duration::from_secs(90);
+/// Every test node's manager serves /metrics on this port of its address,
+/// as the manifest's do.
+pub const METRICS_PORT: u16 = 9811;
 /// Short enough that a test sees a lost manager's lease expire quickly.
 pub const LEASE_SECONDS: u64 = 5;
 
@@ -370,6 +373,7 @@ impl Cluster {
             options.instance_manager = instance_managers;
             options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
             options.lease_seconds = lease_seconds;
+            options.metrics_port = Some(METRICS_PORT);
             if let Some(hosts) = &hosts {
                 let host = &hosts.hosts[i - 1];
                 options.ip = host.address().into();

@@ -26,6 +26,7 @@ mod iscsi;
 mod kubelet_node;
 mod layout;
 mod local_cluster;
+mod metrics;
 mod partition;
 mod placement;
 mod provisioning;

@@ -31,7 +31,7 @@ use crate::csi::{
 use crate::datastore::Datastore;
 use crate::host::Host;
 use crate::instance::{InstanceArgs, InstanceManager};
-use crate::metrics::{ControllerMetrics, Exporter, KubeApiLatency};
+use crate::metrics::{Exporter, KubeApiLatency};
 use crate::protocol::Key;
 use crate::{Error, Result, names};
 
@@ -111,13 +111,11 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             .with_layer(&api_latency)
             .build();
         let datastore = Arc::new(Datastore::start(&client, &config.namespace));
-        let reconciles = ControllerMetrics::default();
-        let exporter = Exporter::new(
+        let exporter = Arc::new(Exporter::new(
             Arc::clone(&datastore),
             &config.node_id,
-            &reconciles,
             &api_latency,
-        );
+        ));
         let (listener, _socket) = csi::endpoint::bind(&socket_path)?;
         info!(socket = %socket_path.display(), namespace = %config.namespace, "serving CSI");
         let identity = IdentityService::new(datastore.readiness());
@@ -135,8 +133,12 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             },
             Arc::clone(&datastore),
         );
-        let controllers =
-            start_controllers(config.clone(), client, Arc::clone(&datastore), reconciles);
+        let controllers = start_controllers(
+            config.clone(),
+            client,
+            Arc::clone(&datastore),
+            Arc::clone(&exporter),
+        );
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = Server::builder()
             .add_service(IdentityServer::new(identity))
@@ -200,11 +202,11 @@ async fn serve_health(
 }
 
 /// Serves `/metrics` while the manager runs, if asked to.
-async fn serve_metrics(config: &ManagerConfig, exporter: Exporter) -> Result<()> {
+async fn serve_metrics(config: &ManagerConfig, exporter: Arc<Exporter>) -> Result<()> {
     match config.metrics_port {
         Some(port) => {
             let address = std::net::SocketAddr::new(config.node.ip, port);
-            metrics::serve(address, Arc::new(exporter)).await
+            metrics::serve(address, exporter).await
         }
         None => std::future::pending().await,
     }
@@ -217,11 +219,11 @@ fn start_controllers(
     config: ManagerConfig,
     client: Client,
     datastore: Arc<Datastore>,
-    reconciles: ControllerMetrics,
+    exporter: Arc<Exporter>,
 ) -> JoinHandle<()> {
     tokio::spawn(
         async move {
-            if let Err(error) = run_controllers(config, client, datastore, reconciles).await {
+            if let Err(error) = run_controllers(config, client, datastore, exporter).await {
                 error!(%error, "the controllers stopped");
             }
         }
@@ -242,7 +244,7 @@ async fn run_controllers(
     config: ManagerConfig,
     client: Client,
     datastore: Arc<Datastore>,
-    reconciles: ControllerMetrics,
+    exporter: Arc<Exporter>,
 ) -> Result<()> {
     datastore.wait_until_ready().await;
     let key = controller::cluster_key(&client, &config.namespace).await?;
@@ -252,7 +254,9 @@ async fn run_controllers(
         data_dir: config.node.data_dir.clone(),
         host: Host::new(host_process(&config)),
     };
+    let reconciles = exporter.reconciles();
     let ctx = controller::Context::new(client.clone(), datastore, node, instances, key, reconciles);
+    exporter.controllers_run(Arc::clone(&ctx));
     controller::ensure_own_node(&ctx).await?;
     let lease = controller::hold_lease(
         client,
