@@ -204,6 +204,15 @@ impl InstanceManager {
         }
     }
 
+    /// The PID of the node's `oxhorn instance-manager` process; None when
+    /// the instances are supervised in this process, or its PID is unknown.
+    pub fn process_id(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Local(_) => None,
+            Backend::Remote(remote) => remote.process_id(),
+        }
+    }
+
     /// Stops supervising (or asking), leaving every process running for the
     /// next manager. Afterwards nothing starts any more.
     pub async fn shutdown(&self) {

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -30,6 +31,10 @@ type Mirror = Arc<Mutex<HashMap<String, InstanceInfo>>>;
 
 pub(super) struct Remote {
     client: InstanceManagerClient<Channel>,
+    /// The instance manager's PID as its socket's last connection told
+    /// (SO_PEERCRED); 0 before one, or when it is in a PID namespace this
+    /// process cannot see.
+    pid: Arc<AtomicU32>,
     mirror: Mirror,
     events: broadcast::Sender<String>,
     watch: AbortHandle,
@@ -48,20 +53,30 @@ fn remote_error(status: tonic::Status) -> InstanceError {
 }
 
 /// A channel to the unix socket at `socket`; it connects lazily, and again
-/// after the instance manager restarts.
-fn channel(socket: &Path) -> Result<Channel, InstanceError> {
+/// after the instance manager restarts. Each connection records the PID of
+/// the process at the other end in `pid`.
+fn channel(socket: &Path, pid: &Arc<AtomicU32>) -> Result<Channel, InstanceError> {
     let unreachable = |reason: String| InstanceError::Unreachable {
         socket: socket.to_path_buf(),
         reason,
     };
     let path: PathBuf = socket.to_path_buf();
+    let pid = Arc::clone(pid);
     // The URI is a placeholder: the connector dials the socket.
     let endpoint =
         Endpoint::try_from("http://localhost").map_err(|e| unreachable(e.to_string()))?;
     Ok(
         endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            let (path, pid) = (path.clone(), Arc::clone(&pid));
+            async move {
+                let stream = UnixStream::connect(path).await?;
+                let peer = stream
+                    .peer_cred()?
+                    .pid()
+                    .and_then(|p| u32::try_from(p).ok());
+                pid.store(peer.unwrap_or(0), Ordering::Relaxed);
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
         })),
     )
 }
@@ -72,7 +87,8 @@ impl Remote {
     /// it. An instance manager that is not serving yet (its pod starts
     /// beside the manager's, and waits for the cluster key) is waited for.
     pub(super) async fn connect(socket: &Path) -> Result<Self, InstanceError> {
-        let client = InstanceManagerClient::new(channel(socket)?);
+        let pid = Arc::default();
+        let client = InstanceManagerClient::new(channel(socket, &pid)?);
         let mirror: Mirror = Arc::default();
         let (events, _) = broadcast::channel(EVENTS);
         let mut told = false;
@@ -98,10 +114,16 @@ impl Remote {
         .abort_handle();
         Ok(Self {
             client,
+            pid,
             mirror,
             events,
             watch,
         })
+    }
+
+    /// The instance manager's PID, once a connection told it.
+    pub(super) fn process_id(&self) -> Option<u32> {
+        Some(self.pid.load(Ordering::Relaxed)).filter(|pid| *pid != 0)
     }
 
     pub(super) async fn ensure_running(

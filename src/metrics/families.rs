@@ -65,7 +65,7 @@ impl Collector for Owned {
         replicas(&mut encoder, &view)?;
         node(&mut encoder, &view)?;
         backups(&mut encoder, &view)?;
-        manager(&mut encoder, &view)
+        processes(&mut encoder, &view)
     }
 }
 
@@ -309,6 +309,13 @@ fn io(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         ),
         bytes(unmap),
     )?;
+    let help = "Bytes the volume's rebuilds copied to the replicas they rebuilt";
+    let rebuilt = counted().map(|(labels, m)| (labels, m.rebuild_bytes_copied));
+    counters(
+        e,
+        ("volume_rebuild_copied", help, Some(Unit::Bytes)),
+        rebuilt,
+    )?;
     let errors = counted().flat_map(|(labels, m)| {
         [
             ("read", read),
@@ -439,21 +446,34 @@ fn backups(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
     )
 }
 
-fn manager(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
-    let Some(usage) = view.manager else {
-        return Ok(());
-    };
+/// The CPU time and memory of the node's manager and instance manager.
+fn processes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
     let at = || vec![("node", view.node.clone())];
-    let cpu = (
-        "manager_cpu",
-        "CPU time the manager process has used",
-        Some(Unit::Seconds),
-    );
-    counters(e, cpu, [(at(), usage.cpu.as_secs_f64())])?;
-    let help = "Resident memory of the manager process";
-    gauges(
-        e,
-        ("manager_resident_memory", help, Some(Unit::Bytes)),
-        [(at(), usage.resident)],
-    )
+    for (process, usage) in [
+        ("manager", view.manager),
+        ("instance_manager", view.instance_manager),
+    ] {
+        let Some(usage) = usage else { continue };
+        let name = format!("{process}_cpu");
+        let help = format!(
+            "CPU time the {} process has used",
+            process.replace('_', " ")
+        );
+        counters(
+            e,
+            (&name, &help, Some(Unit::Seconds)),
+            [(at(), usage.cpu.as_secs_f64())],
+        )?;
+        let name = format!("{process}_resident_memory");
+        let help = format!(
+            "Resident memory of the {} process",
+            process.replace('_', " ")
+        );
+        gauges(
+            e,
+            (&name, &help, Some(Unit::Bytes)),
+            [(at(), usage.resident)],
+        )?;
+    }
+    Ok(())
 }

@@ -84,6 +84,7 @@ impl Exporter {
         let mut view = View::of(&self.ds, &self.node);
         if let Some(ctx) = self.controllers.get() {
             engine_io::read(ctx, &mut view).await;
+            view.instance_manager = ctx.instances.process_id().and_then(process::usage);
         }
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = view;
         let mut text = String::new();

@@ -125,6 +125,10 @@ fn view_of_n1() -> View {
             cpu: Duration::from_millis(1500),
             resident: 30 << 20,
         }),
+        instance_manager: Some(Usage {
+            cpu: Duration::from_millis(250),
+            resident: 20 << 20,
+        }),
         ..View::from_objects("n1", &objects)
     }
 }
@@ -211,6 +215,8 @@ fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
         "# TYPE oxhorn_manager_cpu_seconds counter",
         r#"oxhorn_manager_cpu_seconds_total{node="n1"} 1.5"#,
         r#"oxhorn_manager_resident_memory_bytes{node="n1"} 31457280"#,
+        r#"oxhorn_instance_manager_cpu_seconds_total{node="n1"} 0.25"#,
+        r#"oxhorn_instance_manager_resident_memory_bytes{node="n1"} 20971520"#,
     ] {
         assert!(
             text.lines().any(|l| l == line),
@@ -237,6 +243,7 @@ fn engine_metrics() -> EngineMetrics {
     };
     EngineMetrics {
         write: Some(write),
+        rebuild_bytes_copied: 2 << 20,
         ..EngineMetrics::default()
     }
 }
@@ -253,6 +260,7 @@ fn the_engines_io_is_exported_as_counters_and_cumulative_histograms() {
         format!("oxhorn_volume_read_ops_total{{{labels}}} 0"),
         format!("oxhorn_volume_write_bytes_total{{{labels}}} 24576"),
         format!(r#"oxhorn_volume_io_errors_total{{{labels},op="write"}} 3"#),
+        format!("oxhorn_volume_rebuild_copied_bytes_total{{{labels}}} 2097152"),
         "# TYPE oxhorn_volume_write_latency_seconds histogram".to_owned(),
         format!("oxhorn_volume_write_latency_seconds_count{{{labels}}} 9"),
         format!("oxhorn_volume_write_latency_seconds_sum{{{labels}}} 30.0"),

@@ -113,6 +113,8 @@ pub struct View {
     /// Backups of owned volumes by (volume, state).
     pub backups: BTreeMap<(String, &'static str), u64>,
     pub manager: Option<Usage>,
+    /// The node's instance manager, when it is a process of its own.
+    pub instance_manager: Option<Usage>,
 }
 
 /// The objects a view is made of, as the caches hold them.

@@ -173,7 +173,7 @@ impl Drop for Writing {
 async fn prometheus_sees_a_volumes_io_and_alerts_while_it_is_degraded() {
     require_root();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cluster = Cluster::start("metrics", 3).await;
+    let cluster = Cluster::start_with_instance_managers("metrics", 3).await;
     cluster
         .set("replica-replenishment-wait-interval", "2")
         .await;
@@ -264,7 +264,10 @@ async fn prometheus_sees_a_volumes_io_and_alerts_while_it_is_degraded() {
         states.iter().all(|s| s == "pending" || s == "firing"),
         "{states:?}"
     );
-    steps.report(&format!("replica {} killed: alert {states:?}", victim.name_any()));
+    steps.report(&format!(
+        "replica {} killed: alert {states:?}",
+        victim.name_any()
+    ));
     cluster
         .until_volume("vol", "the volume healthy again", |s| {
             s.robustness == Robustness::Healthy
@@ -277,6 +280,18 @@ async fn prometheus_sees_a_volumes_io_and_alerts_while_it_is_degraded() {
         })
         .await;
     steps.report("rebuilt: alert resolved");
+    let copied = r#"oxhorn_volume_rebuild_copied_bytes_total{volume="vol"}"#;
+    cluster
+        .until("the rebuild's copied bytes counted", || async {
+            instant(&prometheus, copied).await.filter(|b| *b > 0.0)
+        })
+        .await;
+    let processes = "count(oxhorn_instance_manager_resident_memory_bytes > 0)";
+    assert_eq!(
+        instant(&prometheus, processes).await,
+        Some(3.0),
+        "each manager reports its instance manager"
+    );
     drop(writing);
     tokio::time::timeout(Duration::from_secs(60), cluster.detach("vol"))
         .await

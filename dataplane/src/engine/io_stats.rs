@@ -134,12 +134,13 @@ impl OpStats {
     }
 }
 
-/// The engine's I/O as its frontend sees it.
+/// The engine's I/O as its frontend sees it, and what its rebuilds copied.
 pub struct IoStats {
     pub read: OpStats,
     pub write: OpStats,
     pub flush: OpStats,
     pub unmap: OpStats,
+    pub rebuild_copied: AtomicU64,
 }
 
 impl Default for IoStats {
@@ -149,6 +150,7 @@ impl Default for IoStats {
             write: OpStats::timed(),
             flush: OpStats::timed(),
             unmap: OpStats::default(),
+            rebuild_copied: AtomicU64::new(0),
         }
     }
 }
@@ -162,6 +164,7 @@ impl IoStats {
             write: Some(self.write.snapshot()),
             flush: Some(self.flush.snapshot()),
             unmap: Some(self.unmap.snapshot()),
+            rebuild_bytes_copied: self.rebuild_copied.load(Relaxed),
         }
     }
 }

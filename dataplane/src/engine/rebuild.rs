@@ -9,6 +9,7 @@
 //! becomes RW.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::{Instrument, info, info_span, warn};
@@ -145,6 +146,8 @@ impl Engine {
                 return Err(EngineError::NotMember(target.address.clone()));
             }
             target.set_rebuild_progress(Some((step.bytes_done, step.bytes_total)));
+            let more = step.bytes_copied.saturating_sub(copied);
+            self.io_stats.rebuild_copied.fetch_add(more, Relaxed);
             copied = step.bytes_copied;
         }
 
