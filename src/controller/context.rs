@@ -19,7 +19,7 @@ use super::retries::Retries;
 use super::{ControllerError, Expectations, replace_status};
 use crate::datastore::{Datastore, Liveness, Settings};
 use crate::instance::InstanceManager;
-use crate::metrics::ControllerMetrics;
+use crate::metrics::Counted;
 use crate::protocol::{Access, Key};
 
 /// What this node's manager is and where its pieces are.
@@ -49,8 +49,8 @@ pub struct Context {
     pub frontends: FrontendProbe,
     /// Failures in a row per object, for how long the next retry waits.
     pub retries: Retries,
-    /// Reconciles counted for /metrics.
-    pub metrics: ControllerMetrics,
+    /// What the controllers count for /metrics.
+    pub metrics: Counted,
     recorder: Recorder,
 }
 
@@ -61,7 +61,7 @@ impl Context {
         node: NodeConfig,
         instances: Arc<InstanceManager>,
         key: Key,
-        metrics: ControllerMetrics,
+        metrics: Counted,
     ) -> Arc<Self> {
         let recorder = Recorder::new(
             client.clone(),

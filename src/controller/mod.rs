@@ -144,6 +144,7 @@ impl Wiring {
             async move {
                 let result = pass.await;
                 ctx.metrics
+                    .reconciles
                     .reconciled(&K::kind(&()), started, result.is_err());
                 if result.is_ok() {
                     ctx.retries.succeeded(&key);

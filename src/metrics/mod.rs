@@ -8,6 +8,7 @@
 //! resources are read from the shared caches at scrape time ([`view`]); the
 //! controllers and the API client count as they go ([`controllers`]).
 
+mod backups;
 mod controllers;
 mod engine_io;
 mod families;
@@ -17,7 +18,15 @@ mod view;
 #[cfg(test)]
 mod tests;
 
+pub use backups::BackupMetrics;
 pub use controllers::{ControllerMetrics, KubeApiLatency};
+
+/// What the controllers count as they work.
+#[derive(Clone, Default)]
+pub struct Counted {
+    pub reconciles: ControllerMetrics,
+    pub backups: BackupMetrics,
+}
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -39,7 +48,7 @@ pub struct Exporter {
     view: Arc<Mutex<View>>,
     ds: Arc<Datastore>,
     node: String,
-    reconciles: ControllerMetrics,
+    counted: Counted,
     /// The controllers' context, once they run: engines are read through it.
     controllers: OnceLock<Arc<Context>>,
     /// Scrapes take turns: each refreshes the view and then encodes it.
@@ -53,23 +62,24 @@ impl Exporter {
         let mut registry = Registry::with_prefix("oxhorn");
         let view = Arc::new(Mutex::new(View::default()));
         registry.register_collector(Box::new(Owned::new(Arc::clone(&view))));
-        let reconciles = ControllerMetrics::default();
-        reconciles.register(&mut registry);
+        let counted = Counted::default();
+        counted.reconciles.register(&mut registry);
+        counted.backups.register(&mut registry);
         api.register(&mut registry);
         Self {
             registry,
             view,
             ds,
             node: node.to_owned(),
-            reconciles,
+            counted,
             controllers: OnceLock::new(),
             turn: tokio::sync::Mutex::new(()),
         }
     }
 
-    /// Where the controllers count their reconciles.
-    pub fn reconciles(&self) -> ControllerMetrics {
-        self.reconciles.clone()
+    /// Where the controllers count what they do.
+    pub fn counted(&self) -> Counted {
+        self.counted.clone()
     }
 
     /// From now on, scrapes read the I/O of the engines this node runs

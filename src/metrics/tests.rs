@@ -12,7 +12,7 @@ use tower::{Layer, Service, ServiceExt};
 use super::families::Owned;
 use super::process::Usage;
 use super::view::{Objects, View};
-use super::{ControllerMetrics, KubeApiLatency};
+use super::{BackupMetrics, ControllerMetrics, KubeApiLatency};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
 use crate::types::{Backup, BackupTarget, Engine, Node, Replica, Volume};
 
@@ -27,7 +27,7 @@ fn volume(name: &str, owner: &str, robustness: &str) -> Arc<Volume> {
             "oxhorn.io/pvc-name": "data", "oxhorn.io/pvc-namespace": "apps"}},
         "spec": {"size": 1 << 30, "numberOfReplicas": 3, "nodeID": owner},
         "status": {"ownerID": owner, "state": "attached", "robustness": robustness,
-                   "actualSize": 4096, "lastBackup": format!("{name}-b1")}
+                   "actualSize": 4096}
     }))
 }
 
@@ -87,12 +87,12 @@ fn target(name: &str, owner: &str, available: bool) -> Arc<BackupTarget> {
     }))
 }
 
-fn backup(name: &str, volume: &str, state: &str) -> Arc<Backup> {
+fn backup(name: &str, volume: &str, state: &str, created: &str) -> Arc<Backup> {
     object(json!({
         "apiVersion": "oxhorn.io/v1beta1", "kind": "Backup",
         "metadata": {"name": name},
         "spec": {"volumeName": volume, "snapshotName": "s1"},
-        "status": {"state": state, "backupCreatedAt": "2026-11-28T05:00:00Z"}
+        "status": {"state": state, "backupCreatedAt": created}
     }))
 }
 
@@ -114,10 +114,10 @@ fn view_of_n1() -> View {
         nodes: &[node("n1"), node("n2")],
         targets: &[target("default", "n1", false), target("other", "n2", true)],
         backups: &[
-            backup("v1-b1", "v1", "Completed"),
-            backup("v1-b2", "v1", "Completed"),
-            backup("v1-b3", "v1", "Error"),
-            backup("v2-b1", "v2", "Completed"),
+            backup("v1-b1", "v1", "Completed", "2026-11-28T04:00:00Z"),
+            backup("v1-b2", "v1", "Completed", "2026-11-28T05:00:00Z"),
+            backup("v1-b3", "v1", "Error", "2026-11-28T06:00:00Z"),
+            backup("v2-b1", "v2", "Completed", "2026-11-28T07:00:00Z"),
         ],
     };
     View {
@@ -283,12 +283,16 @@ fn the_engines_io_is_exported_as_counters_and_cumulative_histograms() {
 }
 
 #[tokio::test]
-async fn reconciles_and_api_calls_are_counted_with_their_durations() {
+async fn reconciles_api_calls_and_backups_are_counted_with_their_durations() {
     let controllers = ControllerMetrics::default();
     let api = KubeApiLatency::default();
+    let backups = BackupMetrics::default();
     let mut registry = Registry::with_prefix("oxhorn");
     controllers.register(&mut registry);
     api.register(&mut registry);
+    backups.register(&mut registry);
+    backups.ended("default", Duration::from_secs(3), Some(4 << 20));
+    backups.ended("default", Duration::from_millis(1500), None);
     let started = Instant::now() - Duration::from_millis(3);
     controllers.reconciled("Volume", started, false);
     controllers.reconciled("Volume", started, true);
@@ -309,6 +313,9 @@ async fn reconciles_and_api_calls_are_counted_with_their_durations() {
         r#"oxhorn_controller_reconcile_duration_seconds_bucket{le="+Inf",controller="volume"} 2"#,
         "# TYPE oxhorn_kube_api_request_duration_seconds histogram",
         r#"oxhorn_kube_api_request_duration_seconds_count{verb="watch"} 1"#,
+        r#"oxhorn_backup_uploaded_bytes_total{backup_target="default"} 4194304"#,
+        r#"oxhorn_backup_duration_seconds_count{backup_target="default",result="completed"} 1"#,
+        r#"oxhorn_backup_duration_seconds_bucket{le="2.0",backup_target="default",result="failed"} 1"#,
     ] {
         assert!(
             text.lines().any(|l| l == line),

@@ -34,7 +34,8 @@ pub struct VolumeRow {
     pub replicas_wanted: i32,
     /// Replicas the engine reports in RW mode.
     pub replicas_healthy: usize,
-    /// When the last backup was created, in seconds since the epoch.
+    /// When its newest completed backup was taken, in seconds since the
+    /// epoch.
     pub last_backup: Option<f64>,
     /// Snapshots the engine reports (not removed), and their bytes.
     pub snapshots: usize,
@@ -191,12 +192,17 @@ impl View {
         };
         let engine_status = engine.and_then(|e| e.status.clone()).unwrap_or_default();
         let snapshots = engine_status.snapshots.values().filter(|s| !s.removed);
+        // The newest completed backup's: the Backups say it, whichever
+        // target they are in.
         let last_backup = objects
             .backups
             .iter()
-            .find(|b| b.metadata.name.as_deref() == Some(status.last_backup.as_str()))
-            .and_then(|b| b.status.as_ref()?.backup_created_at.as_ref())
-            .map(|created| created.0.as_millisecond() as f64 / 1000.0);
+            .filter(|b| b.spec.volume_name == name)
+            .filter_map(|b| b.status.as_ref())
+            .filter(|s| s.state == BackupState::Completed)
+            .filter_map(|s| s.backup_created_at.as_ref())
+            .map(|created| created.0.as_millisecond() as f64 / 1000.0)
+            .reduce(f64::max);
         self.volumes.push(VolumeRow {
             labels: VolumeLabels {
                 volume: name.clone(),

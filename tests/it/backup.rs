@@ -313,6 +313,24 @@ async fn backups_are_incremental_restorable_and_deleted_whole(kind: ObjectServer
         (9, 2),
         "{second:?}"
     );
+    // The managers tell Prometheus: what was sent, the two backups, the
+    // target's availability and the last backup's time.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let scraped = cluster.scrape().await;
+    let target = r#"backup_target="default""#;
+    let sent = sample_sum(&scraped, "oxhorn_backup_uploaded_bytes_total", &[target]);
+    assert!(sent.is_some_and(|bytes| bytes > 0.0), "{scraped}");
+    let completed = [r#"volume="vol""#, r#"state="completed""#];
+    assert_eq!(
+        sample_sum(&scraped, "oxhorn_backups", &completed),
+        Some(2.0)
+    );
+    let durations = "oxhorn_backup_duration_seconds_count";
+    assert_eq!(sample_sum(&scraped, durations, &[target]), Some(2.0));
+    let available = sample_sum(&scraped, "oxhorn_backup_target_available", &[target]);
+    assert_eq!(available, Some(1.0), "{scraped}");
+    let last = "oxhorn_volume_last_backup_timestamp_seconds";
+    assert!(sample_sum(&scraped, last, &[r#"volume="vol""#]).is_some());
 
     let objects = store.backupstore();
     assert!(

@@ -216,6 +216,18 @@ where
     list.iter().map(|o| o.name_any()).collect()
 }
 
+/// The sum of the samples of `name` in `scraped` (Prometheus text) whose
+/// labels include each of `labels` (`key="value"`); None without any.
+pub fn sample_sum(scraped: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let values: Vec<f64> = scraped
+        .lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 /// A subnet no other cluster of this test binary uses: nodes take
 /// 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x.
 pub fn next_subnet() -> u8 {
@@ -610,6 +622,16 @@ impl Cluster {
     }
 
     /// The reasons of every Event in the test's namespace.
+    /// Every manager's /metrics, one after the other.
+    pub async fn scrape(&self) -> String {
+        let mut text = String::new();
+        for address in self.nodes.iter().filter_map(|n| n.metrics_address()) {
+            let url = format!("http://{address}/metrics");
+            text += &reqwest::get(&url).await.unwrap().text().await.unwrap();
+        }
+        text
+    }
+
     pub async fn event_reasons(&self) -> std::collections::BTreeSet<String> {
         let events = self
             .api::<k8s_openapi::api::events::v1::Event>()

@@ -254,8 +254,8 @@ async fn run_controllers(
         data_dir: config.node.data_dir.clone(),
         host: Host::new(host_process(&config)),
     };
-    let reconciles = exporter.reconciles();
-    let ctx = controller::Context::new(client.clone(), datastore, node, instances, key, reconciles);
+    let counted = exporter.counted();
+    let ctx = controller::Context::new(client.clone(), datastore, node, instances, key, counted);
     exporter.controllers_run(Arc::clone(&ctx));
     controller::ensure_own_node(&ctx).await?;
     let lease = controller::hold_lease(

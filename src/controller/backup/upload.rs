@@ -355,6 +355,7 @@ impl Job<'_> {
             progress: Some(&progress),
         };
         let ctx = self.ctx;
+        let started = std::time::Instant::now();
         let upload = take(ctx, store, &request, &reader);
         tokio::pin!(upload);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
@@ -367,6 +368,9 @@ impl Job<'_> {
                 }
             }
         };
+        let uploaded = result.as_ref().ok().map(|report| report.bytes_uploaded);
+        let backups = &self.ctx.metrics.backups;
+        backups.ended(&target.name_any(), started.elapsed(), uploaded);
         match result {
             Ok(report) => {
                 self.completed(target, &report.config, Some(&report));
