@@ -37,6 +37,9 @@ const SIZE: &str = "256Mi";
 const MOUNT: &str = "/data";
 const READER: &str = "demo-reader";
 /// Long enough for a cold start of every pod on a busy machine.
+/// Where every node's manager serves /metrics: the DaemonSet's as
+/// deploy/oxhorn.yaml says, node-3's as started here.
+const METRICS_PORT: u16 = 9811;
 const PATIENCE: Duration = Duration::from_secs(180);
 
 #[derive(Parser)]
@@ -118,6 +121,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         let mut options = ManagerOptions::new(control_plane.kubeconfig(), &name, NAMESPACE);
         options.ip = address(i);
         options.instance_manager = true;
+        options.metrics_port = Some(METRICS_PORT);
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);
     }
     until_installed(&client).await?;
@@ -158,14 +162,20 @@ async fn run(args: Args) -> Result<(), Failure> {
     }
     println!("\n$ kubectl get pv");
     kubectl(&control_plane, &["get", "pv"])?;
+    show_metrics()?;
 
     if args.hold {
         // Listening before saying so: a Ctrl-C right after the line must
         // not find SIGINT's default action still in place.
         let mut interrupt = signal(SignalKind::interrupt())?;
         println!(
-            "\nexport KUBECONFIG={}\nCtrl-C stops the cluster.",
-            control_plane.kubeconfig().display()
+            "\nexport KUBECONFIG={}\nPrometheus metrics: {} (deploy/monitoring/ has \
+             the alert rules, a ServiceMonitor and a Grafana dashboard)\nCtrl-C stops the cluster.",
+            control_plane.kubeconfig().display(),
+            (1..=NODES)
+                .map(|i| format!("http://{}:{METRICS_PORT}/metrics", address(i)))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
         interrupt.recv().await;
     }
@@ -181,6 +191,23 @@ async fn run(args: Args) -> Result<(), Failure> {
 /// Waits until a manager pod is Ready on each kubelet node, each kubelet
 /// lists the driver, and the users' namespace has its default
 /// ServiceAccount.
+/// Prints the demo volume's robustness as its owner's manager exports it
+/// for Prometheus.
+fn show_metrics() -> Result<(), Failure> {
+    println!(
+        "\n$ curl -s http://<each node>:{METRICS_PORT}/metrics | grep 'oxhorn_volume_robustness.* 1$'"
+    );
+    for i in 1..=NODES {
+        let address = std::net::SocketAddr::new(address(i), METRICS_PORT);
+        let scraped = testbed::prometheus::scrape(address)?;
+        let current = scraped
+            .lines()
+            .filter(|l| l.starts_with("oxhorn_volume_robustness{") && l.ends_with(" 1"));
+        current.for_each(|line| println!("{line}"));
+    }
+    Ok(())
+}
+
 async fn until_installed(client: &Client) -> Result<(), Failure> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let csinodes: Api<CSINode> = Api::all(client.clone());

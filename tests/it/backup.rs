@@ -315,8 +315,7 @@ async fn backups_are_incremental_restorable_and_deleted_whole(kind: ObjectServer
     );
     // The managers tell Prometheus: what was sent, the two backups, the
     // target's availability and the last backup's time.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let scraped = cluster.scrape().await;
+    let scraped = cluster.scrape();
     let target = r#"backup_target="default""#;
     let sent = sample_sum(&scraped, "oxhorn_backup_uploaded_bytes_total", &[target]);
     assert!(sent.is_some_and(|bytes| bytes > 0.0), "{scraped}");

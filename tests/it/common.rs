@@ -623,13 +623,11 @@ impl Cluster {
 
     /// The reasons of every Event in the test's namespace.
     /// Every manager's /metrics, one after the other.
-    pub async fn scrape(&self) -> String {
-        let mut text = String::new();
-        for address in self.nodes.iter().filter_map(|n| n.metrics_address()) {
-            let url = format!("http://{address}/metrics");
-            text += &reqwest::get(&url).await.unwrap().text().await.unwrap();
-        }
-        text
+    pub fn scrape(&self) -> String {
+        let addresses = self.nodes.iter().filter_map(|n| n.metrics_address());
+        addresses
+            .map(|address| testbed::prometheus::scrape(address).unwrap())
+            .collect()
     }
 
     pub async fn event_reasons(&self) -> std::collections::BTreeSet<String> {

@@ -122,7 +122,8 @@ fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
         .to_string();
     // Checked before Ctrl-C, asserted after it: a failure still tears the
     // cluster down in order.
-    let debugging = debugging_problems(Path::new(&kubeconfig));
+    let mut debugging = debugging_problems(Path::new(&kubeconfig));
+    debugging.extend(metrics_problems(&output));
     // What a terminal does on Ctrl-C.
     killpg(group, Signal::SIGINT).unwrap();
     let status = child.wait().unwrap();
@@ -142,6 +143,47 @@ fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
         output.join("\n")
     );
     assert!(debugging.is_empty(), "{}", debugging.join("\n"));
+}
+
+/// What a user following the printed metrics URLs would find wrong: each
+/// must answer, and the demo claim's volume must show as healthy.
+fn metrics_problems(output: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let urls = output
+        .iter()
+        .find_map(|l| l.strip_prefix("Prometheus metrics: "))
+        .map(|l| l.split_whitespace().filter(|w| w.starts_with("http://")));
+    let Some(urls) = urls else {
+        return vec!["no metrics URLs printed".into()];
+    };
+    let mut scraped = 0;
+    for url in urls {
+        let Some(address) = url
+            .strip_prefix("http://")
+            .and_then(|u| u.strip_suffix("/metrics"))
+            .and_then(|a| a.parse().ok())
+        else {
+            problems.push(format!("not a metrics URL: {url}"));
+            continue;
+        };
+        match oxhorn_testbed::prometheus::scrape(address) {
+            Ok(text) if text.contains("# TYPE oxhorn_volume_robustness gauge") => scraped += 1,
+            Ok(text) => problems.push(format!("{url}: no volume robustness in {text}")),
+            Err(error) => problems.push(format!("{url}: {error}")),
+        }
+    }
+    if scraped != 3 {
+        problems.push(format!("{scraped} of the 3 nodes' metrics answered"));
+    }
+    let healthy = output.iter().any(|l| {
+        l.starts_with("oxhorn_volume_robustness{")
+            && l.contains(r#"pvc="demo",pvc_namespace="default""#)
+            && l.contains(r#"robustness="healthy"} 1"#)
+    });
+    if !healthy {
+        problems.push("the demo volume not shown healthy in the printed metrics".into());
+    }
+    problems
 }
 
 /// What a user debugging the held cluster with kubectl would find wrong.

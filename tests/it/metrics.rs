@@ -94,23 +94,22 @@ fn encoded(text: &str) -> String {
 }
 
 /// What Prometheus' HTTP API answers at `path` (its `data`).
-async fn api(prometheus: &Prometheus, path: &str) -> Value {
-    let url = format!("{}/api/v1/{path}", prometheus.url());
-    let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+fn api(prometheus: &Prometheus, path: &str) -> Value {
+    let text = prometheus.api(path).unwrap();
     let answer: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(answer["status"], "success", "{url}: {text}");
+    assert_eq!(answer["status"], "success", "{path}: {text}");
     answer["data"].clone()
 }
 
 /// The value of the first series `query` yields now, if any.
 async fn instant(prometheus: &Prometheus, query: &str) -> Option<f64> {
-    let data = api(prometheus, &format!("query?query={}", encoded(query))).await;
+    let data = api(prometheus, &format!("query?query={}", encoded(query)));
     data["result"][0]["value"][1].as_str()?.parse().ok()
 }
 
 /// The states of the alerts named `name` about `volume`.
 async fn alert_states(prometheus: &Prometheus, name: &str, volume: &str) -> Vec<String> {
-    let data = api(prometheus, "alerts").await;
+    let data = api(prometheus, "alerts");
     let alerts = data["alerts"].as_array().cloned().unwrap_or_default();
     alerts
         .iter()
@@ -172,7 +171,6 @@ impl Drop for Writing {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_sees_a_volumes_io_and_alerts_while_it_is_degraded() {
     require_root();
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let cluster = Cluster::start_with_instance_managers("metrics", 3).await;
     cluster
         .set("replica-replenishment-wait-interval", "2")
@@ -214,15 +212,11 @@ async fn prometheus_sees_a_volumes_io_and_alerts_while_it_is_degraded() {
 
     // Every metric the dashboard and the alerts query is a family the
     // managers export (some have no series yet: no backup, no rebuild).
-    let mut families = BTreeSet::new();
-    for target in &targets {
-        let url = format!("http://{target}/metrics");
-        let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
-        families.extend(text.lines().filter_map(|l| {
-            let family = l.strip_prefix("# TYPE ")?.split(' ').next()?;
-            Some(family.to_owned())
-        }));
-    }
+    let families: BTreeSet<String> = cluster
+        .scrape()
+        .lines()
+        .filter_map(|l| Some(l.strip_prefix("# TYPE ")?.split(' ').next()?.to_owned()))
+        .collect();
     let exported = |metric: &str| {
         ["", "_total", "_bucket", "_sum", "_count"]
             .iter()
