@@ -7,6 +7,9 @@
 #
 #   bench/fio.sh [runtime-seconds]     (default 15 per job)
 #   PERF_JOB=r3-randwrite PERF_OUT=/tmp/perf.data bench/fio.sh   (and profile one job)
+#   BASELINE_OXHORN=/path/to/other/oxhorn bench/fio.sh   (also (d) and (e), the
+#       same volumes served by that build, and each job's IOPS of this build
+#       over that one's: what a change costs)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runtime=${1:-15}
@@ -89,10 +92,10 @@ run_jobs() {
 	echo "$kib" >"$work/$label.hwm"
 }
 
-# start_volume LABEL REPLICAS: sets $device and $volume_pids (not a subshell:
-# $pids must grow)
+# start_volume LABEL REPLICAS [BINARY]: sets $device and $volume_pids (not a
+# subshell: $pids must grow); BINARY, by default this tree's oxhorn, serves it.
 start_volume() {
-	local label=$1 count=$2 replicas=() port
+	local label=$1 count=$2 oxhorn=${3:-$oxhorn} replicas=() port
 	volume_pids=()
 	for i in $(seq 1 "$count"); do
 		port=$(free_port_pair)
@@ -130,6 +133,12 @@ start_volume r1 1
 run_jobs r1 "$device"
 start_volume r3 3
 run_jobs r3 "$device"
+if [ -n "${BASELINE_OXHORN:-}" ]; then
+	start_volume b1 1 "$(realpath "$BASELINE_OXHORN")"
+	run_jobs b1 "$device"
+	start_volume b3 3 "$(realpath "$BASELINE_OXHORN")"
+	run_jobs b3 "$device"
+fi
 
 python3 - "$work" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
@@ -144,7 +153,11 @@ def load(name):
     fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100
     return dict(iops=side["iops"], bw=side["bw"] / 1024, mean=lat["mean"] / 1000,
                 p99=p99, cpu_per_gib=cpu / gib if gib else 0, fio_cpu=fio_cpu)
+import os
 labels = {"local": "local file", "r1": "1 replica", "r3": "3 replicas"}
+baseline = os.path.exists(f"{work}/b1.hwm")
+if baseline:
+    labels |= {"b1": "1 (base)", "b3": "3 (base)"}
 print(f"{'job':<16} {'target':<10} {'IOPS':>8} {'MiB/s':>7} {'mean us':>8} {'p99 us':>7} "
       f"{'ratio':>6} {'CPU s/GiB':>9} {'fio CPU':>7}")
 jobs = [("seqwrite", "1M write QD16"), ("randwrite", "4K randwrite QD32"),
@@ -164,7 +177,13 @@ for job, title in jobs:
 print("ratio: IOPS / the local file's; for QD1, mean latency / the local file's.")
 print("CPU s/GiB: user + system seconds of the engine and replica processes per GiB moved;")
 print("fio CPU: fio's own share of one CPU.")
-for target in ("r1", "r3"):
+for target in [t for t in labels if t != "local"]:
     kib = int(open(f"{work}/{target}.hwm").read())
     print(f"peak memory, engine + replicas, {labels[target]}: {kib / 1024:.0f} MiB")
+if baseline:
+    print("\nthis build / the baseline build (BASELINE_OXHORN), IOPS:")
+    for job, title in jobs:
+        ratios = [load(f"r{n}-{job}")["iops"] / max(load(f"b{n}-{job}")["iops"], 1e-9)
+                  for n in (1, 3)]
+        print(f"{title:<18} 1 replica {ratios[0]:.3f}   3 replicas {ratios[1]:.3f}")
 PY

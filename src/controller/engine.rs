@@ -52,14 +52,23 @@ pub async fn io_metrics(
         return Ok(None);
     }
     let address = format!("{}:{}", instance.ip, instance.port);
-    let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
-    let channels = &ctx.engine_channels;
-    let mut api = channels
-        .engine(engine, &address, CONTROL_TIMEOUT, &access)
-        .await?;
+    let mut api = control(ctx, engine, &address).await?;
     api.metrics().await.map(Some).inspect_err(|_| {
-        channels.forget(&engine.name_any());
+        ctx.engine_channels.forget(&engine.name_any());
     })
+}
+
+/// The control API of `engine`'s process at `address`, on this node's
+/// kept connection to it.
+async fn control(
+    ctx: &Context,
+    engine: &Engine,
+    address: &str,
+) -> Result<Control<EngineControlClient<TokenChannel>>, ControllerError> {
+    let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
+    ctx.engine_channels
+        .engine(engine, address, CONTROL_TIMEOUT, &access)
+        .await
 }
 
 pub async fn reconcile(engine: Arc<Engine>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
@@ -179,14 +188,10 @@ async fn run_here(
         return Ok(Action::requeue(POLL));
     }
     let address = format!("{}:{}", info.ip, info.port);
-    let access = ctx.access(&engine.spec.instance.volume_name, engine.spec.generation);
-    let channels = &ctx.engine_channels;
-    let mut api = channels
-        .engine(engine, &address, CONTROL_TIMEOUT, &access)
-        .await?;
+    let mut api = control(ctx, engine, &address).await?;
     let observed = converge(ctx, engine, &mut api).await.inspect_err(|_| {
         // The next pass dials afresh rather than trust this connection.
-        channels.forget(&name);
+        ctx.engine_channels.forget(&name);
     })?;
     fill_status(engine, &observed, status);
     Ok(Action::requeue(POLL))

@@ -1,10 +1,12 @@
-//! The metric families written from a [`View`], on each scrape.
+//! The metric families written from a [`View`], on each scrape. Every
+//! family's descriptor is written even when it has no series yet, so that
+//! dashboards and alerts find it.
 //!
-//! Series per volume: capacity, actual size, 6 state and 4 robustness
-//! series, wanted and healthy replicas, snapshot count and bytes, rebuild
-//! limit, last backup time (once one exists), plus 3 mode series per
+//! Series per volume: 17 (the gauges below, 6 state and 4 robustness
+//! series) and its last backup's time once it has one; 3 mode series per
 //! replica, one progress series per rebuilding replica and one per backup
-//! state the volume has.
+//! state it has; attached, 75 more for its engine's I/O (8 counters, 4
+//! error series, 3 histograms of 18 bounds, +Inf, sum and count).
 
 use std::fmt::Error;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,11 +19,29 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Unit;
 
-use super::view::{Flag, View, VolumeLabels};
+use super::view::{DiskRow, Flag, View, VolumeRow};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
 use crate::types::{ReplicaMode, Robustness, VolumeState};
 
 type Labels = Vec<(&'static str, String)>;
+
+/// What a family's values measure: its unit, which Prometheus appends to
+/// the name.
+#[derive(Clone, Copy)]
+enum Measure {
+    Count,
+    Bytes,
+    Seconds,
+}
+
+/// A family: name (after `oxhorn_`), help, and what it measures.
+type Family = (&'static str, &'static str, Measure);
+
+/// A family (name, help, measure) whose one value per `T` is read with
+/// the function.
+type ValueOf<T, V> = (&'static str, &'static str, Measure, fn(&T) -> V);
+
+use Measure::{Bytes, Count, Seconds};
 
 const STATES: [(VolumeState, &str); 6] = [
     (VolumeState::Creating, "creating"),
@@ -43,6 +63,64 @@ const MODES: [(ReplicaMode, &str); 3] = [
     (ReplicaMode::ReadWrite, "RW"),
     (ReplicaMode::WriteOnly, "WO"),
     (ReplicaMode::Error, "ERR"),
+];
+
+// Tables, one family a line.
+#[rustfmt::skip]
+const VOLUME_GAUGES: [ValueOf<VolumeRow, i64>; 7] = [
+    ("volume_capacity", "Size of the volume", Bytes, |v| v.capacity),
+    ("volume_actual_size", "Bytes its data takes on a replica", Bytes, |v| v.actual_size),
+    ("volume_replicas_wanted", "Replicas it should have", Count, |v| i64::from(v.replicas_wanted)),
+    ("volume_replicas_healthy", "Replicas in its I/O path (RW)", Count, |v| v.replicas_healthy as i64),
+    ("volume_snapshots", "Its snapshots", Count, |v| v.snapshots as i64),
+    ("volume_snapshot_size", "Bytes its snapshots hold", Bytes, |v| v.snapshot_bytes),
+    ("volume_rebuild_limit_bytes_per_second", REBUILD_LIMIT, Count, |v| v.rebuild_limit),
+];
+
+const REBUILD_LIMIT: &str = "Bytes per second each new rebuild may average; 0: no limit";
+
+type Op = fn(&EngineMetrics) -> &Option<IoOpStats>;
+
+const READ: Op = |m| &m.read;
+const WRITE: Op = |m| &m.write;
+const FLUSH: Op = |m| &m.flush;
+const UNMAP: Op = |m| &m.unmap;
+
+fn ops(op: &Option<IoOpStats>) -> u64 {
+    op.as_ref().map_or(0, |o| o.ops)
+}
+
+fn bytes(op: &Option<IoOpStats>) -> u64 {
+    op.as_ref().map_or(0, |o| o.bytes)
+}
+
+#[rustfmt::skip]
+const IO_COUNTERS: [ValueOf<EngineMetrics, u64>; 8] = [
+    ("volume_read_ops", "Reads its engine answered", Count, |m| ops(&m.read)),
+    ("volume_write_ops", "Writes its engine answered", Count, |m| ops(&m.write)),
+    ("volume_flush_ops", "Flushes its engine answered", Count, |m| ops(&m.flush)),
+    ("volume_unmap_ops", "Unmaps its engine answered", Count, |m| ops(&m.unmap)),
+    ("volume_read", "Bytes read from it", Bytes, |m| bytes(&m.read)),
+    ("volume_write", "Bytes written to it", Bytes, |m| bytes(&m.write)),
+    ("volume_unmap", "Bytes unmapped (discarded) on it", Bytes, |m| bytes(&m.unmap)),
+    ("volume_rebuild_copied", REBUILD_COPIED, Bytes, |m| m.rebuild_bytes_copied),
+];
+
+const REBUILD_COPIED: &str = "Bytes its rebuilds copied to the replicas they rebuilt";
+
+#[rustfmt::skip]
+const LATENCIES: [(Family, Op); 3] = [
+    (("volume_read_latency", "From a read's arrival at the engine to its answer", Seconds), READ),
+    (("volume_write_latency", "From a write's arrival to every replica's answer", Seconds), WRITE),
+    (("volume_flush_latency", "From a flush's arrival to every replica's answer", Seconds), FLUSH),
+];
+
+#[rustfmt::skip]
+const DISK_GAUGES: [ValueOf<DiskRow, i64>; 4] = [
+    ("disk_capacity", "Size of the disk's file system", Bytes, |d| d.capacity),
+    ("disk_usage", "Bytes used on the disk's file system", Bytes, |d| d.used),
+    ("disk_reserved", "Bytes of the disk kept from replicas", Bytes, |d| d.reserved),
+    ("disk_scheduled", "Bytes of the disk promised to replicas", Bytes, |d| d.scheduled),
 ];
 
 /// Encodes what the last scrape put in the view.
@@ -69,13 +147,30 @@ impl Collector for Owned {
     }
 }
 
+/// Writes `family`'s descriptor as a `kind`; the encoder to write its
+/// series with.
+fn descriptor<'a>(
+    encoder: &'a mut DescriptorEncoder,
+    (name, help, measure): (&'a str, &str, Measure),
+    kind: MetricType,
+) -> Result<prometheus_client::encoding::MetricEncoder<'a>, Error> {
+    static BYTES: Unit = Unit::Bytes;
+    static SECONDS: Unit = Unit::Seconds;
+    let unit = match measure {
+        Count => None,
+        Bytes => Some(&BYTES),
+        Seconds => Some(&SECONDS),
+    };
+    encoder.encode_descriptor(name, help, unit, kind)
+}
+
 /// One gauge family: its descriptor, then each sample.
 fn gauges<V: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder,
-    (name, help, unit): (&str, &str, Option<Unit>),
+    family: (&str, &str, Measure),
     samples: impl IntoIterator<Item = (Labels, V)>,
 ) -> Result<(), Error> {
-    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+    let mut family = descriptor(encoder, family, MetricType::Gauge)?;
     for (labels, value) in samples {
         family.encode_family(&labels)?.encode_gauge(&value)?;
     }
@@ -85,17 +180,50 @@ fn gauges<V: EncodeGaugeValue>(
 /// One counter family: its descriptor, then each sample.
 fn counters<V: EncodeCounterValue>(
     encoder: &mut DescriptorEncoder,
-    (name, help, unit): (&str, &str, Option<Unit>),
+    family: (&str, &str, Measure),
     samples: impl IntoIterator<Item = (Labels, V)>,
 ) -> Result<(), Error> {
-    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
+    let mut family = descriptor(encoder, family, MetricType::Counter)?;
     for (labels, value) in samples {
         ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
-fn volume_labels(labels: &VolumeLabels) -> Labels {
+/// One histogram family of the engines' latencies, in seconds.
+fn histograms<'a>(
+    encoder: &mut DescriptorEncoder,
+    family: Family,
+    samples: impl IntoIterator<Item = (Labels, &'a LatencyHistogram)>,
+) -> Result<(), Error> {
+    let mut family = descriptor(encoder, family, MetricType::Histogram)?;
+    for (labels, histogram) in samples {
+        let sum = histogram.sum_ns as f64 / 1e9;
+        family
+            .encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(sum, histogram.count, &buckets(histogram), None)?;
+    }
+    Ok(())
+}
+
+/// The engine's cumulative counts per bound (ns) as the encoder wants
+/// them: per bucket, bounds in seconds, +Inf last (the encoder sums them).
+fn buckets(histogram: &LatencyHistogram) -> Vec<(f64, u64)> {
+    let bounds = histogram.bounds_ns.iter().map(|ns| *ns as f64 / 1e9);
+    let mut below = 0;
+    bounds
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(&histogram.cumulative_counts)
+        .map(|(bound, cumulative)| {
+            let in_bucket = cumulative.saturating_sub(below);
+            below = below.max(*cumulative);
+            (bound, in_bucket)
+        })
+        .collect()
+}
+
+fn volume_labels(row: &VolumeRow) -> Labels {
+    let labels = &row.labels;
     vec![
         ("volume", labels.volume.clone()),
         ("pvc", labels.pvc.clone()),
@@ -126,110 +254,29 @@ fn flag(mut labels: Labels, flag: &Flag) -> (Labels, i64) {
 
 fn volumes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
     let rows = &view.volumes;
-    let each = |value: fn(&super::view::VolumeRow) -> i64| {
-        rows.iter()
-            .map(move |v| (volume_labels(&v.labels), value(v)))
-    };
-    gauges(
-        e,
-        ("volume_capacity", "Size of the volume", Some(Unit::Bytes)),
-        each(|v| v.capacity),
-    )?;
-    let actual = (
-        "volume_actual_size",
-        "Bytes the volume's data takes on a replica",
-        Some(Unit::Bytes),
-    );
-    gauges(e, actual, each(|v| v.actual_size))?;
+    for (name, help, measure, value) in VOLUME_GAUGES {
+        let samples = rows.iter().map(|v| (volume_labels(v), value(v)));
+        gauges(e, (name, help, measure), samples)?;
+    }
     let state = rows
         .iter()
-        .flat_map(|v| one_hot(volume_labels(&v.labels), "state", &STATES, v.state));
-    gauges(
-        e,
-        ("volume_state", "1 for the volume's current state", None),
-        state,
-    )?;
-    let robustness = rows.iter().flat_map(|v| {
-        one_hot(
-            volume_labels(&v.labels),
-            "robustness",
-            &ROBUSTNESS,
-            v.robustness,
-        )
-    });
+        .flat_map(|v| one_hot(volume_labels(v), "state", &STATES, v.state));
+    let help = "1 for the volume's current state";
+    gauges(e, ("volume_state", help, Count), state)?;
+    let robustness = rows
+        .iter()
+        .flat_map(|v| one_hot(volume_labels(v), "robustness", &ROBUSTNESS, v.robustness));
     let help = "1 for the volume's current robustness";
-    gauges(e, ("volume_robustness", help, None), robustness)?;
-    let wanted = (
-        "volume_replicas_wanted",
-        "Replicas the volume should have",
-        None,
-    );
-    gauges(e, wanted, each(|v| i64::from(v.replicas_wanted)))?;
-    let healthy = (
-        "volume_replicas_healthy",
-        "Replicas in the volume's I/O path (RW)",
-        None,
-    );
-    gauges(e, healthy, each(|v| v.replicas_healthy as i64))?;
-    gauges(
-        e,
-        ("volume_snapshots", "Snapshots of the volume", None),
-        each(|v| v.snapshots as i64),
-    )?;
-    let bytes = (
-        "volume_snapshot_size",
-        "Bytes the volume's snapshots hold",
-        Some(Unit::Bytes),
-    );
-    gauges(e, bytes, each(|v| v.snapshot_bytes))?;
-    let help = "Bytes per second each new rebuild of the volume may average; 0: no limit";
-    gauges(
-        e,
-        ("volume_rebuild_limit_bytes_per_second", help, None),
-        each(|v| v.rebuild_limit),
-    )?;
+    gauges(e, ("volume_robustness", help, Count), robustness)?;
     let backed_up = rows
         .iter()
-        .filter_map(|v| Some((volume_labels(&v.labels), v.last_backup?)));
-    let help = "When the volume's last backup was taken, in seconds since the epoch";
+        .filter_map(|v| Some((volume_labels(v), v.last_backup?)));
+    let help = "When the volume's newest completed backup was taken, in seconds since the epoch";
     gauges(
         e,
-        ("volume_last_backup_timestamp_seconds", help, None),
+        ("volume_last_backup_timestamp_seconds", help, Count),
         backed_up,
     )
-}
-
-/// One histogram family of latencies, in seconds.
-fn histograms<'a>(
-    encoder: &mut DescriptorEncoder,
-    (name, help): (&str, &str),
-    samples: impl IntoIterator<Item = (Labels, &'a LatencyHistogram)>,
-) -> Result<(), Error> {
-    let unit = Some(&Unit::Seconds);
-    let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
-    for (labels, histogram) in samples {
-        let sum = histogram.sum_ns as f64 / 1e9;
-        family
-            .encode_family(&labels)?
-            .encode_histogram::<NoLabelSet>(sum, histogram.count, &buckets(histogram), None)?;
-    }
-    Ok(())
-}
-
-/// The engine's cumulative counts per bound (ns) as the encoder wants
-/// them: per bucket, bounds in seconds, +Inf last (the encoder sums them).
-fn buckets(histogram: &LatencyHistogram) -> Vec<(f64, u64)> {
-    let bounds = histogram.bounds_ns.iter().map(|ns| *ns as f64 / 1e9);
-    let mut below = 0;
-    bounds
-        .chain(std::iter::once(f64::INFINITY))
-        .zip(&histogram.cumulative_counts)
-        .map(|(bound, cumulative)| {
-            let in_bucket = cumulative.saturating_sub(below);
-            below = below.max(*cumulative);
-            (bound, in_bucket)
-        })
-        .collect()
 }
 
 /// The volumes' I/O as their engines counted it.
@@ -237,113 +284,33 @@ fn io(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
     let counted = || {
         view.volumes
             .iter()
-            .filter_map(|v| Some((volume_labels(&v.labels), v.io.as_ref()?)))
+            .filter_map(|v| Some((volume_labels(v), v.io.as_ref()?)))
     };
-    type Pick = fn(&EngineMetrics) -> Option<&IoOpStats>;
-    let ops = |pick: Pick| counted().map(move |(l, m)| (l, pick(m).map_or(0, |o| o.ops)));
-    let bytes = |pick: Pick| counted().map(move |(l, m)| (l, pick(m).map_or(0, |o| o.bytes)));
-    let latency =
-        |pick: Pick| counted().filter_map(move |(l, m)| Some((l, pick(m)?.latency.as_ref()?)));
-    let (read, write): (Pick, Pick) = (|m| m.read.as_ref(), |m| m.write.as_ref());
-    let (flush, unmap): (Pick, Pick) = (|m| m.flush.as_ref(), |m| m.unmap.as_ref());
-    counters(
-        e,
-        (
-            "volume_read_ops",
-            "Reads the volume's engine answered",
-            None,
-        ),
-        ops(read),
-    )?;
-    counters(
-        e,
-        (
-            "volume_write_ops",
-            "Writes the volume's engine answered",
-            None,
-        ),
-        ops(write),
-    )?;
-    counters(
-        e,
-        (
-            "volume_flush_ops",
-            "Flushes the volume's engine answered",
-            None,
-        ),
-        ops(flush),
-    )?;
-    counters(
-        e,
-        (
-            "volume_unmap_ops",
-            "Unmaps (discards) the volume's engine answered",
-            None,
-        ),
-        ops(unmap),
-    )?;
-    counters(
-        e,
-        (
-            "volume_read",
-            "Bytes read from the volume",
-            Some(Unit::Bytes),
-        ),
-        bytes(read),
-    )?;
-    counters(
-        e,
-        (
-            "volume_write",
-            "Bytes written to the volume",
-            Some(Unit::Bytes),
-        ),
-        bytes(write),
-    )?;
-    counters(
-        e,
-        (
-            "volume_unmap",
-            "Bytes unmapped (discarded) on the volume",
-            Some(Unit::Bytes),
-        ),
-        bytes(unmap),
-    )?;
-    let help = "Bytes the volume's rebuilds copied to the replicas they rebuilt";
-    let rebuilt = counted().map(|(labels, m)| (labels, m.rebuild_bytes_copied));
-    counters(
-        e,
-        ("volume_rebuild_copied", help, Some(Unit::Bytes)),
-        rebuilt,
-    )?;
+    for (name, help, measure, value) in IO_COUNTERS {
+        let samples = counted().map(|(labels, m)| (labels, value(m)));
+        counters(e, (name, help, measure), samples)?;
+    }
     let errors = counted().flat_map(|(labels, m)| {
         [
-            ("read", read),
-            ("write", write),
-            ("flush", flush),
-            ("unmap", unmap),
+            ("read", READ),
+            ("write", WRITE),
+            ("flush", FLUSH),
+            ("unmap", UNMAP),
         ]
         .map(|(op, pick)| {
             let mut labels = labels.clone();
             labels.push(("op", op.to_owned()));
-            (labels, pick(m).map_or(0, |o| o.errors))
+            (labels, pick(m).as_ref().map_or(0, |o| o.errors))
         })
     });
-    counters(
-        e,
-        (
-            "volume_io_errors",
-            "Operations on the volume that failed, by op",
-            None,
-        ),
-        errors,
-    )?;
-    let help = "Time from a read's arrival at the engine to its answer";
-    histograms(e, ("volume_read_latency", help), latency(read))?;
-    let help = "Time from a write's arrival at the engine to its answer (every replica's)";
-    histograms(e, ("volume_write_latency", help), latency(write))?;
-    let help = "Time from a flush's arrival at the engine to its answer";
-    histograms(e, ("volume_flush_latency", help), latency(flush))
+    let help = "Operations on the volume that failed, by op";
+    counters(e, ("volume_io_errors", help, Count), errors)?;
+    for (family, pick) in LATENCIES {
+        let latencies =
+            counted().filter_map(|(labels, m)| Some((labels, pick(m).as_ref()?.latency.as_ref()?)));
+        histograms(e, family, latencies)?;
+    }
+    Ok(())
 }
 
 fn replicas(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
@@ -356,13 +323,13 @@ fn replicas(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         one_hot(labels, "mode", &MODES, r.mode)
     });
     let help = "1 for the replica's mode in its engine: RW (in the I/O path), WO (rebuilding), ERR";
-    gauges(e, ("replica_mode", help, None), modes)?;
+    gauges(e, ("replica_mode", help, Count), modes)?;
     let progress = view.rebuilds.iter().map(|r| {
         let labels = vec![("volume", r.volume.clone()), ("replica", r.replica.clone())];
         (labels, r.progress)
     });
     let help = "How far the replica's rebuild has got, 0 to 1";
-    gauges(e, ("rebuild_progress_ratio", help, None), progress)
+    gauges(e, ("rebuild_progress_ratio", help, Count), progress)
 }
 
 fn node(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
@@ -371,61 +338,24 @@ fn node(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
     };
     let at = || vec![("node", view.node.clone())];
     let help = "1 when the node is ready for volumes, with the reason when not";
-    gauges(e, ("node_ready", help, None), [flag(at(), &node.ready)])?;
+    gauges(e, ("node_ready", help, Count), [flag(at(), &node.ready)])?;
     let help = "1 when new replicas may be placed on the node, with the reason when not";
     gauges(
         e,
-        ("node_schedulable", help, None),
+        ("node_schedulable", help, Count),
         [flag(at(), &node.schedulable)],
     )?;
-    let disk =
-        |d: &super::view::DiskRow| vec![("node", view.node.clone()), ("disk", d.disk.clone())];
-    let each = |value: fn(&super::view::DiskRow) -> i64| {
-        node.disks.iter().map(move |d| (disk(d), value(d)))
-    };
-    gauges(
-        e,
-        (
-            "disk_capacity",
-            "Size of the disk's file system",
-            Some(Unit::Bytes),
-        ),
-        each(|d| d.capacity),
-    )?;
-    gauges(
-        e,
-        (
-            "disk_usage",
-            "Bytes used on the disk's file system",
-            Some(Unit::Bytes),
-        ),
-        each(|d| d.used),
-    )?;
-    let reserved = (
-        "disk_reserved",
-        "Bytes of the disk kept from replicas",
-        Some(Unit::Bytes),
-    );
-    gauges(e, reserved, each(|d| d.reserved))?;
-    let scheduled = (
-        "disk_scheduled",
-        "Bytes of the disk promised to its replicas",
-        Some(Unit::Bytes),
-    );
-    gauges(e, scheduled, each(|d| d.scheduled))?;
+    let disk = |d: &DiskRow| vec![("node", view.node.clone()), ("disk", d.disk.clone())];
+    for (name, help, measure, value) in DISK_GAUGES {
+        let samples = node.disks.iter().map(|d| (disk(d), value(d)));
+        gauges(e, (name, help, measure), samples)?;
+    }
     let ready = node.disks.iter().map(|d| flag(disk(d), &d.ready));
-    gauges(
-        e,
-        (
-            "disk_ready",
-            "1 when the disk is usable, with the reason when not",
-            None,
-        ),
-        ready,
-    )?;
+    let help = "1 when the disk is usable, with the reason when not";
+    gauges(e, ("disk_ready", help, Count), ready)?;
     let schedulable = node.disks.iter().map(|d| flag(disk(d), &d.schedulable));
     let help = "1 when new replicas may be placed on the disk, with the reason when not";
-    gauges(e, ("disk_schedulable", help, None), schedulable)
+    gauges(e, ("disk_schedulable", help, Count), schedulable)
 }
 
 fn backups(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
@@ -434,14 +364,14 @@ fn backups(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         .iter()
         .map(|t| flag(vec![("backup_target", t.target.clone())], &t.available));
     let help = "1 when the backup target's store answers, with the reason when not";
-    gauges(e, ("backup_target_available", help, None), targets)?;
+    gauges(e, ("backup_target_available", help, Count), targets)?;
     let backups = view.backups.iter().map(|((volume, state), count)| {
         let labels = vec![("volume", volume.clone()), ("state", (*state).to_owned())];
         (labels, *count as i64)
     });
     gauges(
         e,
-        ("backups", "The volume's backups, by state", None),
+        ("backups", "The volume's backups, by state", Count),
         backups,
     )
 }
@@ -454,26 +384,19 @@ fn processes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         ("instance_manager", view.instance_manager),
     ] {
         let Some(usage) = usage else { continue };
-        let name = format!("{process}_cpu");
-        let help = format!(
-            "CPU time the {} process has used",
-            process.replace('_', " ")
+        let what = process.replace('_', " ");
+        let (name, help) = (
+            format!("{process}_cpu"),
+            format!("CPU time the {what} process has used"),
         );
         counters(
             e,
-            (&name, &help, Some(Unit::Seconds)),
+            (&name, &help, Seconds),
             [(at(), usage.cpu.as_secs_f64())],
         )?;
         let name = format!("{process}_resident_memory");
-        let help = format!(
-            "Resident memory of the {} process",
-            process.replace('_', " ")
-        );
-        gauges(
-            e,
-            (&name, &help, Some(Unit::Bytes)),
-            [(at(), usage.resident)],
-        )?;
+        let help = format!("Resident memory of the {what} process");
+        gauges(e, (&name, &help, Bytes), [(at(), usage.resident)])?;
     }
     Ok(())
 }
