@@ -363,7 +363,7 @@ fn fill_status(engine: &Engine, observed: &protocol::EngineStatus, status: &mut 
                     progress: i32::try_from(progress.min(100)).unwrap_or(100),
                     state: "in_progress".into(),
                     error: String::new(),
-                    from_replica_address: String::new(),
+                    from_replica_address: replica.rebuild_source.clone(),
                 },
             );
         }

@@ -6,7 +6,7 @@
 //! minute, not one every few seconds, for as long as it fails. A success
 //! starts it over.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -44,6 +44,18 @@ impl Retries {
     pub fn succeeded(&self, object: &str) {
         self.failures().remove(object);
     }
+
+    /// How many objects of each kind wait to retry after a failure.
+    pub fn waiting(&self) -> BTreeMap<String, usize> {
+        let mut waiting = BTreeMap::new();
+        for object in self.failures().keys() {
+            let kind = object
+                .split_once('/')
+                .map_or(object.as_str(), |(kind, _)| kind);
+            *waiting.entry(kind.to_owned()).or_default() += 1;
+        }
+        waiting
+    }
 }
 
 #[cfg(test)]
@@ -63,5 +75,8 @@ mod tests {
         // Many failures in a row never overflow the delay.
         let last = (0..100).map(|_| retries.failed("Replica/r")).last();
         assert_eq!(last, Some(LAST_RETRY));
+        let waiting = retries.waiting();
+        assert_eq!(waiting.get("Engine"), Some(&2));
+        assert_eq!(waiting.get("Replica"), Some(&1));
     }
 }

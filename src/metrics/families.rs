@@ -143,7 +143,8 @@ impl Collector for Owned {
         replicas(&mut encoder, &view)?;
         node(&mut encoder, &view)?;
         backups(&mut encoder, &view)?;
-        processes(&mut encoder, &view)
+        processes(&mut encoder, &view)?;
+        retrying(&mut encoder, &view)
     }
 }
 
@@ -325,7 +326,11 @@ fn replicas(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
     let help = "1 for the replica's mode in its engine: RW (in the I/O path), WO (rebuilding), ERR";
     gauges(e, ("replica_mode", help, Count), modes)?;
     let progress = view.rebuilds.iter().map(|r| {
-        let labels = vec![("volume", r.volume.clone()), ("replica", r.replica.clone())];
+        let labels = vec![
+            ("volume", r.volume.clone()),
+            ("replica", r.replica.clone()),
+            ("source", r.source.clone()),
+        ];
         (labels, r.progress)
     });
     let help = "How far the replica's rebuild has got, 0 to 1";
@@ -399,4 +404,15 @@ fn processes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         gauges(e, (&name, &help, Bytes), [(at(), usage.resident)])?;
     }
     Ok(())
+}
+
+/// Objects waiting to retry after a failed reconcile, per controller (as
+/// the reconcile counters name them).
+fn retrying(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
+    let waiting = view.retrying.iter().map(|(kind, count)| {
+        let labels = vec![("controller", kind.to_lowercase())];
+        (labels, *count as i64)
+    });
+    let help = "Objects whose last reconcile failed, waiting to be retried";
+    gauges(e, ("controller_retrying_objects", help, Count), waiting)
 }

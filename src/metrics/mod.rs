@@ -95,6 +95,7 @@ impl Exporter {
         if let Some(ctx) = self.controllers.get() {
             engine_io::read(ctx, &mut view).await;
             view.instance_manager = ctx.instances.process_id().and_then(process::usage);
+            view.retrying = ctx.retries.waiting();
         }
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = view;
         let mut text = String::new();

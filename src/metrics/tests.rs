@@ -39,7 +39,8 @@ fn engine(volume: &str) -> Arc<Engine> {
                  "replicaAddressMap": {"r1": "10.0.0.1:9000", "r2": "10.0.0.2:9000"}},
         "status": {
             "replicaModeMap": {"r1": "RW", "r2": "WO"},
-            "rebuildStatus": {"10.0.0.2:9000": {"isRebuilding": true, "progress": 40}},
+            "rebuildStatus": {"10.0.0.2:9000": {"isRebuilding": true, "progress": 40,
+                                                 "fromReplicaAddress": "10.0.0.1:9000"}},
             "rebuildBandwidthLimit": 100,
             "snapshots": {
                 "s1": {"name": "s1", "size": 8192},
@@ -129,6 +130,7 @@ fn view_of_n1() -> View {
             cpu: Duration::from_millis(250),
             resident: 20 << 20,
         }),
+        retrying: [("Engine".to_owned(), 2)].into(),
         ..View::from_objects("n1", &objects)
     }
 }
@@ -201,7 +203,7 @@ fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
         r#"oxhorn_replica_mode{volume="v1",replica="r1",node="n1",mode="RW"} 1"#,
         r#"oxhorn_replica_mode{volume="v1",replica="r2",node="n2",mode="WO"} 1"#,
         r#"oxhorn_replica_mode{volume="v1",replica="r2",node="n2",mode="RW"} 0"#,
-        r#"oxhorn_rebuild_progress_ratio{volume="v1",replica="r2"} 0.4"#,
+        r#"oxhorn_rebuild_progress_ratio{volume="v1",replica="r2",source="r1"} 0.4"#,
         r#"oxhorn_node_ready{node="n1",reason="ManagerUp"} 1"#,
         r#"oxhorn_node_schedulable{node="n1",reason="Cordoned"} 0"#,
         r#"oxhorn_disk_capacity_bytes{node="n1",disk="default"} 10000"#,
@@ -217,6 +219,7 @@ fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
         r#"oxhorn_manager_resident_memory_bytes{node="n1"} 31457280"#,
         r#"oxhorn_instance_manager_cpu_seconds_total{node="n1"} 0.25"#,
         r#"oxhorn_instance_manager_resident_memory_bytes{node="n1"} 20971520"#,
+        r#"oxhorn_controller_retrying_objects{controller="engine"} 2"#,
     ] {
         assert!(
             text.lines().any(|l| l == line),

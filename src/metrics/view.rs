@@ -58,6 +58,8 @@ pub struct ReplicaRow {
 pub struct RebuildRow {
     pub volume: String,
     pub replica: String,
+    /// The replica it copies from.
+    pub source: String,
     pub progress: f64,
 }
 
@@ -116,6 +118,8 @@ pub struct View {
     pub manager: Option<Usage>,
     /// The node's instance manager, when it is a process of its own.
     pub instance_manager: Option<Usage>,
+    /// Objects per kind waiting to retry after a failed reconcile.
+    pub retrying: BTreeMap<String, usize>,
 }
 
 /// The objects a view is made of, as the caches hold them.
@@ -263,18 +267,20 @@ impl View {
                 mode: *mode,
             });
         }
-        // Rebuilds are keyed by the replica's address.
-        for (address, rebuild) in &status.rebuild_status {
-            let replica = engine
-                .spec
-                .replica_address_map
-                .iter()
+        // Rebuilds name replicas by address.
+        let name_of = |address: &str| {
+            let named = engine.spec.replica_address_map.iter();
+            named
+                .clone()
                 .find(|(_, a)| *a == address)
-                .map_or_else(|| address.clone(), |(name, _)| name.clone());
+                .map_or_else(|| address.to_owned(), |(name, _)| name.clone())
+        };
+        for (address, rebuild) in &status.rebuild_status {
             if rebuild.is_rebuilding {
                 self.rebuilds.push(RebuildRow {
                     volume: volume.to_owned(),
-                    replica,
+                    replica: name_of(address),
+                    source: name_of(&rebuild.from_replica_address),
                     progress: f64::from(rebuild.progress.clamp(0, 100)) / 100.0,
                 });
             }

@@ -31,8 +31,13 @@ async fn replica(engine: &Engine, address: &str) -> EngineReplica {
 async fn until_copied(engine: &Engine, address: &str, bytes: u64) -> (u64, u64) {
     let reached = eventually(PATIENCE, || async {
         let r = replica(engine, address).await;
-        (r.rebuilding && r.rebuild_bytes_done >= bytes)
-            .then_some((r.rebuild_bytes_done, r.rebuild_bytes_total))
+        let copying = r.rebuilding && r.rebuild_bytes_done >= bytes;
+        // A running rebuild names the replica it copies from.
+        assert!(
+            !copying || (!r.rebuild_source.is_empty() && r.rebuild_source != address),
+            "{r:?}"
+        );
+        copying.then_some((r.rebuild_bytes_done, r.rebuild_bytes_total))
     })
     .await;
     match reached {

@@ -25,6 +25,8 @@ struct State {
     io_errors: u64,
     last_error: String,
     rebuild: Option<(u64, u64)>,
+    /// The data address of the replica a running rebuild copies from.
+    rebuild_source: String,
     last_rebuild_copied: u64,
 }
 
@@ -34,6 +36,7 @@ pub struct Report {
     pub last_error: String,
     /// (bytes done, bytes total) while rebuilding.
     pub rebuild: Option<(u64, u64)>,
+    pub rebuild_source: String,
     pub last_rebuild_copied: u64,
 }
 
@@ -131,6 +134,10 @@ impl Member {
         lock(&self.state).rebuild = progress;
     }
 
+    pub fn set_rebuild_source(&self, address: &str) {
+        lock(&self.state).rebuild_source = address.to_owned();
+    }
+
     pub fn set_rebuild_copied(&self, bytes: u64) {
         lock(&self.state).last_rebuild_copied = bytes;
     }
@@ -141,6 +148,11 @@ impl Member {
             io_errors: state.io_errors,
             last_error: state.last_error.clone(),
             rebuild: state.rebuild,
+            // Only while rebuilding: a finished rebuild has no source.
+            rebuild_source: match state.rebuild {
+                Some(_) => state.rebuild_source.clone(),
+                None => String::new(),
+            },
             last_rebuild_copied: state.last_rebuild_copied,
         }
     }

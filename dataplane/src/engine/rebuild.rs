@@ -119,6 +119,7 @@ impl Engine {
                 .next()
                 .ok_or(EngineError::NoHealthyReplica)?;
             target.set_mode(Mode::WriteOnly);
+            target.set_rebuild_source(&source.address);
             target.set_rebuild_progress(Some((0, 0)));
             self.snapshot_quiesced(&rebuild_snapshot_name(), false)
                 .await?;

@@ -50,6 +50,7 @@ impl Engine {
                 rebuild_bytes_total: report.rebuild.map(|r| r.1).unwrap_or(0),
                 last_error: report.last_error,
                 last_rebuild_bytes_copied: report.last_rebuild_copied,
+                rebuild_source: report.rebuild_source,
             });
         }
         for (address, reason) in super::read(&self.absent).iter() {
