@@ -11,21 +11,14 @@ use crate::controller::{Context, io_metrics};
 /// this node, asking all engines at once; an engine that does not answer
 /// leaves its volume without them this scrape.
 pub async fn read(ctx: &Context, view: &mut View) {
-    let engines = ctx.ds.engines.store.state();
-    let asked = view.volumes.iter().map(|volume| {
+    let asked = view.volumes.iter().map(|volume| async move {
+        let engine = volume.engine.as_ref()?;
         let name = &volume.labels.volume;
-        let engine = engines
-            .iter()
-            .find(|e| e.spec.instance.volume_name == *name)
-            .cloned();
-        async move {
-            let engine = engine?;
-            io_metrics(ctx, &engine)
-                .await
-                .inspect_err(|error| debug!(volume = %name, %error, "engine metrics not read"))
-                .ok()
-                .flatten()
-        }
+        io_metrics(ctx, engine)
+            .await
+            .inspect_err(|error| debug!(volume = %name, %error, "engine metrics not read"))
+            .ok()
+            .flatten()
     });
     let answers = join_all(asked).await;
     for (volume, io) in view.volumes.iter_mut().zip(answers) {

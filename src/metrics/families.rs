@@ -2,11 +2,12 @@
 //! family's descriptor is written even when it has no series yet, so that
 //! dashboards and alerts find it.
 //!
-//! Series per volume: 17 (the gauges below, 6 state and 4 robustness
-//! series) and its last backup's time once it has one; 3 mode series per
-//! replica, one progress series per rebuilding replica and one per backup
-//! state it has; attached, 75 more for its engine's I/O (8 counters, 4
-//! error series, 3 histograms of 18 bounds, +Inf, sum and count).
+//! Series per volume: 16 (6 gauges, 6 state and 4 robustness series), its
+//! last backup's time once it has one, and one per backup state it has.
+//! Attached (its engine running), 1 for its rebuild limit, 3 mode series
+//! per replica, one progress series per rebuilding replica, and 75 for its
+//! engine's I/O (8 counters, 4 error series, 3 histograms of 18 bounds,
+//! +Inf, sum and count).
 
 use std::fmt::Error;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -67,17 +68,17 @@ const MODES: [(ReplicaMode, &str); 3] = [
 
 // Tables, one family a line.
 #[rustfmt::skip]
-const VOLUME_GAUGES: [ValueOf<VolumeRow, i64>; 7] = [
+const VOLUME_GAUGES: [ValueOf<VolumeRow, i64>; 6] = [
     ("volume_capacity", "Size of the volume", Bytes, |v| v.capacity),
     ("volume_actual_size", "Bytes its data takes on a replica", Bytes, |v| v.actual_size),
     ("volume_replicas_wanted", "Replicas it should have", Count, |v| i64::from(v.replicas_wanted)),
     ("volume_replicas_healthy", "Replicas in its I/O path (RW)", Count, |v| v.replicas_healthy as i64),
     ("volume_snapshots", "Its snapshots", Count, |v| v.snapshots as i64),
     ("volume_snapshot_size", "Bytes its snapshots hold", Bytes, |v| v.snapshot_bytes),
-    ("volume_rebuild_limit_bytes_per_second", REBUILD_LIMIT, Count, |v| v.rebuild_limit),
 ];
 
-const REBUILD_LIMIT: &str = "Bytes per second each new rebuild may average; 0: no limit";
+const REBUILD_LIMIT: &str =
+    "Bytes per second each new rebuild of the attached volume may average; 0: no limit";
 
 type Op = fn(&EngineMetrics) -> &Option<IoOpStats>;
 
@@ -269,6 +270,11 @@ fn volumes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         .flat_map(|v| one_hot(volume_labels(v), "robustness", &ROBUSTNESS, v.robustness));
     let help = "1 for the volume's current robustness";
     gauges(e, ("volume_robustness", help, Count), robustness)?;
+    let limits = rows
+        .iter()
+        .filter_map(|v| Some((volume_labels(v), v.rebuild_limit?)));
+    let name = "volume_rebuild_limit_bytes_per_second";
+    gauges(e, (name, REBUILD_LIMIT, Count), limits)?;
     let backed_up = rows
         .iter()
         .filter_map(|v| Some((volume_labels(v), v.last_backup?)));

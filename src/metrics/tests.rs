@@ -38,6 +38,7 @@ fn engine(volume: &str) -> Arc<Engine> {
         "spec": {"volumeName": volume, "volumeSize": 1 << 30, "nodeID": "n1",
                  "replicaAddressMap": {"r1": "10.0.0.1:9000", "r2": "10.0.0.2:9000"}},
         "status": {
+            "currentState": "running",
             "replicaModeMap": {"r1": "RW", "r2": "WO"},
             "rebuildStatus": {"10.0.0.2:9000": {"isRebuilding": true, "progress": 40,
                                                  "fromReplicaAddress": "10.0.0.1:9000"}},
@@ -165,6 +166,30 @@ fn a_manager_reports_only_what_it_owns() {
     let targets: Vec<_> = view.targets.iter().map(|t| t.target.as_str()).collect();
     assert_eq!(targets, ["default"]);
     assert_eq!(view.backups.values().sum::<u64>(), 3, "v1's backups only");
+}
+
+#[test]
+fn a_stopped_engine_reports_no_replicas_and_no_rebuild_limit() {
+    let mut stopped = (*engine("v1")).clone();
+    let status = stopped.status.as_mut().unwrap();
+    status.instance.current_state = crate::types::InstanceState::Stopped;
+    let objects = Objects {
+        volumes: &[volume("v1", "n1", "healthy")],
+        engines: &[Arc::new(stopped)],
+        replicas: &[replica("r1", "n1")],
+        nodes: &[],
+        targets: &[],
+        backups: &[],
+    };
+    let view = View::from_objects("n1", &objects);
+    assert_eq!(view.volumes[0].rebuild_limit, None);
+    assert!(
+        view.replicas.is_empty() && view.rebuilds.is_empty(),
+        "{view:?}"
+    );
+    let text = exposition(view);
+    assert!(samples(&text, "oxhorn_volume_rebuild_limit_bytes_per_second").is_empty());
+    assert!(text.contains("# TYPE oxhorn_volume_rebuild_limit_bytes_per_second gauge"));
 }
 
 #[test]

@@ -2,13 +2,15 @@
 //! plain rows, so that what is owned and how it is counted is tested without
 //! a cluster, and encoding ([`super::families`]) only writes them out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::datastore::Datastore;
 use crate::protocol::control::EngineMetrics;
 use crate::types::{
-    Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, Node, PVC_NAME,
-    PVC_NAMESPACE, Replica, ReplicaMode, Robustness, Volume, VolumeState,
+    Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, EngineStatus,
+    InstanceState, Node, PVC_NAME, PVC_NAMESPACE, Replica, ReplicaMode, Robustness, Volume,
+    VolumeState,
 };
 
 use super::process::{self, Usage};
@@ -24,7 +26,7 @@ pub struct VolumeLabels {
     pub node: String,
 }
 
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub struct VolumeRow {
     pub labels: VolumeLabels,
     pub capacity: i64,
@@ -40,8 +42,11 @@ pub struct VolumeRow {
     /// Snapshots the engine reports (not removed), and their bytes.
     pub snapshots: usize,
     pub snapshot_bytes: i64,
-    /// Bytes per second each new rebuild may average; 0: no limit.
-    pub rebuild_limit: i64,
+    /// Bytes per second each new rebuild may average (0: no limit), while
+    /// its engine runs.
+    pub rebuild_limit: Option<i64>,
+    /// Its engine, through which its I/O figures are read.
+    pub engine: Option<Arc<Engine>>,
     /// What its engine counted, when it runs here and answered.
     pub io: Option<EngineMetrics>,
 }
@@ -124,12 +129,12 @@ pub struct View {
 
 /// The objects a view is made of, as the caches hold them.
 pub struct Objects<'a> {
-    pub volumes: &'a [std::sync::Arc<Volume>],
-    pub engines: &'a [std::sync::Arc<Engine>],
-    pub replicas: &'a [std::sync::Arc<Replica>],
-    pub nodes: &'a [std::sync::Arc<Node>],
-    pub targets: &'a [std::sync::Arc<BackupTarget>],
-    pub backups: &'a [std::sync::Arc<Backup>],
+    pub volumes: &'a [Arc<Volume>],
+    pub engines: &'a [Arc<Engine>],
+    pub replicas: &'a [Arc<Replica>],
+    pub nodes: &'a [Arc<Node>],
+    pub targets: &'a [Arc<BackupTarget>],
+    pub backups: &'a [Arc<Backup>],
 }
 
 impl View {
@@ -155,18 +160,14 @@ impl View {
             node: node.to_owned(),
             ..Self::default()
         };
+        let index = Index::of(objects);
         let owned = objects.volumes.iter().filter(|v| {
             v.status
                 .as_ref()
                 .is_some_and(|s| s.owner_id == node && v.metadata.deletion_timestamp.is_none())
         });
         for volume in owned {
-            let name = volume.metadata.name.clone().unwrap_or_default();
-            let engine = objects
-                .engines
-                .iter()
-                .find(|e| e.spec.instance.volume_name == name);
-            view.add_volume(volume, engine.map(|e| &**e), objects);
+            view.add_volume(volume, &index);
         }
         view.own_node = objects
             .nodes
@@ -182,26 +183,31 @@ impl View {
         view
     }
 
-    fn add_volume(&mut self, volume: &Volume, engine: Option<&Engine>, objects: &Objects) {
+    fn add_volume(&mut self, volume: &Volume, index: &Index) {
         let name = volume.metadata.name.clone().unwrap_or_default();
         let status = volume.status.clone().unwrap_or_default();
         let annotation = |key: &str| {
-            volume
-                .metadata
-                .annotations
-                .as_ref()
+            let annotations = volume.metadata.annotations.as_ref();
+            annotations
                 .and_then(|a| a.get(key))
                 .cloned()
                 .unwrap_or_default()
         };
-        let engine_status = engine.and_then(|e| e.status.clone()).unwrap_or_default();
+        let engine = index.engines.get(name.as_str()).copied();
+        // A stopped engine's status is emptied: nothing to report of it.
+        let running = engine
+            .and_then(|e| e.status.as_ref())
+            .filter(|s| s.instance.current_state == InstanceState::Running);
+        let engine_status = running.cloned().unwrap_or_default();
         let snapshots = engine_status.snapshots.values().filter(|s| !s.removed);
+        let backups = index
+            .backups
+            .get(name.as_str())
+            .map_or(&[][..], Vec::as_slice);
         // The newest completed backup's: the Backups say it, whichever
         // target they are in.
-        let last_backup = objects
-            .backups
+        let last_backup = backups
             .iter()
-            .filter(|b| b.spec.volume_name == name)
             .filter_map(|b| b.status.as_ref())
             .filter(|s| s.state == BackupState::Completed)
             .filter_map(|s| s.backup_created_at.as_ref())
@@ -227,17 +233,14 @@ impl View {
             last_backup,
             snapshots: snapshots.clone().count(),
             snapshot_bytes: snapshots.map(|s| s.size).sum(),
-            rebuild_limit: engine_status.rebuild_bandwidth_limit << 20,
+            rebuild_limit: running.map(|s| s.rebuild_bandwidth_limit << 20),
+            engine: engine.cloned(),
             io: None,
         });
-        if let Some(engine) = engine {
-            self.add_replicas(&name, engine, objects.replicas);
+        if let (Some(engine), Some(status)) = (engine, running) {
+            self.add_replicas(&name, engine, status, index);
         }
-        for backup in objects
-            .backups
-            .iter()
-            .filter(|b| b.spec.volume_name == name)
-        {
+        for backup in backups {
             let state = backup_state(backup.status.as_ref().map(|s| s.state));
             *self.backups.entry((name.clone(), state)).or_default() += 1;
         }
@@ -247,31 +250,22 @@ impl View {
         &mut self,
         volume: &str,
         engine: &Engine,
-        replicas: &[std::sync::Arc<Replica>],
+        status: &EngineStatus,
+        index: &Index,
     ) {
-        let Some(status) = &engine.status else {
-            return;
-        };
-        let node_of = |replica: &str| {
-            replicas
-                .iter()
-                .find(|r| r.metadata.name.as_deref() == Some(replica))
-                .map(|r| r.spec.instance.node_id.clone())
-                .unwrap_or_default()
-        };
         for (replica, mode) in &status.replica_mode_map {
+            let node = index.replica_nodes.get(replica.as_str());
             self.replicas.push(ReplicaRow {
                 volume: volume.to_owned(),
                 replica: replica.clone(),
-                node: node_of(replica),
+                node: node.map(|n| (*n).to_owned()).unwrap_or_default(),
                 mode: *mode,
             });
         }
         // Rebuilds name replicas by address.
         let name_of = |address: &str| {
-            let named = engine.spec.replica_address_map.iter();
+            let mut named = engine.spec.replica_address_map.iter();
             named
-                .clone()
                 .find(|(_, a)| *a == address)
                 .map_or_else(|| address.to_owned(), |(name, _)| name.clone())
         };
@@ -284,6 +278,45 @@ impl View {
                     progress: f64::from(rebuild.progress.clamp(0, 100)) / 100.0,
                 });
             }
+        }
+    }
+}
+
+/// The objects looked up per volume, indexed once per scrape: a scrape of
+/// a thousand volumes makes no search per volume.
+struct Index<'a> {
+    /// Engine by its volume.
+    engines: HashMap<&'a str, &'a Arc<Engine>>,
+    /// A replica's node by the replica's name.
+    replica_nodes: HashMap<&'a str, &'a str>,
+    /// Backups by their volume.
+    backups: HashMap<&'a str, Vec<&'a Arc<Backup>>>,
+}
+
+impl<'a> Index<'a> {
+    fn of(objects: &'a Objects) -> Self {
+        let engines = objects.engines.iter();
+        let replicas = objects.replicas.iter();
+        let mut backups: HashMap<&str, Vec<&Arc<Backup>>> = HashMap::new();
+        for backup in objects.backups {
+            backups
+                .entry(&backup.spec.volume_name)
+                .or_default()
+                .push(backup);
+        }
+        Self {
+            engines: engines
+                .map(|e| (e.spec.instance.volume_name.as_str(), e))
+                .collect(),
+            replica_nodes: replicas
+                .filter_map(|r| {
+                    Some((
+                        r.metadata.name.as_deref()?,
+                        r.spec.instance.node_id.as_str(),
+                    ))
+                })
+                .collect(),
+            backups,
         }
     }
 }
