@@ -20,7 +20,17 @@
 #   - nginx and jessie-dnsutils: stand-ins, the same busybox. The storage
 #     tests only run shell commands in them (the volumes suite's exec test,
 #     the multivolume suite's pods), never nginx or the DNS tools. Each
-#     says so in its label io.oxhorn.stand-in.
+#     says so in its label io.oxhorn.stand-in. jessie-dnsutils, Debian in
+#     the original, also has Debian's GNU dd (with its libc): the
+#     multivolume block tests write with `dd oflag=nocache`, which
+#     busybox's dd refuses;
+#   - hello-populator (sig-storage), the volume populator the
+#     "any volume data source" test deploys: built from
+#     lib-volume-populator's example, at the version the module proxy has
+#     (v1.2.0; the manifest's v1.0.1 is not there), on that busybox. Its
+#     flags are the same. The data-source validator the test also deploys
+#     is not built (no version of it is on the proxy); the test does not
+#     wait for it.
 #   An archive is rebuilt only when what it is made of changed.
 #
 #   OXHORN_CACHE          where built tools live (default: ~/.cache/oxhorn)
@@ -92,6 +102,32 @@ build_agnhost() {
 	stamp agnhost "$version"
 }
 
+# hello-populator from lib-volume-populator's example, static, in a module
+# of its own: its Kubernetes libraries (client-go v0.25) must not move those
+# of hack/tools.
+POPULATOR_VERSION=v1.2.0
+build_hello_populator() {
+	stamped hello-populator "$POPULATOR_VERSION" && return
+	local module=$cache/hello-populator-module
+	mkdir -p "$module"
+	log "go build hello-populator of lib-volume-populator $POPULATOR_VERSION (a minute or two when new)"
+	(
+		cd "$module"
+		[ -f go.mod ] || go mod init oxhorn.io/e2e-hello-populator >/dev/null 2>&1
+		go get "github.com/kubernetes-csi/lib-volume-populator@$POPULATOR_VERSION" >/dev/null 2>&1
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/hello-populator" \
+			github.com/kubernetes-csi/lib-volume-populator/example/hello-populator
+	)
+	stamp hello-populator "$POPULATOR_VERSION"
+}
+
+# The image the "any volume data source" test's populator Deployment runs.
+populator_ref() {
+	local deploy=$kube_src/test/e2e/testing-manifests/storage-csi/any-volume-datasource/hello-populator-deploy.yaml
+	sed -nE 's/^\s*image:\s*(\S+)\s*$/\1/p' "$deploy" | head -n 1 | grep . ||
+		die "no image in $deploy"
+}
+
 # image_ref ID: the name and tag manifest.go gives image ID (BusyBox,
 # Agnhost, ...), as the tests ask for it with no --kube-test-repo-list.
 image_ref() {
@@ -135,6 +171,18 @@ busybox_rootfs() {
 	EOF
 }
 
+# gnu_dd DIR: Debian's GNU dd in place of busybox's, with the libraries it
+# loads.
+gnu_dd() {
+	local root=$1 library
+	rm -f "$root/bin/dd"
+	cp /usr/bin/dd "$root/bin/dd"
+	for library in $(ldd /usr/bin/dd | grep -oE '/[^ ]+'); do
+		mkdir -p "$root$(dirname "$library")"
+		cp -L "$library" "$root$library"
+	done
+}
+
 # agnhost_users DIR: the user and groups agnhost's Dockerfile adds, which
 # its SupplementalGroups tests look up.
 agnhost_users() {
@@ -151,6 +199,7 @@ config_of() { # SHORT NAME
 	case $1 in
 	busybox) echo --config.cmd=sh ;;
 	agnhost) echo --config.entrypoint=/agnhost --config.cmd=pause ;;
+	hello-populator) echo --config.entrypoint=/hello-populator ;;
 	# Pods started without a command stay up, as nginx's would.
 	nginx | jessie-dnsutils) echo --config.cmd=sleep --config.cmd=2147483647 ;;
 	esac
@@ -160,6 +209,8 @@ stand_in_of() { # SHORT
 	case $1 in
 	busybox) echo "Debian's static busybox $(dpkg-query -W -f='${Version}' busybox-static), by hack/install-e2e-deps.sh" ;;
 	agnhost) echo "agnhost of k8s.io/kubernetes $KUBE_VERSION on Debian's static busybox, by hack/install-e2e-deps.sh" ;;
+	hello-populator) echo "hello-populator of lib-volume-populator $POPULATOR_VERSION on Debian's static busybox, by hack/install-e2e-deps.sh" ;;
+	jessie-dnsutils) echo "Debian's static busybox and GNU dd in place of jessie-dnsutils, whose DNS tools the storage tests never run, by hack/install-e2e-deps.sh" ;;
 	*) echo "Debian's static busybox in place of $1, whose programs the storage tests never run, by hack/install-e2e-deps.sh" ;;
 	esac
 }
@@ -173,6 +224,8 @@ build_image() {
 	inputs=$({
 		sha256sum "$BUSYBOX" "${BASH_SOURCE[0]}"
 		[ "$short" = agnhost ] && sha256sum "$bin/agnhost"
+		[ "$short" = hello-populator ] && sha256sum "$bin/hello-populator"
+		[ "$short" = jessie-dnsutils ] && sha256sum /usr/bin/dd
 		echo "$ref"
 	} | sha256sum | cut -c1-64)
 	if [ -f "$file" ] && [ "$(tar -xOf "$file" index.json 2>/dev/null |
@@ -193,6 +246,8 @@ build_image() {
 		install -m 755 "$bin/agnhost" "$bundle/rootfs/agnhost"
 		ln -s agnhost "$bundle/rootfs/agnhost-2"
 	fi
+	[ "$short" = hello-populator ] && install -m 755 "$bin/hello-populator" "$bundle/rootfs/hello-populator"
+	[ "$short" = jessie-dnsutils ] && gnu_dd "$bundle/rootfs"
 	umoci repack --image "$layout:build" "$bundle"
 	# shellcheck disable=SC2046 # one option a word
 	umoci config --image "$layout:build" \
@@ -217,9 +272,11 @@ agnhost_ref=$(image_ref Agnhost)
 [ "$(cat "$kube_src/test/images/agnhost/VERSION")" = "${agnhost_ref##*:}" ] ||
 	die "test/images/agnhost/VERSION is not the tag manifest.go gives agnhost ($agnhost_ref)"
 build_agnhost "${agnhost_ref##*:}"
+build_hello_populator
 build_image busybox "$(image_ref BusyBox)"
 build_image agnhost "$agnhost_ref"
 build_image nginx "$(image_ref Nginx)"
 build_image jessie-dnsutils "$(image_ref JessieDnsutils)"
+build_image hello-populator "$(populator_ref)"
 log "e2e.test in $bin, images ready in $out"
 echo "$out"
