@@ -114,7 +114,7 @@ build_hello_populator() {
 	(
 		cd "$module"
 		[ -f go.mod ] || go mod init oxhorn.io/e2e-hello-populator >/dev/null 2>&1
-		go get "github.com/kubernetes-csi/lib-volume-populator@$POPULATOR_VERSION" >/dev/null 2>&1
+		go get "github.com/kubernetes-csi/lib-volume-populator/example/hello-populator@$POPULATOR_VERSION" >/dev/null 2>&1
 		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/hello-populator" \
 			github.com/kubernetes-csi/lib-volume-populator/example/hello-populator
 	)
