@@ -21,9 +21,9 @@
 #     tests only run shell commands in them (the volumes suite's exec test,
 #     the multivolume suite's pods), never nginx or the DNS tools. Each
 #     says so in its label io.oxhorn.stand-in. jessie-dnsutils, Debian in
-#     the original, also has Debian's GNU dd (with its libc): the
-#     multivolume block tests write with `dd oflag=nocache`, which
-#     busybox's dd refuses;
+#     the original, also has Debian's GNU dd and dash as its sh (with
+#     their libc): the multivolume block tests write with
+#     `dd oflag=nocache`, which busybox's dd refuses;
 #   - hello-populator (sig-storage), the volume populator the
 #     "any volume data source" test deploys: built from
 #     lib-volume-populator's example, at the version the module proxy has
@@ -171,13 +171,15 @@ busybox_rootfs() {
 	EOF
 }
 
-# gnu_dd DIR: Debian's GNU dd in place of busybox's, with the libraries it
-# loads.
+# gnu_dd DIR: Debian's GNU dd in place of busybox's, and Debian's dash as
+# /bin/sh (busybox's sh runs its own applets before any program of the
+# PATH), with the libraries they load.
 gnu_dd() {
 	local root=$1 library
-	rm -f "$root/bin/dd"
+	rm -f "$root/bin/dd" "$root/bin/sh"
 	cp /usr/bin/dd "$root/bin/dd"
-	for library in $(ldd /usr/bin/dd | grep -oE '/[^ ]+'); do
+	cp /usr/bin/dash "$root/bin/sh"
+	for library in $(ldd /usr/bin/dd /usr/bin/dash | grep -oE '/[^ ]+' | sort -u); do
 		mkdir -p "$root$(dirname "$library")"
 		cp -L "$library" "$root$library"
 	done
@@ -210,7 +212,7 @@ stand_in_of() { # SHORT
 	busybox) echo "Debian's static busybox $(dpkg-query -W -f='${Version}' busybox-static), by hack/install-e2e-deps.sh" ;;
 	agnhost) echo "agnhost of k8s.io/kubernetes $KUBE_VERSION on Debian's static busybox, by hack/install-e2e-deps.sh" ;;
 	hello-populator) echo "hello-populator of lib-volume-populator $POPULATOR_VERSION on Debian's static busybox, by hack/install-e2e-deps.sh" ;;
-	jessie-dnsutils) echo "Debian's static busybox and GNU dd in place of jessie-dnsutils, whose DNS tools the storage tests never run, by hack/install-e2e-deps.sh" ;;
+	jessie-dnsutils) echo "Debian's static busybox, GNU dd and dash in place of jessie-dnsutils, whose DNS tools the storage tests never run, by hack/install-e2e-deps.sh" ;;
 	*) echo "Debian's static busybox in place of $1, whose programs the storage tests never run, by hack/install-e2e-deps.sh" ;;
 	esac
 }
@@ -225,7 +227,7 @@ build_image() {
 		sha256sum "$BUSYBOX" "${BASH_SOURCE[0]}"
 		[ "$short" = agnhost ] && sha256sum "$bin/agnhost"
 		[ "$short" = hello-populator ] && sha256sum "$bin/hello-populator"
-		[ "$short" = jessie-dnsutils ] && sha256sum /usr/bin/dd
+		[ "$short" = jessie-dnsutils ] && sha256sum /usr/bin/dd /usr/bin/dash
 		echo "$ref"
 	} | sha256sum | cut -c1-64)
 	if [ -f "$file" ] && [ "$(tar -xOf "$file" index.json 2>/dev/null |
