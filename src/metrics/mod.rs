@@ -5,8 +5,9 @@
 //! across managers: the volumes whose status names it as owner (with their
 //! engines' I/O and replicas), its own node and disks, the backup targets
 //! and backups it owns, and its own process and controllers. The custom
-//! resources are read from the shared caches at scrape time ([`view`]); the
-//! controllers and the API client count as they go ([`controllers`]).
+//! resources are read from the shared caches at scrape time (`view`); the
+//! controllers, the API client and the backups count as they go (`controllers`,
+//! `backups`).
 
 mod backups;
 mod controllers;
