@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info};
 
+use super::counters::Counted;
 use super::data_plane::EngineChannels;
 use super::node::FrontendProbe;
 use super::ownership::Owned;
@@ -19,7 +20,6 @@ use super::retries::Retries;
 use super::{ControllerError, Expectations, replace_status};
 use crate::datastore::{Datastore, Liveness, Settings};
 use crate::instance::InstanceManager;
-use crate::metrics::Counted;
 use crate::protocol::{Access, Key};
 
 /// What this node's manager is and where its pieces are.

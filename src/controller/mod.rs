@@ -7,6 +7,7 @@
 pub mod backup;
 mod cluster_key;
 mod context;
+mod counters;
 mod data_plane;
 mod engine;
 mod error;
@@ -25,6 +26,7 @@ mod writes;
 
 pub use cluster_key::{KEY_SECRET, cluster_key};
 pub use context::{Context, NodeConfig};
+pub use counters::{BackupMetrics, ControllerMetrics, Counted, duration_histogram};
 pub use engine::io_metrics;
 pub use error::ControllerError;
 pub use expectations::Expectations;

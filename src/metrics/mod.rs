@@ -6,35 +6,26 @@
 //! engines' I/O and replicas), its own node and disks, the backup targets
 //! and backups it owns, and its own process and controllers. The custom
 //! resources are read from the shared caches at scrape time (`view`); the
-//! controllers, the API client and the backups count as they go (`controllers`,
-//! `backups`).
+//! controllers count as they go (`controller::counters`), and so does the
+//! API client (`kube_api`).
 
-mod backups;
-mod controllers;
 mod engine_io;
 mod families;
+mod kube_api;
 pub mod process;
 mod view;
 
 #[cfg(test)]
 mod tests;
 
-pub use backups::BackupMetrics;
-pub use controllers::{ControllerMetrics, KubeApiLatency};
-
-/// What the controllers count as they work.
-#[derive(Clone, Default)]
-pub struct Counted {
-    pub reconciles: ControllerMetrics,
-    pub backups: BackupMetrics,
-}
+pub use kube_api::KubeApiLatency;
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
-use crate::controller::Context;
+use crate::controller::{Context, Counted};
 use crate::datastore::Datastore;
 use families::Owned;
 use view::View;

@@ -9,10 +9,11 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tower::{Layer, Service, ServiceExt};
 
+use super::KubeApiLatency;
 use super::families::Owned;
 use super::process::Usage;
 use super::view::{Objects, View};
-use super::{BackupMetrics, ControllerMetrics, KubeApiLatency};
+use crate::controller::{BackupMetrics, ControllerMetrics};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
 use crate::types::{Backup, BackupTarget, Engine, Node, Replica, Volume};
 

@@ -1,6 +1,5 @@
-//! What the controllers and the Kubernetes API client count as they go:
-//! reconciles, their errors and durations per controller, and the API
-//! server's answer times per verb.
+//! The Kubernetes API server's answer times per verb, as the manager's
+//! client sees them: a tower layer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,75 +8,12 @@ use std::time::Instant;
 
 use http::{Method, Request};
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use tower::{Layer, Service};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ControllerLabels {
-    controller: String,
-}
-
-fn duration_histogram() -> Histogram {
-    // 1 ms to ~33 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
-}
-
-/// Per controller (the kind it reconciles, lowercased): reconciles,
-/// failed reconciles, and how long each took.
-#[derive(Clone)]
-pub struct ControllerMetrics {
-    reconciles: Family<ControllerLabels, Counter>,
-    errors: Family<ControllerLabels, Counter>,
-    durations: Family<ControllerLabels, Histogram, fn() -> Histogram>,
-}
-
-impl Default for ControllerMetrics {
-    fn default() -> Self {
-        Self {
-            reconciles: Family::default(),
-            errors: Family::default(),
-            durations: Family::new_with_constructor(duration_histogram),
-        }
-    }
-}
-
-impl ControllerMetrics {
-    /// Counts one reconcile of `controller` that took `started.elapsed()`.
-    pub fn reconciled(&self, controller: &str, started: Instant, failed: bool) {
-        let labels = ControllerLabels {
-            controller: controller.to_lowercase(),
-        };
-        self.reconciles.get_or_create(&labels).inc();
-        if failed {
-            self.errors.get_or_create(&labels).inc();
-        }
-        self.durations
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
-    }
-
-    pub(super) fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "controller_reconciles",
-            "Reconciles run, per controller",
-            self.reconciles.clone(),
-        );
-        registry.register(
-            "controller_reconcile_errors",
-            "Reconciles that failed (and will be retried), per controller",
-            self.errors.clone(),
-        );
-        registry.register_with_unit(
-            "controller_reconcile_duration",
-            "How long reconciles took, per controller",
-            Unit::Seconds,
-            self.durations.clone(),
-        );
-    }
-}
+use crate::controller::duration_histogram;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ApiLabels {
