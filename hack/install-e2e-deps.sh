@@ -179,7 +179,9 @@ gnu_dd() {
 	rm -f "$root/bin/dd" "$root/bin/sh"
 	cp /usr/bin/dd "$root/bin/dd"
 	cp /usr/bin/dash "$root/bin/sh"
-	for library in $(ldd /usr/bin/dd /usr/bin/dash | grep -oE '/[^ ]+' | sort -u); do
+	# ldd of one file at a time: given several, it heads each list with
+	# the file's name.
+	for library in $({ ldd /usr/bin/dd; ldd /usr/bin/dash; } | grep -oE '/[^ ]+' | sort -u); do
 		mkdir -p "$root$(dirname "$library")"
 		cp -L "$library" "$root$library"
 	done
