@@ -96,7 +96,7 @@ fn bytes(op: &Option<IoOpStats>) -> u64 {
 }
 
 #[rustfmt::skip]
-const IO_COUNTERS: [ValueOf<EngineMetrics, u64>; 8] = [
+const IO_COUNTERS: [ValueOf<EngineMetrics, u64>; 11] = [
     ("volume_read_ops", "Reads its engine answered", Count, |m| ops(&m.read)),
     ("volume_write_ops", "Writes its engine answered", Count, |m| ops(&m.write)),
     ("volume_flush_ops", "Flushes its engine answered", Count, |m| ops(&m.flush)),
@@ -105,6 +105,9 @@ const IO_COUNTERS: [ValueOf<EngineMetrics, u64>; 8] = [
     ("volume_write", "Bytes written to it", Bytes, |m| bytes(&m.write)),
     ("volume_unmap", "Bytes unmapped (discarded) on it", Bytes, |m| bytes(&m.unmap)),
     ("volume_rebuild_copied", REBUILD_COPIED, Bytes, |m| m.rebuild_bytes_copied),
+    ("volume_checksum_failed", "Bytes replicas read that failed their checksums", Bytes, |m| m.checksum_failed_bytes),
+    ("volume_repaired", "Bytes written back to replicas from a good copy", Bytes, |m| m.repaired_bytes),
+    ("volume_unrecoverable", "Bytes no replica held a good copy of: their reads failed", Bytes, |m| m.unrecoverable_bytes),
 ];
 
 const REBUILD_COPIED: &str = "Bytes its rebuilds copied to the replicas they rebuilt";

@@ -273,6 +273,9 @@ fn engine_metrics() -> EngineMetrics {
     EngineMetrics {
         write: Some(write),
         rebuild_bytes_copied: 2 << 20,
+        checksum_failed_bytes: 3 * 4096,
+        repaired_bytes: 2 * 4096,
+        unrecoverable_bytes: 4096,
         ..EngineMetrics::default()
     }
 }
@@ -290,6 +293,9 @@ fn the_engines_io_is_exported_as_counters_and_cumulative_histograms() {
         format!("oxhorn_volume_write_bytes_total{{{labels}}} 24576"),
         format!(r#"oxhorn_volume_io_errors_total{{{labels},op="write"}} 3"#),
         format!("oxhorn_volume_rebuild_copied_bytes_total{{{labels}}} 2097152"),
+        format!("oxhorn_volume_checksum_failed_bytes_total{{{labels}}} 12288"),
+        format!("oxhorn_volume_repaired_bytes_total{{{labels}}} 8192"),
+        format!("oxhorn_volume_unrecoverable_bytes_total{{{labels}}} 4096"),
         "# TYPE oxhorn_volume_write_latency_seconds histogram".to_owned(),
         format!("oxhorn_volume_write_latency_seconds_count{{{labels}}} 9"),
         format!("oxhorn_volume_write_latency_seconds_sum{{{labels}}} 30.0"),

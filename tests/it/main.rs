@@ -8,6 +8,7 @@ mod common;
 mod api;
 mod backup;
 mod backup_nfs;
+mod bitrot;
 mod cli;
 mod controllers;
 mod csi_controller;

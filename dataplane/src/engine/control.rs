@@ -46,6 +46,7 @@ impl From<EngineError> for Status {
             }
             EngineError::AlreadyMember(_) => Status::already_exists(message),
             EngineError::NotMember(_) => Status::not_found(message),
+            EngineError::NoGoodCopy(_) => Status::data_loss(message),
             EngineError::Control(_, status) => Status::new(status.code(), message),
             EngineError::Replica(_) | EngineError::IoPathUnreachable { .. } => {
                 Status::unavailable(message)
@@ -131,6 +132,6 @@ impl EngineControl for EngineControlService {
         &self,
         _: Request<EngineMetricsRequest>,
     ) -> Result<Response<EngineMetrics>, Status> {
-        Ok(Response::new(self.engine.io_stats.snapshot()))
+        Ok(Response::new(self.engine.metrics()))
     }
 }

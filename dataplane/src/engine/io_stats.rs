@@ -141,6 +141,15 @@ pub struct IoStats {
     pub flush: OpStats,
     pub unmap: OpStats,
     pub rebuild_copied: AtomicU64,
+    pub repair: RepairStats,
+}
+
+/// What read repair found and did, in bytes (`repair.rs`).
+#[derive(Default)]
+pub struct RepairStats {
+    pub checksum_failed: AtomicU64,
+    pub repaired: AtomicU64,
+    pub unrecoverable: AtomicU64,
 }
 
 impl Default for IoStats {
@@ -151,6 +160,7 @@ impl Default for IoStats {
             flush: OpStats::timed(),
             unmap: OpStats::default(),
             rebuild_copied: AtomicU64::new(0),
+            repair: RepairStats::default(),
         }
     }
 }
@@ -165,6 +175,9 @@ impl IoStats {
             flush: Some(self.flush.snapshot()),
             unmap: Some(self.unmap.snapshot()),
             rebuild_bytes_copied: self.rebuild_copied.load(Relaxed),
+            checksum_failed_bytes: self.repair.checksum_failed.load(Relaxed),
+            repaired_bytes: self.repair.repaired.load(Relaxed),
+            unrecoverable_bytes: self.repair.unrecoverable.load(Relaxed),
         }
     }
 }

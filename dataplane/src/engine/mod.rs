@@ -3,7 +3,9 @@
 //! Every write goes to all replicas in RW or WO mode at once and is
 //! acknowledged when each of them has acknowledged it or has been taken out
 //! of the I/O path. Reads go to RW replicas only, spread over them and retried
-//! on another one when one fails. With no RW replica left, I/O fails with EIO.
+//! on another one when one fails; blocks a replica finds rotten are read
+//! from another and repaired (`repair.rs`). With no RW replica left, I/O
+//! fails with EIO.
 //! Snapshots, rebuild hand-offs and expansion happen at a quiesced point: I/O
 //! holds the gate shared, those operations hold it exclusively. Overlapping
 //! writes and discards are applied one after the other, in the order they
@@ -23,6 +25,7 @@ mod member;
 mod process;
 mod ranges;
 mod rebuild;
+mod repair;
 mod status;
 
 pub use control::EngineControlService;
@@ -50,6 +53,10 @@ use ranges::RangeLocks;
 pub enum EngineError {
     #[error("no healthy (RW) replica is left")]
     NoHealthyReplica,
+    #[error(
+        "no replica holds a copy of the data at {0:?} (offset, length) that passes its checksums"
+    )]
+    NoGoodCopy(Vec<(u64, u64)>),
     #[error("invalid replica address {0:?}: {1}")]
     InvalidAddress(String, String),
     #[error(transparent)]
@@ -286,6 +293,12 @@ impl Engine {
         &self.volume
     }
 
+    /// The volume's I/O counters and histograms, and what rebuilds and read
+    /// repair did (`io_stats.rs`).
+    pub fn metrics(&self) -> crate::protocol::control::EngineMetrics {
+        self.io_stats.snapshot()
+    }
+
     fn members_in(&self, modes: &[Mode]) -> Vec<Arc<Member>> {
         read(&self.members)
             .iter()
@@ -382,6 +395,9 @@ impl Engine {
             let member = &readable[self.next_read.fetch_add(1, Ordering::Relaxed) % readable.len()];
             match member.data.read(offset, length).await {
                 Ok(data) => return Ok(data),
+                Err(ConnectionError::Corrupt { ranges, data, .. }) => {
+                    return self.repair_read(member, offset, ranges, data).await;
+                }
                 Err(error) => {
                     let error = EngineError::from(error);
                     if error.is_callers_fault() {

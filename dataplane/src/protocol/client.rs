@@ -17,7 +17,7 @@ use tokio::task::AbortHandle;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::auth::{Access, Claim, Role};
-use super::frame::{ClientCodec, Op, Request, Response, Status};
+use super::frame::{ClientCodec, Op, Request, Response, Status, decode_corrupt};
 use super::handshake::{self, HandshakeError};
 
 /// A replica that does not answer a request within this is failed.
@@ -48,6 +48,14 @@ pub enum ConnectionError {
         address: String,
         status: Status,
         message: String,
+    },
+    /// The replica's copy of these byte ranges (offset, length) fails its
+    /// checksums; the rest of what was read, `data`, is good.
+    #[error("{address}: the data at {ranges:?} (offset, length) does not match its checksums")]
+    Corrupt {
+        address: String,
+        ranges: Vec<(u64, u64)>,
+        data: Bytes,
     },
 }
 
@@ -201,6 +209,14 @@ impl Connection {
             .map(drop)
     }
 
+    /// Restores blocks a read found rotten (see [`Op::Repair`]).
+    pub async fn repair(&self, offset: u64, data: Bytes) -> Result<()> {
+        let length = data.len() as u32;
+        self.call(Op::Repair, offset, length, data, REQUEST_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
     pub async fn flush(&self) -> Result<()> {
         self.call(Op::Flush, 0, 0, Bytes::new(), REQUEST_TIMEOUT)
             .await
@@ -282,6 +298,15 @@ impl Inner {
     fn check(&self, response: Response) -> Result<Response> {
         if response.status == Status::Ok {
             return Ok(response);
+        }
+        if response.status == Status::Corrupt
+            && let Some((ranges, data)) = decode_corrupt(response.data.clone())
+        {
+            return Err(ConnectionError::Corrupt {
+                address: self.address.clone(),
+                ranges,
+                data,
+            });
         }
         Err(ConnectionError::Remote {
             address: self.address.clone(),

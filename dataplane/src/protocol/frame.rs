@@ -3,7 +3,10 @@
 //! request  (24 bytes): magic u16 | version u8 | op u8 | length u32 | id u64 | offset u64
 //!                      then `length` bytes of data for a write
 //! response (16 bytes): magic u16 | version u8 | status u8 | length u32 | id u64
-//!                      then `length` bytes: read data, or an error message
+//!                      then `length` bytes: read data, an error message, or
+//!                      for `Corrupt`: count u32 | count byte ranges that
+//!                      failed their checksums (offset u64 | length u64) |
+//!                      the read data, those ranges zeroed
 //!
 //! `length` is the byte count the op covers (read, write, unmap); a header
 //! whose magic, version, op or length is out of bounds is a protocol error.
@@ -21,6 +24,16 @@ const RESPONSE_HEADER: usize = 16;
 
 /// The largest read or write one frame may carry.
 pub const MAX_PAYLOAD: u32 = 8 << 20;
+/// The largest response: a read's data and, for `Corrupt`, its ranges (at
+/// most one per two blocks of it, as adjacent ones merge).
+const MAX_RESPONSE: u32 = MAX_PAYLOAD + 4 + MAX_PAYLOAD / 4096 / 2 * 16 + 16;
+
+impl Op {
+    /// Whether the request carries `length` bytes of data.
+    fn carries_data(self) -> bool {
+        matches!(self, Op::Write | Op::Repair)
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -30,6 +43,10 @@ pub enum Op {
     Flush = 3,
     Unmap = 4,
     Ping = 5,
+    /// A write that restores blocks a read found rotten, with the data the
+    /// other replicas hold: it changes nothing they do not already have, so
+    /// it does not count as a write (the revision counter stays).
+    Repair = 6,
 }
 
 impl Op {
@@ -41,6 +58,7 @@ impl Op {
             Op::Flush => "flush",
             Op::Unmap => "discard",
             Op::Ping => "ping",
+            Op::Repair => "repair",
         }
     }
 
@@ -51,6 +69,7 @@ impl Op {
             3 => Op::Flush,
             4 => Op::Unmap,
             5 => Op::Ping,
+            6 => Op::Repair,
             _ => return None,
         })
     }
@@ -80,6 +99,11 @@ pub enum Status {
     /// A newer engine generation has connected: this connection's engine
     /// is superseded and nothing it sends is applied any more.
     Fenced = 4,
+    /// Part of a read failed its checksums: the replica's copy is rotten in
+    /// the ranges the data names, and the rest of the data read is good.
+    /// Added within version 2: only a replica that checksums sends it, and
+    /// only in answer to a read.
+    Corrupt = 5,
 }
 
 impl Status {
@@ -90,6 +114,7 @@ impl Status {
             2 => Status::NoSpace,
             3 => Status::IoError,
             4 => Status::Fenced,
+            5 => Status::Corrupt,
             _ => return None,
         })
     }
@@ -118,6 +143,34 @@ impl Response {
             data: Bytes::from(message.to_string()),
         }
     }
+}
+
+/// The data of a `Corrupt` response: the rotten byte ranges (offset,
+/// length) and the data read.
+pub fn encode_corrupt(ranges: &[(u64, u64)], read: &[u8]) -> Bytes {
+    let mut data = BytesMut::with_capacity(4 + ranges.len() * 16 + read.len());
+    data.put_u32(u32::try_from(ranges.len()).unwrap_or(u32::MAX));
+    for &(offset, len) in ranges {
+        data.put_u64(offset);
+        data.put_u64(len);
+    }
+    data.put_slice(read);
+    data.freeze()
+}
+
+/// The ranges and read data of a `Corrupt` response; `None` if malformed.
+pub fn decode_corrupt(mut data: Bytes) -> Option<(Vec<(u64, u64)>, Bytes)> {
+    if data.len() < 4 {
+        return None;
+    }
+    let count = usize::try_from(data.get_u32()).ok()?;
+    if count == 0 || data.len() < count.checked_mul(16)? {
+        return None;
+    }
+    let ranges = (0..count)
+        .map(|_| (data.get_u64(), data.get_u64()))
+        .collect();
+    Some((ranges, data))
 }
 
 fn invalid(message: String) -> io::Error {
@@ -152,12 +205,16 @@ impl Decoder for ServerCodec {
         let op = Op::from_u8(op_byte).ok_or_else(|| invalid(format!("unknown op {op_byte}")))?;
         let length = header.get_u32();
         let (id, offset) = (header.get_u64(), header.get_u64());
-        if matches!(op, Op::Read | Op::Write) && length > MAX_PAYLOAD {
+        if (op == Op::Read || op.carries_data()) && length > MAX_PAYLOAD {
             return Err(invalid(format!(
                 "{op:?} of {length} bytes exceeds {MAX_PAYLOAD}"
             )));
         }
-        let payload = if op == Op::Write { length as usize } else { 0 };
+        let payload = if op.carries_data() {
+            length as usize
+        } else {
+            0
+        };
         if src.len() < REQUEST_HEADER + payload {
             src.reserve(REQUEST_HEADER + payload - src.len());
             return Ok(None);
@@ -210,9 +267,9 @@ impl Decoder for ClientCodec {
             .ok_or_else(|| invalid(format!("unknown status {status_byte}")))?;
         let length = header.get_u32();
         let id = header.get_u64();
-        if length > MAX_PAYLOAD {
+        if length > MAX_RESPONSE {
             return Err(invalid(format!(
-                "response of {length} bytes exceeds {MAX_PAYLOAD}"
+                "response of {length} bytes exceeds {MAX_RESPONSE}"
             )));
         }
         let total = RESPONSE_HEADER + length as usize;
@@ -253,7 +310,8 @@ mod tests {
             Just(Op::Write),
             Just(Op::Flush),
             Just(Op::Unmap),
-            Just(Op::Ping)
+            Just(Op::Ping),
+            Just(Op::Repair)
         ]
     }
 
@@ -261,8 +319,8 @@ mod tests {
         #[test]
         fn requests_round_trip_even_when_split(op in ops(), id: u64, offset: u64,
                 data in proptest::collection::vec(any::<u8>(), 0..9000), split in 0usize..9100) {
-            let length = if op == Op::Write { data.len() as u32 } else { 4096 };
-            let data = if op == Op::Write { Bytes::from(data) } else { Bytes::new() };
+            let length = if op.carries_data() { data.len() as u32 } else { 4096 };
+            let data = if op.carries_data() { Bytes::from(data) } else { Bytes::new() };
             let request = Request { id, op, offset, length, data };
             let mut wire = BytesMut::new();
             ClientCodec.encode(request.clone(), &mut wire).unwrap();
@@ -321,6 +379,36 @@ mod tests {
             assert_eq!(error.kind(), io::ErrorKind::InvalidData);
             assert!(error.to_string().contains(reason), "{error}");
         }
+    }
+
+    #[test]
+    fn a_corrupt_answer_carries_its_ranges_and_the_good_data() {
+        let ranges = [(4096, 8192), (1 << 40, 4096)];
+        let read = Bytes::from(vec![7u8; 3 * 4096]);
+        let response = Response {
+            id: 3,
+            status: Status::Corrupt,
+            data: encode_corrupt(&ranges, &read),
+        };
+        let mut wire = BytesMut::new();
+        ServerCodec.encode(response, &mut wire).unwrap();
+        let decoded = ClientCodec.decode(&mut wire).unwrap().unwrap();
+        assert_eq!(decoded.status, Status::Corrupt);
+        assert_eq!(decode_corrupt(decoded.data), Some((ranges.to_vec(), read)));
+        for malformed in [&b""[..], &[0, 0, 0, 0], &[0, 0, 0, 2, 1]] {
+            assert_eq!(decode_corrupt(Bytes::copy_from_slice(malformed)), None);
+        }
+    }
+
+    /// The largest read, every other block rotten, still fits one answer.
+    #[test]
+    fn the_largest_corrupt_answer_fits() {
+        let ranges: Vec<(u64, u64)> = (0..u64::from(MAX_PAYLOAD) / 4096)
+            .step_by(2)
+            .map(|b| (b * 4096, 4096))
+            .collect();
+        let data = encode_corrupt(&ranges, &vec![0; MAX_PAYLOAD as usize]);
+        assert!(data.len() <= MAX_RESPONSE as usize, "{}", data.len());
     }
 
     #[test]

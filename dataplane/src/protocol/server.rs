@@ -107,7 +107,7 @@ async fn admit<H: Handler>(stream: &mut TcpStream, handler: &H) -> Result<Peer, 
 /// data it reads), at least one.
 fn kib(request: &Request) -> u32 {
     match request.op {
-        Op::Read | Op::Write => request.length.min(MAX_PAYLOAD).div_ceil(1024).max(1),
+        Op::Read | Op::Write | Op::Repair => request.length.min(MAX_PAYLOAD).div_ceil(1024).max(1),
         _ => 1,
     }
 }

@@ -14,8 +14,8 @@ use super::layer::Layer;
 use super::lock;
 use super::meta::{LayerMeta, check_size};
 use super::naming::{
-    VOLUME_HEAD, head_file, head_index_of, meta_file, snapshot_file, snapshot_name_of,
-    validate_snapshot_name,
+    VOLUME_HEAD, checksum_file, companion_files, head_file, head_index_of, intent_file,
+    snapshot_file, snapshot_name_of, validate_snapshot_name,
 };
 use super::store::{ReplicaStore, State};
 
@@ -64,9 +64,10 @@ impl State {
 impl ReplicaStore {
     /// Freezes the head as snapshot `name` and starts a new empty head.
     ///
-    /// The head file is hard-linked under the snapshot's name, the new head
-    /// created, and `volume.meta` switched to it (the commit); only then is
-    /// the old head name unlinked. Before the commit the old layout is intact.
+    /// The head file (with its checksums) is hard-linked under the
+    /// snapshot's name, the new head created, and `volume.meta` switched to
+    /// it (the commit); only then is the old head name unlinked. Before the
+    /// commit the old layout is intact.
     pub fn snapshot(
         &self,
         name: &str,
@@ -87,10 +88,21 @@ impl ReplicaStore {
             user_created,
             labels,
         );
+        // No write is in flight: the head's checksums are all current.
+        state.head.settle()?;
         snap_meta.save(&self.dir)?;
-        let snap_path = self.dir.join(&snap_file);
-        self.dir.remove_if_exists(&snap_file)?;
-        fs::hard_link(&state.head.path, &snap_path).map_err(|e| StorageError::io(&snap_path, e))?;
+        for (from, to) in [
+            (state.head.file_name.clone(), snap_file.clone()),
+            (
+                checksum_file(&state.head.file_name),
+                checksum_file(&snap_file),
+            ),
+            (intent_file(&state.head.file_name), intent_file(&snap_file)),
+        ] {
+            self.dir.remove_if_exists(&to)?;
+            let to = self.dir.join(&to);
+            fs::hard_link(self.dir.join(&from), &to).map_err(|e| StorageError::io(&to, e))?;
+        }
         let new_head = Layer::create(
             &self.dir,
             state.meta.size,
@@ -145,8 +157,9 @@ impl ReplicaStore {
             .ok_or_else(|| StorageError::SnapshotNotFound(name.to_string()))?;
         let child = newer.first_mut().unwrap_or(&mut state.head);
         let missing = removed.extents()?.difference(&child.extents()?);
+        child.open_whole()?;
         removed.copy_into(child, &missing)?;
-        child.sync_data()?;
+        child.settle()?;
         let mut child_meta = child.meta.clone();
         child_meta.parent.clone_from(&removed.meta.parent);
         child_meta.save(&self.dir)?;
@@ -235,7 +248,9 @@ impl ReplicaStore {
             .iter()
             .try_for_each(|name| {
                 self.dir.remove_if_exists(name)?;
-                self.dir.remove_if_exists(&meta_file(name))
+                companion_files(name)
+                    .iter()
+                    .try_for_each(|file| self.dir.remove_if_exists(file))
             })
             .and_then(|()| self.dir.sync());
         if let Err(e) = result {
@@ -287,9 +302,13 @@ mod tests {
             files(store.path()),
             [
                 "head-2.img",
+                "head-2.img.crc",
+                "head-2.img.intent",
                 "head-2.img.meta",
                 "revision.counter",
                 "snap-s1.img",
+                "snap-s1.img.crc",
+                "snap-s1.img.intent",
                 "snap-s1.img.meta",
                 "volume.meta"
             ]
@@ -414,11 +433,17 @@ mod tests {
             files(store.path()),
             [
                 "head-5.img",
+                "head-5.img.crc",
+                "head-5.img.intent",
                 "head-5.img.meta",
                 "revision.counter",
                 "snap-a.img",
+                "snap-a.img.crc",
+                "snap-a.img.intent",
                 "snap-a.img.meta",
                 "snap-b.img",
+                "snap-b.img.crc",
+                "snap-b.img.intent",
                 "snap-b.img.meta",
                 "volume.meta"
             ]

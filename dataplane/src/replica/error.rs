@@ -36,6 +36,14 @@ pub enum StorageError {
     #[error("no space left on the device holding {path}")]
     NoSpace { path: PathBuf },
 
+    /// Blocks whose data does not match their checksum: rotten on disk.
+    #[error("{path}: {}", describe_mismatch(blocks))]
+    ChecksumMismatch {
+        path: PathBuf,
+        /// Block ranges `[start, end)`, ascending.
+        blocks: Vec<(u64, u64)>,
+    },
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -113,6 +121,35 @@ pub enum StorageError {
     Serve(#[from] tonic::transport::Error),
 }
 
+/// "block 7 does not match ..." or "blocks 7-9, 12 (4 blocks) do not
+/// match ..." (at most the first 4 ranges).
+fn describe_mismatch(ranges: &[(u64, u64)]) -> String {
+    let count: u64 = ranges.iter().map(|(s, e)| e - s).sum();
+    if let [(s, e)] = ranges
+        && e - s == 1
+    {
+        return format!("block {s} does not match its checksum");
+    }
+    let mut listed: Vec<String> = ranges
+        .iter()
+        .take(4)
+        .map(|&(s, e)| {
+            if e - s == 1 {
+                s.to_string()
+            } else {
+                format!("{s}-{}", e - 1)
+            }
+        })
+        .collect();
+    if ranges.len() > 4 {
+        listed.push("...".into());
+    }
+    format!(
+        "blocks {} ({count} blocks) do not match their checksums",
+        listed.join(", ")
+    )
+}
+
 impl StorageError {
     /// Wraps an I/O error on `path`, singling out the causes callers act on:
     /// a full disk (the engine reports it instead of failing the replica
@@ -160,6 +197,26 @@ mod tests {
         let err = StorageError::errno(Path::new("/x/volume.meta"), Errno::ENOENT);
         assert!(matches!(err, StorageError::MissingFile { .. }));
         assert_eq!(err.to_string(), "/x/volume.meta is missing");
+    }
+
+    #[test]
+    fn a_checksum_mismatch_names_the_blocks() {
+        let one = StorageError::ChecksumMismatch {
+            path: "/r/head-1.img".into(),
+            blocks: vec![(7, 8)],
+        };
+        assert_eq!(
+            one.to_string(),
+            "/r/head-1.img: block 7 does not match its checksum"
+        );
+        let many = StorageError::ChecksumMismatch {
+            path: "/r".into(),
+            blocks: vec![(1, 2), (4, 7), (9, 10), (11, 12), (20, 21)],
+        };
+        assert_eq!(
+            many.to_string(),
+            "/r: blocks 1, 4-6, 9, 11, ... (7 blocks) do not match their checksums"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! One layer: a sparse data file, its metadata and the set of blocks
-//! written in it.
+//! One layer: a sparse data file, its metadata, the set of blocks written
+//! in it, and their checksums (`checksum.rs`, kept trustworthy across
+//! crashes by `intent.rs`). Every block read from the file is checked
+//! against its checksum: a mismatch is reported, never served.
 //!
 //! # Which blocks a layer holds
 //!
@@ -26,9 +28,11 @@ use nix::fcntl::{FallocateFlags, PosixFadviseAdvice, fallocate, posix_fadvise};
 use nix::unistd::{Whence, lseek};
 
 use super::BLOCK_SIZE;
+use super::checksum::{Checksums, read_or_zeros};
 use super::dir::ReplicaDir;
 use super::error::{Result, StorageError};
 use super::extents::ExtentSet;
+use super::intent::{Intents, REGION_BLOCKS, Stale};
 use super::lock;
 use super::meta::LayerMeta;
 use super::naming::PROBE_FILE;
@@ -54,6 +58,8 @@ pub struct Layer {
     /// Blocks written in this layer. Only the head's changes during normal
     /// I/O; those happen under the store's read lock, hence this lock.
     extents: RwLock<ExtentSet>,
+    checksums: Checksums,
+    intents: Intents,
 }
 
 /// Converts a byte offset to the kernel's `off_t`. Volume sizes are checked
@@ -97,6 +103,9 @@ impl Layer {
         let io = |e| StorageError::io(&path, e);
         file.set_len(size).map_err(io)?;
         file.sync_all().map_err(io)?;
+        let checksums = Checksums::create(dir, &file_name)?;
+        let intents = Intents::create(dir, &file_name)?;
+        // Also makes the files above durable: it syncs the directory.
         meta.save(dir)?;
         Ok(Self {
             file_name,
@@ -104,12 +113,16 @@ impl Layer {
             meta,
             file,
             extents: RwLock::new(ExtentSet::new()),
+            checksums,
+            intents,
         })
     }
 
-    /// Opens an existing layer of a volume of `size` bytes.
+    /// Opens an existing layer of a volume of `size` bytes, first
+    /// recomputing the checksums an unclean stop may have left stale (and
+    /// all of them for a layer written before checksums existed).
     pub fn open(dir: &ReplicaDir, file_name: &str, size: u64) -> Result<Self> {
-        let meta = LayerMeta::load(dir, file_name)?;
+        let mut meta = LayerMeta::load(dir, file_name)?;
         let path = dir.join(file_name);
         let file = open_rw(&path, false)?;
         let len = file
@@ -121,13 +134,63 @@ impl Layer {
             return Err(StorageError::corrupt(&path, reason));
         }
         let extents = scan_extents(&file, &path, size)?;
-        Ok(Self {
+        let adopting = !meta.checksums;
+        let checksums = if adopting {
+            Checksums::create(dir, file_name)?
+        } else {
+            Checksums::open(dir, file_name)?
+        };
+        let (intents, stale) = Intents::load(dir, file_name)?;
+        let layer = Self {
             file_name: file_name.to_string(),
             path,
-            meta,
+            meta: meta.clone(),
             file,
             extents: RwLock::new(extents),
-        })
+            checksums,
+            intents,
+        };
+        let stale = if adopting { Stale::Whole } else { stale };
+        if stale != Stale::Nothing {
+            layer.recompute(&stale)?;
+        }
+        if adopting {
+            meta.checksums = true;
+            meta.save(dir)?;
+        }
+        Ok(Self { meta, ..layer })
+    }
+
+    /// Recomputes the checksums of the blocks `stale` covers from the data
+    /// they hold, durably, then closes every region.
+    fn recompute(&self, stale: &Stale) -> Result<()> {
+        let held = self.extents()?;
+        let runs: Vec<(u64, u64)> = match stale {
+            Stale::Nothing => Vec::new(),
+            Stale::Whole => held.iter().collect(),
+            Stale::Regions(regions) => regions
+                .iter()
+                .flat_map(|r| {
+                    let start = r.saturating_mul(REGION_BLOCKS);
+                    let end = r.saturating_add(1).saturating_mul(REGION_BLOCKS);
+                    held.overlapping(start, end).collect::<Vec<_>>()
+                })
+                .collect(),
+        };
+        let mut buf = vec![0u8; buf_range(0, 0, CHUNK_BLOCKS).end];
+        let mut blocks = 0;
+        for (start, end) in runs {
+            for (s, e) in chunks(start, end) {
+                let chunk = &mut buf[buf_range(s, s, e)];
+                read_or_zeros(&self.file, &self.path, s * BLOCK_SIZE, chunk)?;
+                self.checksums.store(s, chunk)?;
+                blocks += e - s;
+            }
+        }
+        self.checksums.sync()?;
+        self.intents.clear()?;
+        tracing::info!(layer = %self.path.display(), ?stale, blocks, "recomputed the checksums a stop left unsure");
+        Ok(())
     }
 
     /// Renames the in-memory layer after its file was linked under a new
@@ -135,6 +198,8 @@ impl Layer {
     pub fn rename(&mut self, dir: &ReplicaDir, meta: LayerMeta) {
         self.file_name.clone_from(&meta.name);
         self.path = dir.join(&self.file_name);
+        self.checksums.rename(dir, &self.file_name);
+        self.intents.rename(dir, &self.file_name);
         self.meta = meta;
     }
 
@@ -156,12 +221,34 @@ impl Layer {
 
     /// Reads the blocks of `pending` this layer holds into `buf` (which
     /// starts at block `base`), one pread per contiguous run, and returns the
-    /// runs it does not hold, for older layers to fill.
+    /// runs it does not hold, for older layers to fill. Any block that does
+    /// not match its checksum fails the read with
+    /// [`StorageError::ChecksumMismatch`].
     pub fn read_present(
         &self,
         pending: &[(u64, u64)],
         base: u64,
         buf: &mut [u8],
+    ) -> Result<Vec<(u64, u64)>> {
+        let mut bad = ExtentSet::new();
+        let missing = self.read_checked(pending, base, buf, &mut bad)?;
+        if !bad.is_empty() {
+            return Err(StorageError::ChecksumMismatch {
+                path: self.path.clone(),
+                blocks: bad.iter().collect(),
+            });
+        }
+        Ok(missing)
+    }
+
+    /// [`Self::read_present`], adding the blocks that fail their checksum
+    /// to `bad` rather than failing.
+    pub fn read_checked(
+        &self,
+        pending: &[(u64, u64)],
+        base: u64,
+        buf: &mut [u8],
+        bad: &mut ExtentSet,
     ) -> Result<Vec<(u64, u64)>> {
         let (present, missing) = {
             let extents = lock::read(&self.extents)?;
@@ -174,21 +261,27 @@ impl Layer {
             (present, missing)
         };
         for (start, end) in present {
-            self.read_blocks(start, &mut buf[buf_range(base, start, end)])?;
+            let chunk = &mut buf[buf_range(base, start, end)];
+            self.read_blocks(start, chunk)?;
+            self.checksums.verify(start, chunk, bad)?;
         }
         Ok(missing)
     }
 
+    /// Reads whole blocks; those past the end of a truncated file read as
+    /// zeros, for the checksums to catch.
     fn read_blocks(&self, start: u64, buf: &mut [u8]) -> Result<()> {
-        self.file
-            .read_exact_at(buf, start * BLOCK_SIZE)
-            .map_err(|e| StorageError::io(&self.path, e))
+        read_or_zeros(&self.file, &self.path, start * BLOCK_SIZE, buf)
     }
 
-    /// Writes whole blocks at block `start` and records them. The extent is
-    /// recorded after the data is written, so a concurrent reader never
-    /// resolves a block here before it holds the new data.
+    /// Writes whole blocks at block `start`, with their checksums, and
+    /// records them. Their region is recorded as open first (`intent.rs`).
+    /// The extent is recorded after the data is written, so a concurrent
+    /// reader never resolves a block here before it holds the new data.
     pub fn write_blocks(&self, start: u64, data: &[u8]) -> Result<()> {
+        let end = start + data.len() as u64 / BLOCK_SIZE;
+        let _open = self.intents.mark(start, end, || self.sync_files())?;
+        self.checksums.store(start, data)?;
         let mut at = start * BLOCK_SIZE;
         for piece in data.chunks(WRITE_PIECE) {
             self.file
@@ -196,7 +289,6 @@ impl Layer {
                 .map_err(|e| StorageError::io(&self.path, e))?;
             at += piece.len() as u64;
         }
-        let end = start + data.len() as u64 / BLOCK_SIZE;
         lock::write(&self.extents)?.insert(start, end);
         Ok(())
     }
@@ -225,24 +317,48 @@ impl Layer {
     }
 
     /// Copies the blocks in `runs` from this layer into `dst` (merging a
-    /// removed snapshot into its child).
+    /// removed snapshot into its child). A block failing its checksum stops
+    /// the copy: it is never copied.
     pub fn copy_into(&self, dst: &Layer, runs: &ExtentSet) -> Result<()> {
         let mut buf = vec![0u8; buf_range(0, 0, CHUNK_BLOCKS).end];
         for (start, end) in runs.iter() {
             for (s, e) in chunks(start, end) {
                 let chunk = &mut buf[buf_range(s, s, e)];
-                self.read_blocks(s, chunk)?;
+                self.read_present(&[(s, e)], s, chunk)?;
                 dst.write_blocks(s, chunk)?;
             }
         }
         Ok(())
     }
 
-    /// Makes written data durable.
+    /// Makes written data and checksums durable, and closes the regions
+    /// that have been idle a while (`intent.rs`).
     pub fn sync_data(&self) -> Result<()> {
+        let idle = self.intents.idle();
+        self.sync_files()?;
+        self.intents.close(idle);
+        Ok(())
+    }
+
+    fn sync_files(&self) -> Result<()> {
         self.file
             .sync_data()
-            .map_err(|e| StorageError::io(&self.path, e))
+            .map_err(|e| StorageError::io(&self.path, e))?;
+        self.checksums.sync()
+    }
+
+    /// Makes written data and checksums durable and closes every region:
+    /// for a caller that knows no write is in flight.
+    pub fn settle(&self) -> Result<()> {
+        self.sync_files()?;
+        self.intents.clear()
+    }
+
+    /// Marks the whole layer as being written, until [`Self::settle`]: for
+    /// bulk writers (a rebuild, a snapshot merge), so that they pay one
+    /// record for the layer rather than one per region.
+    pub fn open_whole(&self) -> Result<()> {
+        self.intents.open_whole()
     }
 
     /// Grows the file (sparsely) to `size` bytes, durably.

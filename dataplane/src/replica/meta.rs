@@ -78,6 +78,11 @@ pub struct LayerMeta {
     pub created: u64,
     /// Taken by a user rather than by the system (e.g. for a rebuild).
     pub user_created: bool,
+    /// `<layer>.crc` holds the checksum of every block the layer holds.
+    /// Layers written before checksums existed lack it (and the field):
+    /// their checksums are computed when they are next opened.
+    #[serde(default)]
+    pub checksums: bool,
     pub labels: BTreeMap<String, String>,
 }
 
@@ -145,6 +150,7 @@ impl LayerMeta {
             parent,
             created,
             user_created,
+            checksums: true,
             labels,
         }
     }

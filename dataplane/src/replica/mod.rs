@@ -28,10 +28,12 @@
 //! is `engine/rebuild.rs`.
 
 mod chain;
+mod checksum;
 mod dir;
 mod error;
 mod extents;
 mod fence;
+mod intent;
 mod layer;
 mod lock;
 mod meta;
@@ -45,6 +47,8 @@ mod store;
 
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod rot_tests;
 #[cfg(test)]
 mod testutil;
 

@@ -19,6 +19,8 @@ const SNAP_PREFIX: &str = "snap-";
 const HEAD_PREFIX: &str = "head-";
 const IMG_SUFFIX: &str = ".img";
 const META_SUFFIX: &str = ".meta";
+const CHECKSUM_SUFFIX: &str = ".crc";
+const INTENT_SUFFIX: &str = ".intent";
 /// The longest snapshot name: snapshots are named by CSI, Snapshot and
 /// Backup objects alike, and each checks its name against this.
 pub const SNAPSHOT_NAME_MAX: usize = 63;
@@ -69,8 +71,30 @@ pub fn meta_file(layer_file: &str) -> String {
 
 /// Whether `file` is something this module writes for layers, so that an
 /// unreferenced one is debris of an interrupted operation and safe to delete.
+/// The file of a layer's block checksums (`checksum.rs`).
+pub fn checksum_file(layer_file: &str) -> String {
+    format!("{layer_file}{CHECKSUM_SUFFIX}")
+}
+
+/// The file recording which of a layer's checksums may be stale (`intent.rs`).
+pub fn intent_file(layer_file: &str) -> String {
+    format!("{layer_file}{INTENT_SUFFIX}")
+}
+
+/// The files beside a layer's data file that belong to it.
+pub fn companion_files(layer_file: &str) -> [String; 3] {
+    [
+        meta_file(layer_file),
+        checksum_file(layer_file),
+        intent_file(layer_file),
+    ]
+}
+
 pub fn is_layer_artifact(file: &str) -> bool {
-    let layer = file.strip_suffix(META_SUFFIX).unwrap_or(file);
+    let layer = [META_SUFFIX, CHECKSUM_SUFFIX, INTENT_SUFFIX]
+        .iter()
+        .find_map(|suffix| file.strip_suffix(suffix))
+        .unwrap_or(file);
     file.ends_with(TMP_SUFFIX)
         || head_index_of(layer).is_some()
         || snapshot_name_of(layer).is_some()
@@ -120,12 +144,20 @@ mod tests {
             "head-3.img.meta",
             "snap-a.img",
             "snap-a.img.meta",
+            "snap-a.img.crc",
+            "head-3.img.intent",
             "volume.meta.tmp",
             "probe.tmp",
         ] {
             assert!(is_layer_artifact(yes), "{yes}");
         }
-        for no in [VOLUME_META, REVISION_FILE, "notes.txt", "snap-A.img"] {
+        for no in [
+            VOLUME_META,
+            REVISION_FILE,
+            "notes.txt",
+            "snap-A.img",
+            "snap-A.img.crc",
+        ] {
             assert!(!is_layer_artifact(no), "{no}");
         }
     }

@@ -13,6 +13,7 @@ use tonic::Status as GrpcStatus;
 use tracing::info;
 
 use super::fence::Fence;
+use super::rebuild_store::ROTTEN_CHUNK;
 use super::service::{CONNECTION_WINDOW, STREAM_WINDOW, blocking, grpc};
 use super::{BLOCK_SIZE, LayerSpec, ReplicaStore, StorageError};
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
@@ -204,7 +205,7 @@ async fn plan_layer(
     };
     for chunk in &remote {
         plan.bytes += chunk.bytes;
-        if local.get(&chunk.index) == Some(&chunk.checksum) {
+        if chunk.checksum != ROTTEN_CHUNK && local.get(&chunk.index) == Some(&chunk.checksum) {
             plan.skipped += chunk.bytes;
         } else {
             plan.copy.push((chunk.index, chunk.bytes));

@@ -21,6 +21,12 @@ use super::meta::LayerMeta;
 use super::naming::{meta_file, snapshot_file, snapshot_name_of, validate_snapshot_name};
 use super::store::{ReplicaStore, State};
 
+/// The summary checksum of a chunk holding a block that fails its own
+/// checksum: it never counts as matching, so a rebuild target copies the
+/// chunk again, and a source's rotten block fails the copy's read rather
+/// than reach the target.
+pub const ROTTEN_CHUNK: u64 = u64::MAX;
+
 /// What a chunk of a layer holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkSummary {
@@ -157,6 +163,7 @@ impl ReplicaStore {
         );
         meta.created = spec.created;
         let layer = Layer::create(&self.dir, state.meta.size, meta)?;
+        layer.open_whole()?;
         state.staged.insert(spec.name.clone(), layer);
         Ok(())
     }
@@ -182,6 +189,7 @@ impl ReplicaStore {
             }
             match Layer::open(&self.dir, &file, state.meta.size) {
                 Ok(layer) => {
+                    layer.open_whole()?;
                     tracing::info!(
                         layer = name,
                         "taking back a layer the interrupted rebuild staged"
@@ -235,6 +243,7 @@ impl ReplicaStore {
                 });
             }
         }
+        layer.open_whole()?;
         let mut held = ExtentSet::new();
         layer.add_held(start, end, &mut held)?;
         if !held.is_empty() {
@@ -292,7 +301,7 @@ impl ReplicaStore {
             let layer = old
                 .remove(&file)
                 .ok_or_else(|| StorageError::SnapshotNotFound(name.clone()))?;
-            layer.sync_data()?;
+            layer.settle()?;
             parent = self.link(state, layer, parent)?;
         }
         for layer in newer {
@@ -332,7 +341,10 @@ fn checksum(layer: &Layer, runs: &[(u64, u64)], buf: &mut Vec<u8>) -> Result<u64
         hasher.update(&start.to_le_bytes());
         hasher.update(&end.to_le_bytes());
         buf.resize(buf_range(start, start, end).end, 0);
-        layer.read_present(&[(start, end)], start, buf)?;
+        match layer.read_present(&[(start, end)], start, buf) {
+            Err(StorageError::ChecksumMismatch { .. }) => return Ok(ROTTEN_CHUNK),
+            other => other?,
+        };
         hasher.update(buf);
     }
     Ok(hasher.digest())

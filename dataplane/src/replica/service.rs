@@ -19,7 +19,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::fence::Fence;
 use super::rebuild_pull;
-use super::{IoPath, ReplicaStore, SnapshotInfo, StorageError};
+use super::{BLOCK_SIZE, IoPath, ReplicaStore, SnapshotInfo, StorageError};
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
     self, ExpandRequest, LayerChunk, LayerChunksRequest, LayerChunksResponse, LayerData,
@@ -28,7 +28,7 @@ use crate::protocol::control::{
 };
 use crate::protocol::{
     self, Access, Claim, Handler, Key, Op, Peer, Request as DataRequest, RequireToken,
-    Response as DataResponse, Role, Status,
+    Response as DataResponse, Role, Status, encode_corrupt,
 };
 
 /// ReadLayer answers in messages of at most this many bytes.
@@ -189,7 +189,39 @@ fn status_of(error: &StorageError) -> Status {
         StorageError::NoSpace { .. } => Status::NoSpace,
         StorageError::ReadOnly(_) => Status::InvalidArgument,
         StorageError::Fenced { .. } | StorageError::Superseded { .. } => Status::Fenced,
+        StorageError::ChecksumMismatch { .. } => Status::Corrupt,
         _ => Status::IoError,
+    }
+}
+
+/// Reads `length` bytes at `offset`. Rotten blocks are answered as
+/// `Corrupt`, naming them, with the rest of the data read (they are zeroed):
+/// the engine takes the good part and fetches the rest elsewhere.
+fn read(
+    store: &ReplicaStore,
+    id: u64,
+    offset: u64,
+    length: u32,
+) -> Result<DataResponse, StorageError> {
+    let mut buf = vec![0; length as usize];
+    match store.read_at(offset, &mut buf) {
+        Ok(()) => Ok(DataResponse::ok(id, Bytes::from(buf))),
+        Err(StorageError::ChecksumMismatch { path, blocks }) => {
+            warn!(path = %path.display(), ?blocks, "a read found blocks that fail their checksums");
+            let mut ranges = Vec::with_capacity(blocks.len());
+            for (s, e) in blocks {
+                let (at, len) = (s * BLOCK_SIZE, (e - s) * BLOCK_SIZE);
+                ranges.push((at, len));
+                let start = (at - offset) as usize;
+                buf[start..start + len as usize].fill(0);
+            }
+            Ok(DataResponse {
+                id,
+                status: Status::Corrupt,
+                data: encode_corrupt(&ranges, &buf),
+            })
+        }
+        Err(error) => Err(error),
     }
 }
 
@@ -217,13 +249,18 @@ impl Handler for DataHandler {
         // Only flush waits on the disk.
         let fence = &self.fence;
         let result = match request.op {
-            Op::Read => fence.within_connection(peer, || {
-                let mut buf = vec![0; length as usize];
-                store.read_at(offset, &mut buf).map(|()| Bytes::from(buf))
-            }),
+            Op::Read => match fence.within_connection(peer, || read(store, id, offset, length)) {
+                Ok(response) => return response,
+                Err(error) => Err(error),
+            },
             _ if peer.role == Role::Reader => Err(StorageError::ReadOnly(request.op.verb())),
             Op::Write => fence.within_connection(peer, || {
                 store.write_at(offset, &request.data).map(|()| Bytes::new())
+            }),
+            Op::Repair => fence.within_connection(peer, || {
+                store
+                    .repair_at(offset, &request.data)
+                    .map(|()| Bytes::new())
             }),
             Op::Unmap => fence.within_connection(peer, || {
                 store
@@ -271,6 +308,7 @@ pub(super) fn grpc(error: StorageError) -> GrpcStatus {
         | StorageError::CannotShrink { .. }
         | StorageError::ChainOrder(_) => GrpcStatus::invalid_argument(message),
         StorageError::NoSpace { .. } => GrpcStatus::resource_exhausted(message),
+        StorageError::ChecksumMismatch { .. } => GrpcStatus::data_loss(message),
         StorageError::Fenced { .. }
         | StorageError::Superseded { .. }
         | StorageError::StaleIoPath { .. } => GrpcStatus::failed_precondition(message),

@@ -19,7 +19,8 @@ use super::layer::{Layer, buf_range, probe_filesystem};
 use super::lock;
 use super::meta::{LayerMeta, VolumeMeta, check_size};
 use super::naming::{
-    REVISION_FILE, VOLUME_META, head_file, is_layer_artifact, meta_file, snapshot_name_of,
+    REVISION_FILE, VOLUME_META, companion_files, head_file, is_layer_artifact, meta_file,
+    snapshot_name_of,
 };
 use super::revision::RevisionCounter;
 
@@ -107,7 +108,7 @@ impl State {
     pub(super) fn referenced_files(&self) -> HashSet<String> {
         let mut names: HashSet<String> = [VOLUME_META, REVISION_FILE].map(String::from).into();
         for layer in self.oldest_first().chain(self.staged.values()) {
-            names.insert(meta_file(&layer.file_name));
+            names.extend(companion_files(&layer.file_name));
             names.insert(layer.file_name.clone());
         }
         names
@@ -202,32 +203,65 @@ impl ReplicaStore {
 
     /// Reads `buf.len()` bytes at `offset`; both must be multiples of 4096.
     /// Each block comes from the newest layer holding it; blocks no layer
-    /// holds read as zeros.
+    /// holds read as zeros. Blocks that fail their checksum fail the read
+    /// with [`StorageError::ChecksumMismatch`], naming all of them.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let state = lock::read(&self.state)?;
+        let bad = Self::read_layers(&*lock::read(&self.state)?, offset, buf)?;
+        if bad.is_empty() {
+            return Ok(());
+        }
+        // A write to the same blocks may have been in flight, its data
+        // written and its checksum not yet (or the reverse): read them again
+        // with no write in flight before calling them rotten.
+        let bad = Self::read_layers(&*lock::write(&self.state)?, offset, buf)?;
+        if bad.is_empty() {
+            return Ok(());
+        }
+        Err(StorageError::ChecksumMismatch {
+            path: self.dir.path().to_path_buf(),
+            blocks: bad.iter().collect(),
+        })
+    }
+
+    /// Reads through the chain, returning the blocks that failed their
+    /// checksum.
+    fn read_layers(state: &State, offset: u64, buf: &mut [u8]) -> Result<ExtentSet> {
         let (start, end) = state.blocks(offset, buf.len())?;
         let mut pending = vec![(start, end)];
+        let mut bad = ExtentSet::new();
         for layer in state.newest_first() {
             if pending.is_empty() {
                 break;
             }
-            pending = layer.read_present(&pending, start, buf)?;
+            pending = layer.read_checked(&pending, start, buf, &mut bad)?;
         }
         for (s, e) in pending {
             buf[buf_range(start, s, e)].fill(0);
         }
-        Ok(())
+        Ok(bad)
     }
 
     /// Writes `data` at `offset` into the head; both must be multiples of
     /// 4096. Durable after [`flush`](Self::flush).
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_head(offset, data)?;
+        self.revision.bump();
+        Ok(())
+    }
+
+    /// Writes blocks a read found rotten, with the data the other replicas
+    /// hold, into the head (which shadows a rotten block of a snapshot
+    /// too). Not a write of the volume's: the revision counter stays, so
+    /// that this replica does not look newer than the others.
+    pub fn repair_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_head(offset, data)
+    }
+
+    fn write_head(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.mark_dirty()?;
         let state = lock::read(&self.state)?;
         let (start, _) = state.blocks(offset, data.len())?;
-        state.head.write_blocks(start, data)?;
-        self.revision.bump();
-        Ok(())
+        state.head.write_blocks(start, data)
     }
 
     /// Discards `len` bytes at `offset`: they read as zeros afterwards. Holes
@@ -286,6 +320,7 @@ impl ReplicaStore {
     pub fn mark_clean(&self) -> Result<()> {
         let mut state = lock::write(&self.state)?;
         self.flush_locked(&state)?;
+        state.head.settle()?;
         state.update_meta(&self.dir, |meta| meta.dirty = false)?;
         self.dirty.store(false, Ordering::Release);
         Ok(())
@@ -401,6 +436,8 @@ mod tests {
             files,
             [
                 "head-1.img",
+                "head-1.img.crc",
+                "head-1.img.intent",
                 "head-1.img.meta",
                 "revision.counter",
                 "volume.meta"
@@ -580,7 +617,15 @@ mod tests {
 
     #[test]
     fn missing_files_are_named() {
-        for name in [VOLUME_META, "head-1.img", "head-1.img.meta", REVISION_FILE] {
+        // A missing intent record is not: it only ever lists what to
+        // recompute, so none is recreated empty.
+        for name in [
+            VOLUME_META,
+            "head-1.img",
+            "head-1.img.crc",
+            "head-1.img.meta",
+            REVISION_FILE,
+        ] {
             let (_tmp, store) = new_store(8);
             let path = store.path().join(name);
             drop(store);
@@ -634,6 +679,8 @@ mod tests {
         drop(store);
         for debris in [
             "head-1.img",
+            "head-7.img.crc",
+            "head-7.img.intent",
             "head-7.img.meta",
             "snap-b.img",
             "volume.meta.tmp",
@@ -655,10 +702,14 @@ mod tests {
         files.sort();
         let expected = [
             "head-2.img",
+            "head-2.img.crc",
+            "head-2.img.intent",
             "head-2.img.meta",
             "notes.txt",
             "revision.counter",
             "snap-a.img",
+            "snap-a.img.crc",
+            "snap-a.img.intent",
             "snap-a.img.meta",
             "volume.meta",
         ];

@@ -1,0 +1,198 @@
+//! Rotten blocks on replicas' disks under a running volume: `oxhorn
+//! replica` processes on loopback, their layer files damaged behind their
+//! backs (a flipped bit, a zeroed block, a truncated file), read through
+//! the engine. Every read returns the acknowledged data or fails with EIO
+//! when no replica has a good copy; rotten data is never served, and the
+//! replica that had it is repaired.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use oxhorn::engine::Engine;
+use oxhorn::frontend::BlockDevice;
+use oxhorn::protocol::ConnectionError;
+use oxhorn::protocol::control::ReplicaMode;
+use oxhorn_testbed::ReplicaProcess;
+
+use crate::common::require_root;
+use crate::dataplane::{
+    BLOCK, Model, PATIENCE, Replicas, Rng, assert_same, modes, read_all, until_all_rw, write_random,
+};
+
+const BS: usize = BLOCK as usize;
+/// Where the tests write: 8 MiB, 2048 blocks.
+const REGION: std::ops::Range<u64> = 0..8 << 20;
+
+/// Damage done to one replica's head layer file.
+enum Rot {
+    /// One bit of the block changed.
+    Flip(u64),
+    /// The block overwritten with zeros.
+    Zero(u64),
+    /// The file cut short at the block.
+    TruncateAt(u64),
+}
+
+fn rot(replica: &ReplicaProcess, damage: Rot) {
+    let path = replica.dir().join("head-1.img");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    match damage {
+        Rot::Flip(block) => {
+            let mut byte = [0u8];
+            file.read_exact_at(&mut byte, block * BLOCK + 17).unwrap();
+            file.write_all_at(&[byte[0] ^ 0x20], block * BLOCK + 17)
+                .unwrap();
+        }
+        Rot::Zero(block) => file.write_all_at(&[0; BS], block * BLOCK).unwrap(),
+        Rot::TruncateAt(block) => file.set_len(block * BLOCK).unwrap(),
+    }
+}
+
+/// Replicas with random writes all over [`REGION`], flushed; returns what
+/// the volume must read and the blocks written.
+async fn written_volume(replicas: &Replicas, engine: &Arc<Engine>) -> (Vec<u8>, Vec<u64>) {
+    until_all_rw(engine, replicas.processes.len()).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    write_random(engine, &model, &mut Rng(0x5eed), REGION, 400, 8).await;
+    engine.flush().await.unwrap();
+    let expected = model.lock().unwrap().data.clone();
+    let written = (0..REGION.end / BLOCK)
+        .filter(|&b| expected[b as usize * BS..][..BS].iter().any(|&x| x != 0))
+        .collect::<Vec<_>>();
+    assert!(written.len() > 100, "{} blocks written", written.len());
+    (expected, written)
+}
+
+/// Reads `block` through the engine once per replica (reads take turns
+/// among them), each time expecting the acknowledged data.
+async fn read_from_each(engine: &Engine, count: usize, block: u64, expected: &[u8]) {
+    for i in 0..count {
+        let data = engine.read(block * BLOCK, BS).await.unwrap();
+        assert_same(
+            &data,
+            &expected[block as usize * BS..][..BS],
+            &format!("block {block}, read {i}"),
+        );
+    }
+}
+
+/// Each replica read whole from its data port: a rotten block left would
+/// fail the read there.
+async fn assert_replicas_hold(replicas: &Replicas, expected: &[u8]) {
+    for (i, address) in replicas.addresses().iter().enumerate() {
+        let data = replicas.read(address).await;
+        assert_same(&data[..expected.len()], expected, &format!("replica {i}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rotten_blocks_on_each_replica_are_read_from_a_good_copy_and_repaired() {
+    require_root();
+    let replicas = Replicas::start("vol-rot", 3).await;
+    let engine = replicas.engine().await;
+    let (expected, written) = written_volume(&replicas, &engine).await;
+    let last = *written.last().unwrap();
+    // Different blocks on each replica; block written[10] rotten on two.
+    let damaged = [written[10], written[11], written[40], last];
+    rot(&replicas.processes[0], Rot::Flip(written[10]));
+    rot(&replicas.processes[0], Rot::Flip(written[11]));
+    rot(&replicas.processes[1], Rot::Flip(written[10]));
+    rot(&replicas.processes[1], Rot::Zero(written[40]));
+    rot(&replicas.processes[2], Rot::TruncateAt(last));
+
+    for block in damaged {
+        read_from_each(&engine, 3, block, &expected).await;
+    }
+    let metrics = engine.metrics();
+    assert_eq!(metrics.checksum_failed_bytes, 5 * BLOCK, "{metrics:?}");
+    assert_eq!(metrics.repaired_bytes, 5 * BLOCK, "{metrics:?}");
+    assert_eq!(metrics.unrecoverable_bytes, 0);
+    // Read again, everything: nothing rotten is left anywhere.
+    assert_same(
+        &read_all(&*engine).await[..expected.len()],
+        &expected,
+        "volume",
+    );
+    assert_eq!(engine.metrics().checksum_failed_bytes, 5 * BLOCK);
+    let status = engine.status().await;
+    assert_eq!(modes(&status), [ReplicaMode::Rw; 3], "{status:#?}");
+    drop(engine);
+    assert_replicas_hold(&replicas, &expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_block_rotten_on_every_replica_fails_the_read_with_eio_not_data() {
+    require_root();
+    let replicas = Replicas::start("vol-rot-all", 2).await;
+    let engine = replicas.engine().await;
+    let (expected, written) = written_volume(&replicas, &engine).await;
+    let lost = written[5];
+    for replica in &replicas.processes {
+        rot(replica, Rot::Flip(lost));
+    }
+    // Alone and inside a larger read: EIO, whichever replica is asked first.
+    for (offset, len) in [(lost * BLOCK, BS), ((lost - lost % 8) * BLOCK, 8 * BS)] {
+        for _ in 0..2 {
+            let error = engine.read(offset, len).await.unwrap_err();
+            assert_eq!(error.raw_os_error(), Some(nix::libc::EIO), "{error}");
+        }
+    }
+    let metrics = engine.metrics();
+    assert_eq!(metrics.unrecoverable_bytes, 4 * BLOCK, "{metrics:?}");
+    assert_eq!(metrics.repaired_bytes, 0);
+    // The rest of the volume reads, and both replicas stay in the I/O path.
+    read_from_each(&engine, 2, written[6], &expected).await;
+    let status = engine.status().await;
+    assert_eq!(modes(&status), [ReplicaMode::Rw; 2], "{status:#?}");
+    // Read straight from a replica, the block is refused, named.
+    drop(engine);
+    let access = replicas.access.lock().unwrap().clone();
+    let connection = oxhorn::protocol::Connection::read_only(&replicas.addresses()[0], &access)
+        .await
+        .unwrap();
+    match connection.read(lost * BLOCK, 4096).await {
+        Err(ConnectionError::Corrupt { ranges, .. }) => {
+            assert_eq!(ranges, [(lost * BLOCK, BLOCK)]);
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+/// A replica killed with SIGKILL while writes are in flight may have a
+/// block's data without its checksum, or the reverse: after its restart
+/// every block it holds must read, none reported rotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_killed_mid_write_reads_back_without_a_false_alarm() {
+    require_root();
+    let mut replicas = Replicas::start("vol-rot-kill", 2).await;
+    let engine = replicas.engine().await;
+    until_all_rw(&engine, 2).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    write_random(&engine, &model, &mut Rng(3), REGION, 100, 8).await;
+    let writer = {
+        let (engine, model) = (engine.clone(), model.clone());
+        tokio::spawn(async move {
+            write_random(&engine, &model, &mut Rng(4), REGION, 400, 8).await;
+        })
+    };
+    let before = model.lock().unwrap().writes;
+    crate::common::eventually(PATIENCE, || async {
+        (model.lock().unwrap().writes > before + 20).then_some(())
+    })
+    .await
+    .expect("writes under way");
+    replicas.processes[1].kill();
+    writer.await.unwrap();
+    drop(engine);
+    replicas.processes[1].start().unwrap();
+    replicas.processes[1].wait_serving(PATIENCE).await.unwrap();
+    // The whole replica, every checksum checked on the way.
+    let address = &replicas.addresses()[1];
+    let data = replicas.read(address).await;
+    assert_eq!(data.len(), crate::dataplane::SIZE as usize);
+}
