@@ -16,6 +16,7 @@
 pub mod engine;
 pub mod frontend;
 pub mod names;
+mod pace;
 pub mod protocol;
 pub mod replica;
 

@@ -9,6 +9,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use oxhorn::engine::Engine;
 use oxhorn::frontend::BlockDevice;
 use oxhorn::protocol::ConnectionError;
@@ -35,7 +36,11 @@ enum Rot {
 }
 
 fn rot(replica: &ReplicaProcess, damage: Rot) {
-    let path = replica.dir().join("head-1.img");
+    rot_layer(replica, "head-1.img", damage);
+}
+
+fn rot_layer(replica: &ReplicaProcess, layer: &str, damage: Rot) {
+    let path = replica.dir().join(layer);
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -51,6 +56,24 @@ fn rot(replica: &ReplicaProcess, damage: Rot) {
         Rot::Zero(block) => file.write_all_at(&[0; BS], block * BLOCK).unwrap(),
         Rot::TruncateAt(block) => file.set_len(block * BLOCK).unwrap(),
     }
+}
+
+/// Gives `block` of `layer` on `replica` other data with a matching
+/// checksum: the replica differs from the others and cannot tell.
+fn diverge(replica: &ReplicaProcess, layer: &str, block: u64) {
+    let data = vec![0xa5; BS];
+    let open = |name: String| {
+        OpenOptions::new()
+            .write(true)
+            .open(replica.dir().join(name))
+            .unwrap()
+    };
+    open(layer.to_string())
+        .write_all_at(&data, block * BLOCK)
+        .unwrap();
+    open(format!("{layer}.crc"))
+        .write_all_at(&crc32c::crc32c(&data).to_le_bytes(), block * 4)
+        .unwrap();
 }
 
 /// Replicas with random writes all over [`REGION`], flushed; returns what
@@ -161,6 +184,68 @@ async fn a_block_rotten_on_every_replica_fails_the_read_with_eio_not_data() {
         }
         other => panic!("expected Corrupt, got {other:?}"),
     }
+}
+
+/// A scrub finds rot before any read does, in a snapshot layer and in the
+/// head, and repairs it in place; a replica whose data differs from the
+/// others' with valid checksums (as a bug would leave it) takes the
+/// majority's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scrub_repairs_every_layer_and_settles_a_replica_that_differs() {
+    require_root();
+    let replicas = Replicas::start("vol-scrub", 3).await;
+    let engine = replicas.engine().await;
+    until_all_rw(&engine, 3).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    write_random(&engine, &model, &mut Rng(11), REGION, 300, 8).await;
+    engine.snapshot("s1", true).await.unwrap();
+    let head_blocks = Bytes::from(vec![0x5a; 8 * BS]);
+    engine.write(64 * BLOCK, head_blocks.clone()).await.unwrap();
+    model.lock().unwrap().apply(64 * BLOCK, &head_blocks);
+    engine.flush().await.unwrap();
+    let expected = model.lock().unwrap().data.clone();
+    // A block only the snapshot holds, away from the head's writes.
+    let in_snapshot = (1024..REGION.end / BLOCK)
+        .find(|&b| expected[b as usize * BS..][..BS].iter().any(|&x| x != 0))
+        .unwrap();
+
+    rot_layer(
+        &replicas.processes[0],
+        "snap-s1.img",
+        Rot::Flip(in_snapshot),
+    );
+    rot_layer(&replicas.processes[1], "head-2.img", Rot::Flip(66));
+    diverge(&replicas.processes[2], "head-2.img", 67);
+
+    assert!(engine.start_scrub(0));
+    let status = crate::common::eventually(PATIENCE, || async {
+        let status = engine.scrub_status();
+        (!status.running).then_some(status)
+    })
+    .await
+    .expect("the scrub ends");
+    assert_eq!(status.error, "");
+    assert_eq!(status.rotten_bytes, 2 * BLOCK, "{status:?}");
+    assert_eq!(status.repaired_bytes, 2 * BLOCK, "{status:?}");
+    assert_eq!(status.unrepaired_bytes, 0, "{status:?}");
+    assert_eq!((status.mismatched_chunks, status.resolved_chunks), (1, 1));
+    // Every replica's layers were read: the snapshot's blocks and the
+    // head's, on three replicas.
+    assert!(status.checked_bytes > 3 * 300 * BLOCK, "{status:?}");
+    // Repaired in the snapshot layer itself, not just shadowed.
+    let snapshot = std::fs::read(replicas.processes[0].dir().join("snap-s1.img")).unwrap();
+    let at = in_snapshot as usize * BS;
+    assert_same(
+        &snapshot[at..at + BS],
+        &expected[at..at + BS],
+        "snapshot block",
+    );
+    assert!(
+        engine.metrics().checksum_failed_bytes == 0,
+        "no read met the rot"
+    );
+    drop(engine);
+    assert_replicas_hold(&replicas, &expected).await;
 }
 
 /// A replica killed with SIGKILL while writes are in flight may have a

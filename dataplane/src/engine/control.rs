@@ -10,8 +10,8 @@ use super::{Engine, EngineError};
 use crate::protocol::control::engine_control_server::EngineControl;
 use crate::protocol::control::{
     AddReplicaRequest, EngineMetrics, EngineMetricsRequest, EngineStatus, EngineStatusRequest,
-    ExpandRequest, RemoveReplicaRequest, RemoveSnapshotRequest, SetRebuildLimitRequest,
-    SnapshotRequest,
+    ExpandRequest, RemoveReplicaRequest, RemoveSnapshotRequest, ScrubRequest,
+    SetRebuildLimitRequest, SnapshotRequest,
 };
 
 #[cfg(test)]
@@ -125,6 +125,15 @@ impl EngineControl for EngineControlService {
     ) -> Result<Response<EngineStatus>, Status> {
         self.engine
             .set_rebuild_limit(request.into_inner().bytes_per_second);
+        Ok(Response::new(self.status().await))
+    }
+
+    async fn scrub(
+        &self,
+        request: Request<ScrubRequest>,
+    ) -> Result<Response<EngineStatus>, Status> {
+        self.engine
+            .start_scrub(request.into_inner().bytes_per_second);
         Ok(Response::new(self.status().await))
     }
 

@@ -26,6 +26,7 @@ mod process;
 mod ranges;
 mod rebuild;
 mod repair;
+mod scrub;
 mod status;
 
 pub use control::EngineControlService;
@@ -144,6 +145,7 @@ pub struct Engine {
     rebuild_limit: AtomicU64,
     /// The frontend's I/O: ops, bytes, errors, latencies.
     io_stats: IoStats,
+    scrubs: scrub::Scrubs,
     myself: Weak<Engine>,
 }
 
@@ -178,6 +180,7 @@ impl Engine {
             resized: tokio::sync::watch::Sender::new(size),
             rebuild_limit: AtomicU64::new(DEFAULT_REBUILD_LIMIT),
             io_stats: IoStats::default(),
+            scrubs: Default::default(),
             myself: myself.clone(),
         });
         let connected = join_all(addresses.iter().map(|a| Member::connect(a, access))).await;

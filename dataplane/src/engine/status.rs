@@ -68,6 +68,7 @@ impl Engine {
             snapshots,
             endpoint: String::new(),
             rebuild_limit: self.rebuild_limit(),
+            scrub: Some(self.scrub_status()),
         }
     }
 }

@@ -42,6 +42,7 @@ mod ownership;
 mod rebuild_pull;
 mod rebuild_store;
 mod revision;
+mod scrub;
 mod service;
 mod store;
 
@@ -60,5 +61,6 @@ pub use extents::ExtentSet;
 pub use meta::IoPath;
 pub use naming::{SNAPSHOT_NAME_MAX, VOLUME_HEAD, validate_snapshot_name};
 pub use rebuild_store::{ChunkSummary, LayerSpec};
+pub use scrub::LayerCheck;
 pub use service::{ReplicaConfig, run, run_with_key};
 pub use store::{LayerFile, ReplicaStore};

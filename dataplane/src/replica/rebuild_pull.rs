@@ -3,12 +3,10 @@
 //! the chunks whose checksums differ, at no more than the bandwidth the
 //! engine allows.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tonic::Status as GrpcStatus;
 use tracing::info;
 
@@ -16,6 +14,7 @@ use super::fence::Fence;
 use super::rebuild_store::ROTTEN_CHUNK;
 use super::service::{CONNECTION_WINDOW, STREAM_WINDOW, blocking, grpc};
 use super::{BLOCK_SIZE, LayerSpec, ReplicaStore, StorageError};
+use crate::pace::Pace;
 use crate::protocol::control::replica_control_client::ReplicaControlClient;
 use crate::protocol::control::{self, LayerChunksRequest, ReadLayerRequest, SyncProgress};
 use crate::protocol::{self, Access, TokenChannel};
@@ -24,41 +23,6 @@ use crate::protocol::{self, Access, TokenChannel};
 const SYNC_CHUNK: u64 = 2 << 20;
 /// Chunks a rebuild fetches and writes at once.
 const SYNC_PARALLEL: usize = 8;
-
-/// Spaces out a rebuild's chunk copies so that they average at most `rate`
-/// bytes per second. The first goes at once; each one after starts when the
-/// bytes before it are paid for, so a limited rebuild never bursts.
-pub(super) struct Pace {
-    /// Bytes per second; 0: no limit.
-    rate: u64,
-    /// When the next copy may start.
-    next: Mutex<Instant>,
-}
-
-impl Pace {
-    pub fn new(rate: u64) -> Self {
-        Self {
-            rate,
-            next: Mutex::new(Instant::now()),
-        }
-    }
-
-    /// Waits for the turn of a copy of `bytes` bytes.
-    async fn take(&self, bytes: u64) {
-        if self.rate == 0 {
-            return;
-        }
-        let cost = Duration::from_secs_f64(bytes as f64 / self.rate as f64);
-        let start = {
-            // Poisoned only by a panic while adding two instants.
-            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-            let start = (*next).max(Instant::now());
-            *next = start + cost;
-            start
-        };
-        tokio::time::sleep_until(start).await;
-    }
-}
 
 /// A client of the source replica's control API, with flow-control windows
 /// sized for layer data.
@@ -250,56 +214,4 @@ async fn copy_chunk(
         .await
         .map_err(grpc)?;
     Ok(copied)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Copies start no faster than the limit pays for: ten 2 MiB chunks at
-    /// 10 MiB/s, the first at once and each next 0.2 s later, whatever
-    /// order they ask in (on the paused test clock, so exact).
-    #[tokio::test(start_paused = true)]
-    async fn copies_are_spaced_to_the_limit() {
-        let pace = Pace::new(10 << 20);
-        let begin = Instant::now();
-        let starts = futures::future::join_all((0..10).map(|_| async {
-            pace.take(2 << 20).await;
-            begin.elapsed()
-        }))
-        .await;
-        let mut starts: Vec<u128> = starts.iter().map(|d| d.as_millis()).collect();
-        starts.sort_unstable();
-        assert_eq!(
-            starts,
-            [0, 200, 400, 600, 800, 1000, 1200, 1400, 1600, 1800]
-        );
-    }
-
-    /// Without a limit nothing waits; a chunk with nothing to copy costs
-    /// nothing either.
-    #[tokio::test(start_paused = true)]
-    async fn no_limit_and_empty_chunks_never_wait() {
-        let begin = Instant::now();
-        let unlimited = Pace::new(0);
-        let limited = Pace::new(1 << 20);
-        for _ in 0..100 {
-            unlimited.take(2 << 20).await;
-            limited.take(0).await;
-        }
-        assert_eq!(begin.elapsed(), Duration::ZERO);
-    }
-
-    /// Time spent idle is not saved up for a burst: after a pause the next
-    /// copies are spaced again.
-    #[tokio::test(start_paused = true)]
-    async fn an_idle_spell_earns_no_burst() {
-        let pace = Pace::new(10 << 20);
-        pace.take(2 << 20).await;
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let begin = Instant::now();
-        pace.take(2 << 20).await;
-        pace.take(2 << 20).await;
-        assert_eq!(begin.elapsed().as_millis(), 200);
-    }
 }

@@ -56,7 +56,7 @@ impl State {
             .find(|layer| layer.file_name == file)
     }
 
-    fn layer_or_err(&self, name: &str) -> Result<&Layer> {
+    pub(super) fn layer_or_err(&self, name: &str) -> Result<&Layer> {
         self.layer(name)
             .ok_or_else(|| StorageError::SnapshotNotFound(name.to_string()))
     }
@@ -119,15 +119,16 @@ impl ReplicaStore {
             .collect()
     }
 
-    /// The data snapshot `name` itself holds in `[offset, offset + len)`, as
-    /// (offset, bytes) runs. The range may pass the volume's end (nothing is
-    /// held there), not 2^64.
+    /// The data snapshot `name` (or the head, as
+    /// [`VOLUME_HEAD`](crate::replica::VOLUME_HEAD)) itself holds in
+    /// `[offset, offset + len)`, as (offset, bytes) runs. The range may pass
+    /// the volume's end (nothing is held there), not 2^64.
     pub fn read_layer(&self, name: &str, offset: u64, len: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
             return Err(StorageError::Unaligned { offset, len });
         }
         let state = lock::read(&self.state)?;
-        let layer = state.layer_or_err(name)?;
+        let layer = state.any_layer(name)?;
         let end = offset.checked_add(len).ok_or(StorageError::OutOfRange {
             offset,
             len,
@@ -215,44 +216,10 @@ impl ReplicaStore {
         len: u64,
         runs: &[(u64, impl AsRef<[u8]>)],
     ) -> Result<()> {
-        if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
-            return Err(StorageError::Unaligned { offset, len });
-        }
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
-        let chunk = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
-            offset,
-            len,
-            size: state.meta.size,
-        })?;
-        let (start, end) = state.blocks(offset, chunk)?;
-        let chunk_end = offset + len;
-        for (at, data) in runs {
-            let run_len = data.as_ref().len() as u64;
-            if !at.is_multiple_of(BLOCK_SIZE) || !run_len.is_multiple_of(BLOCK_SIZE) {
-                return Err(StorageError::Unaligned {
-                    offset: *at,
-                    len: run_len,
-                });
-            }
-            if *at < offset || at.checked_add(run_len).is_none_or(|e| e > chunk_end) {
-                return Err(StorageError::OutOfRange {
-                    offset: *at,
-                    len: run_len,
-                    size: chunk_end,
-                });
-            }
-        }
         layer.open_whole()?;
-        let mut held = ExtentSet::new();
-        layer.add_held(start, end, &mut held)?;
-        if !held.is_empty() {
-            layer.punch(start, end)?;
-        }
-        for (at, data) in runs {
-            layer.write_blocks(at / BLOCK_SIZE, data.as_ref())?;
-        }
-        Ok(())
+        replace_range(&state, layer, offset, len, runs)
     }
 
     /// Makes the snapshot chain `chain` (oldest first; every layer in the
@@ -332,6 +299,54 @@ impl ReplicaStore {
     pub fn set_revision(&self, revision: u64) -> Result<()> {
         self.revision.persist_exact(revision)
     }
+}
+
+/// Replaces what `layer` holds in `[offset, offset + len)` with `runs`
+/// (offset, data): the range must lie in the volume and each run be whole
+/// blocks inside it, all checked before the layer changes. The caller has
+/// opened the layer for bulk writes.
+pub(super) fn replace_range(
+    state: &State,
+    layer: &Layer,
+    offset: u64,
+    len: u64,
+    runs: &[(u64, impl AsRef<[u8]>)],
+) -> Result<()> {
+    if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
+        return Err(StorageError::Unaligned { offset, len });
+    }
+    let chunk = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
+        offset,
+        len,
+        size: state.meta.size,
+    })?;
+    let (start, end) = state.blocks(offset, chunk)?;
+    let chunk_end = offset + len;
+    for (at, data) in runs {
+        let run_len = data.as_ref().len() as u64;
+        if !at.is_multiple_of(BLOCK_SIZE) || !run_len.is_multiple_of(BLOCK_SIZE) {
+            return Err(StorageError::Unaligned {
+                offset: *at,
+                len: run_len,
+            });
+        }
+        if *at < offset || at.checked_add(run_len).is_none_or(|e| e > chunk_end) {
+            return Err(StorageError::OutOfRange {
+                offset: *at,
+                len: run_len,
+                size: chunk_end,
+            });
+        }
+    }
+    let mut held = ExtentSet::new();
+    layer.add_held(start, end, &mut held)?;
+    if !held.is_empty() {
+        layer.punch(start, end)?;
+    }
+    for (at, data) in runs {
+        layer.write_blocks(at / BLOCK_SIZE, data.as_ref())?;
+    }
+    Ok(())
 }
 
 /// Hashes the runs a layer holds in one chunk and their data.

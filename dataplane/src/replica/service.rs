@@ -22,9 +22,11 @@ use super::rebuild_pull;
 use super::{BLOCK_SIZE, IoPath, ReplicaStore, SnapshotInfo, StorageError};
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
-    self, ExpandRequest, LayerChunk, LayerChunksRequest, LayerChunksResponse, LayerData,
-    MarkCleanRequest, ReadLayerRequest, RemoveSnapshotRequest, ReplicaStatus, ReplicaStatusRequest,
-    RevertRequest, SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress,
+    self, ByteRange, DigestRangeRequest, DigestRangeResponse, ExpandRequest, LayerChunk,
+    LayerChunksRequest, LayerChunksResponse, LayerData, MarkCleanRequest, ReadLayerRequest,
+    RemoveSnapshotRequest, RepairLayerRequest, ReplicaStatus, ReplicaStatusRequest, RevertRequest,
+    SetRevisionRequest, SnapshotRequest, SyncFromRequest, SyncProgress, VerifyLayerRequest,
+    VerifyLayerResponse,
 };
 use crate::protocol::{
     self, Access, Claim, Handler, Key, Op, Peer, Request as DataRequest, RequireToken,
@@ -472,6 +474,58 @@ impl ReplicaControl for ControlService {
             .await
     }
 
+    async fn verify_layer(
+        &self,
+        request: Request<VerifyLayerRequest>,
+    ) -> Result<Response<VerifyLayerResponse>, GrpcStatus> {
+        let request = request.into_inner();
+        let store = self.store.clone();
+        let check =
+            blocking(move || store.verify_layer(&request.layer, request.offset, request.length))
+                .await
+                .map_err(grpc)?;
+        if !check.rotten.is_empty() {
+            warn!(rotten = ?check.rotten, "a scrub found blocks that fail their checksums");
+        }
+        Ok(Response::new(VerifyLayerResponse {
+            held_bytes: check.held_bytes,
+            rotten: check
+                .rotten
+                .into_iter()
+                .map(|(offset, length)| ByteRange { offset, length })
+                .collect(),
+        }))
+    }
+
+    async fn digest_range(
+        &self,
+        request: Request<DigestRangeRequest>,
+    ) -> Result<Response<DigestRangeResponse>, GrpcStatus> {
+        let request = request.into_inner();
+        let store = self.store.clone();
+        let digest = blocking(move || store.digest_range(request.offset, request.length))
+            .await
+            .map_err(grpc)?;
+        Ok(Response::new(DigestRangeResponse { digest }))
+    }
+
+    async fn repair_layer(
+        &self,
+        request: Request<RepairLayerRequest>,
+    ) -> Result<Response<ReplicaStatus>, GrpcStatus> {
+        let generation = protocol::generation_of(request.metadata())?;
+        let request = request.into_inner();
+        self.change_for(generation, move |s| {
+            let runs: Vec<_> = request
+                .runs
+                .into_iter()
+                .map(|r| (r.offset, r.data))
+                .collect();
+            s.repair_layer(&request.layer, request.offset, request.length, &runs)
+        })
+        .await
+    }
+
     async fn layer_chunks(
         &self,
         request: Request<LayerChunksRequest>,
@@ -561,7 +615,7 @@ impl ReplicaControl for ControlService {
             }
         };
         let source = rebuild_pull::connect(&request.source, &source_access).await?;
-        let pace = rebuild_pull::Pace::new(request.bandwidth_limit);
+        let pace = crate::pace::Pace::new(request.bandwidth_limit);
         let (tx, rx) = mpsc::channel(16);
         let (store, fence) = (self.store.clone(), self.fence.clone());
         let span = info_span!("sync", source = %request.source);

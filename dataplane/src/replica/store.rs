@@ -328,7 +328,7 @@ impl ReplicaStore {
 
     /// Persists the dirty flag before the first write after open, so that a
     /// crash with unflushed writes is visible at the next open.
-    fn mark_dirty(&self) -> Result<()> {
+    pub(super) fn mark_dirty(&self) -> Result<()> {
         if self.dirty.load(Ordering::Acquire) {
             return Ok(());
         }

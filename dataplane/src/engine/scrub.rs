@@ -1,0 +1,301 @@
+//! Scrub: a paced background pass over every replica that finds rot before
+//! a read does. Layer by layer (snapshots oldest first, then the head), in
+//! 1 MiB chunks, every RW replica checks the blocks the layer holds against
+//! their checksums; a rotten range is rewritten in that layer from another
+//! replica whose copy of the chunk passed (`RepairLayer`). Then, chunk by
+//! chunk, the replicas' digests of what the volume reads are compared; a
+//! replica that differs from a majority takes the majority's data (the
+//! `Repair` data op), and with no majority the chunk is only reported.
+//!
+//! A chunk of the head is checked holding its range, as a write does, so
+//! no write is in flight there and the replicas must agree; every chunk
+//! holds the gate shared, so no snapshot is taken or removed under it.
+//! Progress and findings are in the engine's status (`ScrubStatus`).
+
+use std::sync::atomic::Ordering::Acquire;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use futures::future::join_all;
+use tracing::{error, info, warn};
+
+use super::member::{Member, Mode};
+use super::{Engine, EngineError};
+use crate::pace::Pace;
+use crate::protocol;
+use crate::protocol::control::{
+    DigestRangeRequest, LayerData, ReadLayerRequest, RepairLayerRequest, ReplicaStatusRequest,
+    ScrubStatus, VerifyLayerRequest,
+};
+use crate::replica::VOLUME_HEAD;
+
+/// The unit of a scrub's work.
+const CHUNK: u64 = 1 << 20;
+
+/// The scrub's status, shared with the status calls.
+#[derive(Default)]
+pub(super) struct Scrubs(Mutex<ScrubStatus>);
+
+impl Scrubs {
+    /// Counters only: a panic elsewhere while it was held leaves nothing
+    /// half done.
+    fn lock(&self) -> MutexGuard<'_, ScrubStatus> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn total(ranges: &[(u64, u64)]) -> u64 {
+    ranges.iter().map(|(_, len)| len).sum()
+}
+
+impl Engine {
+    /// Starts a scrub in the background, reading at most `bytes_per_second`
+    /// on each replica on average (0: no limit); false if one is running.
+    pub fn start_scrub(&self, bytes_per_second: u64) -> bool {
+        {
+            let mut status = self.scrubs.lock();
+            if status.running {
+                return false;
+            }
+            *status = ScrubStatus {
+                running: true,
+                started_unix: now(),
+                ..ScrubStatus::default()
+            };
+        }
+        let Some(engine) = self.myself.upgrade() else {
+            return false;
+        };
+        tokio::spawn(async move {
+            let result = engine.scrub(bytes_per_second).await;
+            let mut status = engine.scrubs.lock();
+            status.running = false;
+            status.finished_unix = now();
+            if let Err(e) = result {
+                status.error = e.to_string();
+            }
+            info!(volume = %engine.volume, status = ?*status, "scrub done");
+        });
+        true
+    }
+
+    /// The running or last scrub.
+    pub fn scrub_status(&self) -> ScrubStatus {
+        self.scrubs.lock().clone()
+    }
+
+    async fn scrub(&self, bytes_per_second: u64) -> Result<(), EngineError> {
+        let pace = Pace::new(bytes_per_second);
+        let mut layers = self.snapshot_names().await?;
+        layers.push(VOLUME_HEAD.to_string());
+        for layer in &layers {
+            let mut at = 0;
+            while at < self.size.load(Acquire) {
+                let len = CHUNK.min(self.size.load(Acquire) - at);
+                pace.take(len).await;
+                self.scrub_chunk(layer, at, len).await;
+                at += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// The snapshots, oldest first, as a RW replica has them.
+    async fn snapshot_names(&self) -> Result<Vec<String>, EngineError> {
+        let member = self
+            .members_in(&[Mode::ReadWrite])
+            .into_iter()
+            .next()
+            .ok_or(EngineError::NoHealthyReplica)?;
+        let mut control = member.control.clone();
+        let status = protocol::within_deadline(control.status(ReplicaStatusRequest {}))
+            .await
+            .map_err(|e| EngineError::Control(member.address.clone(), e))?;
+        Ok(status
+            .into_inner()
+            .snapshots
+            .into_iter()
+            .map(|s| s.name)
+            .collect())
+    }
+
+    async fn scrub_chunk(&self, layer: &str, at: u64, len: u64) {
+        let _io = self.gate.read().await;
+        let head = layer == VOLUME_HEAD;
+        let _range = match head {
+            true => Some(self.in_flight.lock(at, at + len).await),
+            false => None,
+        };
+        let members = self.members_in(&[Mode::ReadWrite]);
+        let checks = join_all(members.iter().map(|m| verify(m, layer, at, len))).await;
+        let mut clean = Vec::new();
+        let mut rotten = Vec::new();
+        for (member, check) in members.iter().zip(checks) {
+            match check {
+                Ok((held, found)) => {
+                    let mut status = self.scrubs.lock();
+                    status.checked_bytes += held;
+                    status.rotten_bytes += total(&found);
+                    drop(status);
+                    match found.is_empty() {
+                        true => clean.push(member.clone()),
+                        false => rotten.push((member.clone(), found)),
+                    }
+                }
+                // A snapshot this replica does not have: nothing to check.
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => {
+                    warn!(volume = %self.volume, replica = %member.address, layer, at, %status, "scrub: check failed");
+                }
+            }
+        }
+        for (member, ranges) in rotten {
+            self.repair_layer(&member, clean.first(), layer, &ranges)
+                .await;
+        }
+        if head {
+            self.compare_chunk(&members, at, len).await;
+        }
+    }
+
+    /// Rewrites `ranges` of `layer` on `member` from `donor`'s copy.
+    async fn repair_layer(
+        &self,
+        member: &Arc<Member>,
+        donor: Option<&Arc<Member>>,
+        layer: &str,
+        ranges: &[(u64, u64)],
+    ) {
+        for &(offset, length) in ranges {
+            let repaired = match donor {
+                Some(donor) => copy_layer(donor, member, layer, offset, length).await,
+                None => Err(tonic::Status::data_loss("no other replica's copy passes")),
+            };
+            let mut status = self.scrubs.lock();
+            match repaired {
+                Ok(()) => {
+                    status.repaired_bytes += length;
+                    info!(volume = %self.volume, replica = %member.address, layer, offset, length, "scrub repaired blocks that failed their checksums");
+                }
+                Err(e) => {
+                    status.unrepaired_bytes += length;
+                    error!(volume = %self.volume, replica = %member.address, layer, offset, length, error = %e, "scrub: rotten blocks left unrepaired");
+                }
+            }
+        }
+    }
+
+    /// Compares what `[at, at + len)` reads on each of `members`; a replica
+    /// that differs from a majority takes its data.
+    async fn compare_chunk(&self, members: &[Arc<Member>], at: u64, len: u64) {
+        let digests = join_all(members.iter().map(|m| digest(m, at, len))).await;
+        let mut groups: Vec<(u64, Vec<Arc<Member>>)> = Vec::new();
+        for (member, digest) in members.iter().zip(digests) {
+            // Rotten (repaired above, or reported) or unreachable: not a vote.
+            let Ok(digest) = digest else { continue };
+            match groups.iter_mut().find(|(d, _)| *d == digest) {
+                Some((_, group)) => group.push(member.clone()),
+                None => groups.push((digest, vec![member.clone()])),
+            }
+        }
+        if groups.len() < 2 {
+            return;
+        }
+        let voters: usize = groups.iter().map(|(_, g)| g.len()).sum();
+        self.scrubs.lock().mismatched_chunks += 1;
+        let Some(majority) = groups.iter().position(|(_, g)| g.len() * 2 > voters) else {
+            error!(volume = %self.volume, at, len, groups = groups.len(), "scrub: the replicas read this chunk differently and no majority agrees");
+            return;
+        };
+        let (_, agreed) = groups.swap_remove(majority);
+        let data = match agreed[0].data.read(at, len as u32).await {
+            Ok(data) => data,
+            Err(e) => {
+                warn!(volume = %self.volume, at, error = %e, "scrub: reading the majority's copy failed");
+                return;
+            }
+        };
+        let mut resolved = true;
+        for member in groups.into_iter().flat_map(|(_, g)| g) {
+            match member.data.repair(at, data.clone()).await {
+                Ok(()) => {
+                    warn!(volume = %self.volume, replica = %member.address, at, len, "scrub: a replica read differently from the others; it took the majority's data");
+                }
+                Err(e) => {
+                    resolved = false;
+                    self.fail(&member, &format!("scrub repair: {e}"));
+                }
+            }
+        }
+        if resolved {
+            self.scrubs.lock().resolved_chunks += 1;
+        }
+    }
+}
+
+/// `member`'s check of `layer`'s range: bytes held, rotten byte ranges.
+async fn verify(
+    member: &Member,
+    layer: &str,
+    offset: u64,
+    length: u64,
+) -> Result<(u64, Vec<(u64, u64)>), tonic::Status> {
+    let mut control = member.control.clone();
+    let request = VerifyLayerRequest {
+        layer: layer.to_string(),
+        offset,
+        length,
+    };
+    let check = protocol::within_deadline(control.verify_layer(request))
+        .await?
+        .into_inner();
+    let rotten = check.rotten.iter().map(|r| (r.offset, r.length)).collect();
+    Ok((check.held_bytes, rotten))
+}
+
+async fn digest(member: &Member, offset: u64, length: u64) -> Result<u64, tonic::Status> {
+    let mut control = member.control.clone();
+    let request = DigestRangeRequest { offset, length };
+    Ok(protocol::within_deadline(control.digest_range(request))
+        .await?
+        .into_inner()
+        .digest)
+}
+
+/// Replaces `[offset, offset + length)` of `layer` on `target` with
+/// `donor`'s copy (the donor checks it on the way).
+async fn copy_layer(
+    donor: &Member,
+    target: &Member,
+    layer: &str,
+    offset: u64,
+    length: u64,
+) -> Result<(), tonic::Status> {
+    let mut source = donor.control.clone();
+    let request = ReadLayerRequest {
+        layer: layer.to_string(),
+        offset,
+        length,
+    };
+    let mut stream = source.read_layer(request).await?.into_inner();
+    let mut runs: Vec<LayerData> = Vec::new();
+    while let Some(run) = stream.next().await {
+        runs.push(run?);
+    }
+    let mut control = target.control.clone();
+    let request = RepairLayerRequest {
+        layer: layer.to_string(),
+        offset,
+        length,
+        runs,
+    };
+    protocol::within_deadline(control.repair_layer(request)).await?;
+    Ok(())
+}
