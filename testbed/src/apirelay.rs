@@ -31,8 +31,13 @@ pub struct ApiRelay {
 impl ApiRelay {
     /// Listens on a free port of `listen` and relays to `target`.
     pub fn start(listen: IpAddr, target: SocketAddr) -> Result<Self> {
+        Self::start_at(SocketAddr::new(listen, 0), target)
+    }
+
+    /// Listens on `listen` (port 0: a free one) and relays to `target`.
+    pub fn start_at(listen: SocketAddr, target: SocketAddr) -> Result<Self> {
         let what = format!("relay on {listen}");
-        let listener = std::net::TcpListener::bind((listen, 0)).map_err(|e| Error::io(&what, e))?;
+        let listener = std::net::TcpListener::bind(listen).map_err(|e| Error::io(&what, e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(&what, e))?;

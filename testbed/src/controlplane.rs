@@ -30,6 +30,17 @@ use super::{certs, tools_dir};
 use crate::{Error, Result};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// The cluster's Service addresses; the first is the `kubernetes`
+/// Service's, which the kubelet gives every container as
+/// KUBERNETES_SERVICE_HOST (and 443 as KUBERNETES_SERVICE_PORT).
+const SERVICE_RANGE: &str = "10.96.0.0/24";
+/// The `kubernetes` Service's address and port: where a pod's in-cluster
+/// client looks for the API server. The kubelet nodes relay it to the API
+/// server (see [`crate::KubeletNode`]); its certificate names it.
+pub(crate) const KUBERNETES_SERVICE: SocketAddr = SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 1)),
+    443,
+);
 const ADMIN_TOKEN_USER: &str = "oxhorn-testbed-admin";
 
 /// A running control plane. Dropping it (or [`ControlPlane::stop`]) kills the
@@ -348,8 +359,9 @@ fn apiserver_command(dir: &Path, port: u16, etcd_port: u16) -> Result<Command> {
             "--service-account-signing-key-file={}",
             file("service-account.key")
         ))
-        .arg("--service-cluster-ip-range=10.96.0.0/24")
-        // Nothing here serves the kubernetes Service; don't maintain its endpoints.
+        .arg(format!("--service-cluster-ip-range={SERVICE_RANGE}"))
+        // No kube-proxy reads the kubernetes Service's endpoints (the
+        // kubelet nodes relay its address themselves); don't maintain them.
         .arg("--endpoint-reconciler-type=none")
         // As every real cluster is set up: storage and CNI plugins run
         // privileged.
@@ -369,7 +381,21 @@ const KUBELET_CLIENT: (&str, &str) = ("kube-apiserver-kubelet-client", "system:m
 /// Writes the certificates, keys and the token file; returns the admin
 /// token.
 fn write_credentials(dir: &Path, authority: &certs::Ca) -> Result<String> {
-    let serving = authority.serving("kube-apiserver", &["127.0.0.1", "localhost"])?;
+    // Also under the names and the address of the kubernetes Service, as
+    // pods reach it.
+    let service_ip = KUBERNETES_SERVICE.ip().to_string();
+    let serving = authority.serving(
+        "kube-apiserver",
+        &[
+            "127.0.0.1",
+            "localhost",
+            &service_ip,
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ],
+    )?;
     let (user, group) = KUBELET_CLIENT;
     let kubelet_client = authority.client(user, group)?;
     let (service_account_key, service_account_pub) = certs::service_account_key()?;

@@ -8,10 +8,19 @@
 //! their sockets under `/run/containerd`. Their original values, and which
 //! paths did not exist, are written to a record before the first node starts;
 //! the record is removed once everything is restored.
+//!
+//! The nodes' pods reach the API server as in a real cluster, at the
+//! `kubernetes` Service's address: that address is put on the loopback
+//! device while nodes run (a relay of the nodes' listens there, see
+//! [`crate::KubeletNode`]), and the pods' network gets a route to it only.
+//! What that network leaves behind goes too: CNI's bridge (with its gateway
+//! address) and the pods' address reservations.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::controlplane::KUBERNETES_SERVICE;
+use crate::process::run;
 use crate::{Error, Result};
 
 const SYSCTLS: [&str; 3] = [
@@ -21,6 +30,13 @@ const SYSCTLS: [&str; 3] = [
 ];
 const FIXED_PATHS: [&str; 3] = ["/var/lib/kubelet", "/var/log/containers", "/run/containerd"];
 const RECORD: &str = "/run/oxhorn-testbed/host-state";
+/// The bridge the pods' CNI network makes; its name is the test bed's own.
+pub(crate) const POD_BRIDGE: &str = "oxt-cni0";
+/// Where the nodes' CNI keeps its pods' addresses: one directory for all
+/// nodes, which share the bridge, so that no two pods get one address.
+pub(crate) const POD_IPAM_DIR: &str = "/run/oxhorn-testbed/cni-ipam";
+/// The device that carries the kubernetes Service's address.
+const SERVICE_DEVICE: &str = "lo";
 
 /// Nodes of this process running now.
 static RUNNING: Mutex<usize> = Mutex::new(0);
@@ -42,6 +58,9 @@ fn write_record() -> Result<()> {
         if !Path::new(path).exists() {
             text.push_str(&format!("created {path}\n"));
         }
+    }
+    if !has_service_address()? {
+        text.push_str(&format!("address {}\n", service_address()));
     }
     let record = Path::new(RECORD);
     if let Some(dir) = record.parent() {
@@ -65,10 +84,38 @@ fn restore() {
             (Some("created"), Some(path), None) if FIXED_PATHS.contains(&path) => {
                 let _ = std::fs::remove_dir_all(path);
             }
+            (Some("address"), Some(address), None) if address == service_address() => {
+                let _ = run("ip", &["addr", "del", address, "dev", SERVICE_DEVICE]);
+            }
             _ => tracing::warn!(line, "unknown line in {RECORD}"),
         }
     }
+    // Absent when no pod used the network: nothing to report then.
+    let _ = run("ip", &["link", "del", POD_BRIDGE]);
+    let _ = std::fs::remove_dir_all(POD_IPAM_DIR);
     let _ = std::fs::remove_file(RECORD);
+}
+
+/// The kubernetes Service's address, as a host address.
+fn service_address() -> String {
+    format!("{}/32", KUBERNETES_SERVICE.ip())
+}
+
+fn has_service_address() -> Result<bool> {
+    let shown = run("ip", &["-o", "-4", "addr", "show", "dev", SERVICE_DEVICE])?;
+    let address = format!(" {} ", service_address());
+    Ok(shown.contains(&address))
+}
+
+/// Puts the kubernetes Service's address on the host, if not there yet.
+fn add_service_address() -> Result<()> {
+    if !has_service_address()? {
+        run(
+            "ip",
+            &["addr", "add", &service_address(), "dev", SERVICE_DEVICE],
+        )?;
+    }
+    Ok(())
 }
 
 /// Held by each running node; the last one dropped restores the host.
@@ -86,6 +133,7 @@ impl HostChanges {
         if first {
             restore();
             write_record()?;
+            add_service_address()?;
         }
         *running += 1;
         Ok(Self { first })

@@ -3,9 +3,11 @@
 //! for the node's directories, changed only where this test bed differs
 //! from a real cluster (`for_the_test_bed`).
 //!
-//! The test bed's cluster has no service network and its kubelet refuses a
-//! loopback node address, so each container is given the API server's
-//! address (as on a cluster without kube-proxy), the manager's data plane
+//! The test bed's cluster has no service network (only pods on the pod
+//! network reach the kubernetes Service's address, see
+//! [`crate::KubeletNode`]) and its kubelet refuses a loopback node address,
+//! so each host-network container is given the API server's address (as on
+//! a cluster without kube-proxy), the manager's data plane
 //! and probes use a loopback address, and a node selector keeps the pods on
 //! the kubelet nodes (the cluster's other nodes have no kubelet), the
 //! Deployments, with one replica each, on the first. The kubelet nodes

@@ -26,8 +26,9 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tempfile::TempDir;
 
-use crate::controlplane::{free_port, tool};
-use crate::host_state::HostChanges;
+use crate::apirelay::ApiRelay;
+use crate::controlplane::{KUBERNETES_SERVICE, free_port, tool};
+use crate::host_state::{HostChanges, POD_BRIDGE, POD_IPAM_DIR};
 use crate::process::Supervised;
 use crate::{ControlPlane, Error, Result, cgroup, images, release_under};
 
@@ -51,6 +52,11 @@ const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 
 /// The host to oneself: no other kubelet node starts while it is held.
 pub struct HostTurn {
+    /// The kubernetes Service, relayed to the API server of the turn's
+    /// nodes: pods' in-cluster clients look for the API server at its
+    /// address, where a real cluster's kube-proxy would send them on.
+    /// Dropped first: the address is free again before the next turn.
+    kubernetes_service: std::sync::Mutex<Option<ApiRelay>>,
     _across_processes: nix::fcntl::Flock<std::fs::File>,
     _in_process: tokio::sync::MutexGuard<'static, ()>,
 }
@@ -64,9 +70,27 @@ impl HostTurn {
             .await
             .map_err(|e| Error::Failed(format!("locking {HOST_LOCK}: {e}")))??;
         Ok(Self {
+            kubernetes_service: std::sync::Mutex::new(None),
             _across_processes: file,
             _in_process: in_process,
         })
+    }
+
+    /// Relays the kubernetes Service's address (on the host while nodes
+    /// run: [`HostChanges`]) to `control`'s API server, unless a node of
+    /// this turn did already.
+    fn relay_kubernetes_service(&self, control: &ControlPlane) -> Result<()> {
+        let mut relay = self
+            .kubernetes_service
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if relay.is_none() {
+            *relay = Some(ApiRelay::start_at(
+                KUBERNETES_SERVICE,
+                control.api_address(),
+            )?);
+        }
+        Ok(())
     }
 }
 
@@ -116,6 +140,7 @@ impl KubeletNode {
             cgroup::sweep();
             kill_shims(|address| address.contains(DIR_PREFIX) && !Path::new(address).exists());
         }
+        turn.relay_kubernetes_service(control)?;
         let dir = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
             .tempdir()
@@ -464,22 +489,28 @@ fn kill_shims(matches: impl Fn(&str) -> bool) {
 fn write_containerd_config(dir: &Path, socket: &Path) -> Result<()> {
     let cni = dir.join("cni");
     std::fs::create_dir_all(&cni).map_err(|e| Error::io(&cni, e))?;
-    // Pods here use the host's network; the CRI only needs a valid network
-    // configuration to report the network ready. Were a pod ever to use it,
-    // its traffic would stay on a bridge of this node's, with no route out.
+    // The pods of every node share one bridge, and one record of the
+    // addresses given out (so no two pods of the host get the same one).
+    // The bridge holds the gateway address, and the pods' one route goes
+    // through it to the kubernetes Service's address, which is the host's
+    // (see [`HostChanges`]), where the turn's relay passes the connection
+    // on to the API server: the only traffic that leaves a pod's network
+    // namespace, and it stays on this host (no default route, no NAT).
     let conflist = cni.join("10-oxhorn-test.conflist");
     let network = serde_json::json!({
         "cniVersion": "0.4.0",
         "name": "oxhorn-test",
         "plugins": [{
             "type": "bridge",
-            "bridge": "oxt-cni0",
-            "isGateway": false,
+            "bridge": POD_BRIDGE,
+            "isGateway": true,
+            "isDefaultGateway": false,
             "ipMasq": false,
             "ipam": {
                 "type": "host-local",
-                "dataDir": dir.join("cni-ipam"),
-                "ranges": [[{"subnet": "10.251.0.0/24"}]]
+                "dataDir": POD_IPAM_DIR,
+                "ranges": [[{"subnet": "10.251.0.0/24", "gateway": "10.251.0.1"}]],
+                "routes": [{"dst": format!("{}/32", KUBERNETES_SERVICE.ip())}]
             }
         }]
     });
