@@ -13,8 +13,15 @@
 //! `kubernetes` Service's address: that address is put on the loopback
 //! device while nodes run (a relay of the nodes' listens there, see
 //! [`crate::KubeletNode`]), and the pods' network gets a route to it only.
-//! What that network leaves behind goes too: CNI's bridge (with its gateway
-//! address) and the pods' address reservations.
+//! The pods' bridge is made here, before any node starts, with the pods'
+//! gateway address and IPv4 forwarding off on it: what arrives from a pod is
+//! delivered to the host or dropped, never forwarded, whatever
+//! `net.ipv4.ip_forward` is (only writing it would reset the bridge's own
+//! switch, and nothing here does), so nothing a pod sends can leave the
+//! machine, even with the Service's address gone. CNI's bridge plugin then
+//! only attaches pods (it is no gateway, so it leaves `ip_forward` alone).
+//! The bridge goes before that address does, and the pods' address
+//! reservations with it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -30,8 +37,13 @@ const SYSCTLS: [&str; 3] = [
 ];
 const FIXED_PATHS: [&str; 3] = ["/var/lib/kubelet", "/var/log/containers", "/run/containerd"];
 const RECORD: &str = "/run/oxhorn-testbed/host-state";
-/// The bridge the pods' CNI network makes; its name is the test bed's own.
+/// The bridge of the pods' CNI network; its name is the test bed's own.
 pub(crate) const POD_BRIDGE: &str = "oxt-cni0";
+/// The pods' network, and the bridge's address in it: the gateway of the
+/// pods' one route.
+pub(crate) const POD_SUBNET: &str = "10.251.0.0/24";
+pub(crate) const POD_GATEWAY: &str = "10.251.0.1";
+const POD_GATEWAY_PREFIX: &str = "10.251.0.1/24";
 /// Where the nodes' CNI keeps its pods' addresses: one directory for all
 /// nodes, which share the bridge, so that no two pods get one address.
 pub(crate) const POD_IPAM_DIR: &str = "/run/oxhorn-testbed/cni-ipam";
@@ -75,6 +87,10 @@ fn restore() {
     let Ok(text) = std::fs::read_to_string(RECORD) else {
         return;
     };
+    // First the bridge: while the Service's address is on the host, what a
+    // pod still sends to it is delivered there, not routed on.
+    let _ = run("ip", &["link", "del", POD_BRIDGE]);
+    let _ = std::fs::remove_dir_all(POD_IPAM_DIR);
     for line in text.lines() {
         let mut words = line.splitn(3, ' ');
         match (words.next(), words.next(), words.next()) {
@@ -90,9 +106,6 @@ fn restore() {
             _ => tracing::warn!(line, "unknown line in {RECORD}"),
         }
     }
-    // Absent when no pod used the network: nothing to report then.
-    let _ = run("ip", &["link", "del", POD_BRIDGE]);
-    let _ = std::fs::remove_dir_all(POD_IPAM_DIR);
     let _ = std::fs::remove_file(RECORD);
 }
 
@@ -118,6 +131,33 @@ fn add_service_address() -> Result<()> {
     Ok(())
 }
 
+/// Makes the pods' bridge, if not there yet, with the gateway address and
+/// forwarding off (before it is up, and before any pod is on it): packets
+/// that come in on it are only ever delivered locally.
+fn add_pod_bridge() -> Result<()> {
+    let device = Path::new("/sys/class/net").join(POD_BRIDGE);
+    if !device.exists() {
+        run("ip", &["link", "add", POD_BRIDGE, "type", "bridge"])?;
+    } else if !device.join("bridge").exists() {
+        return Err(Error::Failed(format!(
+            "{POD_BRIDGE} exists and is no bridge"
+        )));
+    }
+    let shown = run("ip", &["-o", "-4", "addr", "show", "dev", POD_BRIDGE])?;
+    if !shown.contains(&format!(" {POD_GATEWAY_PREFIX} ")) {
+        run(
+            "ip",
+            &["addr", "add", POD_GATEWAY_PREFIX, "dev", POD_BRIDGE],
+        )?;
+    }
+    let forwarding = Path::new("/proc/sys/net/ipv4/conf")
+        .join(POD_BRIDGE)
+        .join("forwarding");
+    std::fs::write(&forwarding, "0").map_err(|e| Error::io(&forwarding, e))?;
+    run("ip", &["link", "set", POD_BRIDGE, "up"])?;
+    Ok(())
+}
+
 /// Held by each running node; the last one dropped restores the host.
 pub(crate) struct HostChanges {
     first: bool,
@@ -132,8 +172,14 @@ impl HostChanges {
         let first = *running == 0;
         if first {
             restore();
-            write_record()?;
-            add_service_address()?;
+            // Half made: put back now, not at the next start.
+            let made = write_record()
+                .and_then(|()| add_service_address())
+                .and_then(|()| add_pod_bridge());
+            if let Err(e) = made {
+                restore();
+                return Err(e);
+            }
         }
         *running += 1;
         Ok(Self { first })

@@ -28,7 +28,7 @@ use tempfile::TempDir;
 
 use crate::apirelay::ApiRelay;
 use crate::controlplane::{KUBERNETES_SERVICE, free_port, tool};
-use crate::host_state::{HostChanges, POD_BRIDGE, POD_IPAM_DIR};
+use crate::host_state::{HostChanges, POD_BRIDGE, POD_GATEWAY, POD_IPAM_DIR, POD_SUBNET};
 use crate::process::Supervised;
 use crate::{ControlPlane, Error, Result, cgroup, images, release_under};
 
@@ -491,11 +491,13 @@ fn write_containerd_config(dir: &Path, socket: &Path) -> Result<()> {
     std::fs::create_dir_all(&cni).map_err(|e| Error::io(&cni, e))?;
     // The pods of every node share one bridge, and one record of the
     // addresses given out (so no two pods of the host get the same one).
-    // The bridge holds the gateway address, and the pods' one route goes
-    // through it to the kubernetes Service's address, which is the host's
-    // (see [`HostChanges`]), where the turn's relay passes the connection
-    // on to the API server: the only traffic that leaves a pod's network
-    // namespace, and it stays on this host (no default route, no NAT).
+    // The bridge, with the gateway address and forwarding off, is the test
+    // bed's ([`HostChanges`]): the plugin is no gateway, so it never turns
+    // on the host's IPv4 forwarding. The pods' one route goes through the
+    // bridge to the kubernetes Service's address, which is the host's, where
+    // the turn's relay passes the connection on to the API server: the only
+    // traffic that leaves a pod's network namespace, and the host only
+    // delivers it locally (no default route, no NAT, no forwarding).
     let conflist = cni.join("10-oxhorn-test.conflist");
     let network = serde_json::json!({
         "cniVersion": "0.4.0",
@@ -503,14 +505,17 @@ fn write_containerd_config(dir: &Path, socket: &Path) -> Result<()> {
         "plugins": [{
             "type": "bridge",
             "bridge": POD_BRIDGE,
-            "isGateway": true,
-            "isDefaultGateway": false,
+            "isGateway": false,
             "ipMasq": false,
             "ipam": {
                 "type": "host-local",
                 "dataDir": POD_IPAM_DIR,
-                "ranges": [[{"subnet": "10.251.0.0/24", "gateway": "10.251.0.1"}]],
-                "routes": [{"dst": format!("{}/32", KUBERNETES_SERVICE.ip())}]
+                // The gateway: never given to a pod.
+                "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                "routes": [{
+                    "dst": format!("{}/32", KUBERNETES_SERVICE.ip()),
+                    "gw": POD_GATEWAY
+                }]
             }
         }]
     });
