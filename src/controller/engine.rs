@@ -3,6 +3,7 @@
 //! spec.replicaAddressMap (adding a replica starts its rebuild), grows it to
 //! spec.volumeSize, and polls the engine into status every few seconds.
 
+mod integrity;
 mod rebuilds;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +24,7 @@ use crate::frontend::iscsi::chap::ChapSecrets;
 use crate::instance::{InstanceKind, InstanceRequest};
 use crate::protocol::control::engine_control_client::EngineControlClient;
 use crate::protocol::control::{
-    self as protocol, AddReplicaRequest, ExpandRequest, RemoveReplicaRequest,
+    self as protocol, AddReplicaRequest, ExpandRequest, RemoveReplicaRequest, ScrubRequest,
     SetRebuildLimitRequest,
 };
 use crate::types::{
@@ -194,6 +195,11 @@ async fn run_here(
         ctx.engine_channels.forget(&name);
     })?;
     fill_status(engine, &observed, status);
+    // The counters only: a failure costs nothing but this poll's news.
+    if let Ok(metrics) = api.metrics().await {
+        status.read_repair = integrity::read_repair(&metrics);
+    }
+    integrity::announce(ctx, engine, engine.status.as_ref(), status).await;
     Ok(Action::requeue(POLL))
 }
 
@@ -297,6 +303,19 @@ async fn converge(
             .map_err(|e| api.failed(e))?
             .into_inner();
     }
+    if integrity::due(ctx, engine, observed.scrub.as_ref()) {
+        let bytes_per_second = ctx.settings().scrub_bandwidth;
+        info!(
+            bytes_per_second,
+            "a scrub is due: starting it on the volume's replicas"
+        );
+        observed = api
+            .client
+            .scrub(ScrubRequest { bytes_per_second })
+            .await
+            .map_err(|e| api.failed(e))?
+            .into_inner();
+    }
     Ok(observed)
 }
 
@@ -342,6 +361,7 @@ fn fill_status(engine: &Engine, observed: &protocol::EngineStatus, status: &mut 
     status.rebuild_status.clear();
     status.rebuild_bandwidth_limit =
         i64::try_from(observed.rebuild_limit >> 20).unwrap_or(i64::MAX);
+    status.scrub = integrity::report(observed.scrub.as_ref());
     for replica in &observed.replicas {
         let Some(name) = names.get(replica.address.as_str()) else {
             continue;

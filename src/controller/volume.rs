@@ -380,6 +380,10 @@ impl<'a> Pass<'a> {
                 .count(),
         };
         self.observe_engine_failure(engine);
+        // Kept across attachments: the engine's report goes with it.
+        if let Some(scrub) = engine.status.as_ref().and_then(|s| s.scrub.clone()) {
+            self.status.last_scrub = Some(scrub);
+        }
         // status.salvagedRequest follows the engine, whatever the cached
         // status says: a salvage start that served has its flag cleared and
         // keeps the request it was made for.

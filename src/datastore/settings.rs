@@ -47,6 +47,8 @@ const STALE_REPLICA_TIMEOUT: &str = "stale-replica-timeout";
 const AUTO_SALVAGE: &str = "auto-salvage";
 const REBUILDS_PER_NODE: &str = "concurrent-replica-rebuild-per-node-limit";
 const REBUILD_BANDWIDTH: &str = "replica-rebuild-bandwidth-limit";
+const SCRUB_INTERVAL: &str = "scrub-interval";
+const SCRUB_BANDWIDTH: &str = "scrub-bandwidth-limit";
 /// Whether `oxhorn uninstall` may delete volumes, and their data.
 pub const DELETING_CONFIRMATION: &str = "deleting-confirmation-flag";
 /// The default BackupTarget is made from these three (see
@@ -129,6 +131,24 @@ const DEFINITIONS: &[Definition] = &[
         },
         default: "100",
         description: "MiB/s one rebuild (or one replica's fill from a snapshot) may average, so that rebuilds leave the volumes' own I/O room; 0: no limit. It applies to rebuilds that start after the change; an Engine shows the value it took in `status.rebuildBandwidthLimit`.",
+    },
+    Definition {
+        key: SCRUB_INTERVAL,
+        kind: Kind::Integer {
+            min: 0,
+            max: 525_600,
+        },
+        default: "10080",
+        description: "Minutes between scrubs of an attached volume, counted from its last scrub (or its creation); 0: none. A scrub checks every block of every replica against its checksum, rewrites rotten ones from another replica, and compares what the replicas read (see [integrity](integrity.md)); the Volume's `status.lastScrub` says what it found.",
+    },
+    Definition {
+        key: SCRUB_BANDWIDTH,
+        kind: Kind::Integer {
+            min: 0,
+            max: 1_000_000,
+        },
+        default: "50",
+        description: "MiB/s a scrub reads on each replica, on average; 0: no limit.",
     },
     Definition {
         key: DELETING_CONFIRMATION,
@@ -216,6 +236,10 @@ pub struct Settings {
     /// Bytes per second one rebuild (or one replica's fill from a
     /// snapshot) may average; 0: no limit.
     pub rebuild_bandwidth: u64,
+    /// Time between scrubs of an attached volume; zero: none.
+    pub scrub_interval: Duration,
+    /// Bytes per second a scrub reads on each replica; 0: no limit.
+    pub scrub_bandwidth: u64,
     pub default_backup_target: DefaultBackupTarget,
     /// How new backup blocks are compressed.
     pub backup_compression: Compression,
@@ -248,6 +272,8 @@ impl Settings {
             auto_salvage: boolean(AUTO_SALVAGE),
             rebuilds_per_node: usize::try_from(int(REBUILDS_PER_NODE)).unwrap_or(5),
             rebuild_bandwidth: int(REBUILD_BANDWIDTH).unsigned_abs() << 20,
+            scrub_interval: Duration::from_secs(int(SCRUB_INTERVAL).unsigned_abs() * 60),
+            scrub_bandwidth: int(SCRUB_BANDWIDTH).unsigned_abs() << 20,
             default_backup_target: DefaultBackupTarget {
                 url: value(BACKUP_TARGET),
                 credential_secret: value(BACKUP_TARGET_CREDENTIAL_SECRET),

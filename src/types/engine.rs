@@ -108,6 +108,61 @@ pub struct EngineStatus {
     /// Snapshot name to what the engine reports of it.
     #[serde(default)]
     pub snapshots: BTreeMap<String, SnapshotInfo>,
+    /// The running engine's scrub, running or last done (none yet: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<ScrubReport>,
+    /// What read repair did since the engine started.
+    #[serde(default)]
+    pub read_repair: ReadRepair,
+}
+
+/// A scrub of the volume's replicas: every block of every layer checked
+/// against its checksum, rotten ones rewritten from another replica's copy,
+/// and what the volume reads compared across replicas (docs/integrity.md).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrubReport {
+    #[serde(default)]
+    pub running: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<Time>,
+    /// Bytes of the replicas' layers checked, all replicas together.
+    #[serde(default)]
+    pub checked_bytes: i64,
+    /// Bytes that failed their checksums.
+    #[serde(default)]
+    pub rotten_bytes: i64,
+    /// Of those, rewritten from another replica's good copy.
+    #[serde(default)]
+    pub repaired_bytes: i64,
+    /// Of those, with no good copy on any other replica.
+    #[serde(default)]
+    pub unrepaired_bytes: i64,
+    /// 1 MiB chunks that did not read the same on every replica.
+    #[serde(default)]
+    pub mismatched_chunks: i64,
+    /// Of those, settled by giving the odd replica the majority's data.
+    #[serde(default)]
+    pub resolved_chunks: i64,
+    /// Why it stopped early, if it did.
+    #[serde(default)]
+    pub error: String,
+}
+
+/// Bytes read repair handled since the engine started: found failing their
+/// checksums, rewritten from another replica's copy, and with no good copy
+/// anywhere (those reads failed).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadRepair {
+    #[serde(default)]
+    pub checksum_failed_bytes: i64,
+    #[serde(default)]
+    pub repaired_bytes: i64,
+    #[serde(default)]
+    pub unrecoverable_bytes: i64,
 }
 
 /// A replica's place in the engine's I/O path.

@@ -23,7 +23,8 @@ pub use backup::{
 };
 pub use condition::{Condition, ConditionStatus};
 pub use engine::{
-    Engine, EngineSpec, EngineStatus, RebuildStatus, ReplicaMode, SnapshotInfo, engine_name,
+    Engine, EngineSpec, EngineStatus, ReadRepair, RebuildStatus, ReplicaMode, ScrubReport,
+    SnapshotInfo, engine_name,
 };
 pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
 pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};

@@ -352,6 +352,10 @@ pub struct VolumeStatus {
     /// The last spec.salvageRequest acted on.
     #[serde(default)]
     pub salvaged_request: String,
+    /// The volume's last scrub, or the one running (see the
+    /// scrub-interval Setting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<super::ScrubReport>,
 }
 
 /// Where the volume is in its life.

@@ -1,9 +1,11 @@
 //! Rotten blocks on replicas' disks under a running volume: `oxhorn
 //! replica` processes on loopback, their layer files damaged behind their
 //! backs (a flipped bit, a zeroed block, a truncated file), read through
-//! the engine. Every read returns the acknowledged data or fails with EIO
-//! when no replica has a good copy; rotten data is never served, and the
-//! replica that had it is repaired.
+//! the engine or found by a scrub. Every read returns the acknowledged data
+//! or fails with EIO when no replica has a good copy; rotten data is never
+//! served, and the replica that had it is repaired. The last test runs the
+//! managers: a scrub the scrub-interval Setting starts, and what the
+//! Volume then says.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -16,7 +18,7 @@ use oxhorn::protocol::ConnectionError;
 use oxhorn::protocol::control::ReplicaMode;
 use oxhorn_testbed::ReplicaProcess;
 
-use crate::common::require_root;
+use crate::common::{Cluster, MIB, read_device, replica_dir, require_root, write_pattern};
 use crate::dataplane::{
     BLOCK, Model, PATIENCE, Replicas, Rng, assert_same, modes, read_all, until_all_rw, write_random,
 };
@@ -248,6 +250,41 @@ async fn a_scrub_repairs_every_layer_and_settles_a_replica_that_differs() {
     assert_replicas_hold(&replicas, &expected).await;
 }
 
+/// A rebuild never copies a rotten block: its source refuses to hand it
+/// over, the engine repairs the source from another replica's copy and
+/// copies again, and the rebuilt replica holds the good data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebuild_whose_source_has_a_rotten_block_copies_a_good_copy() {
+    require_root();
+    let replicas = Replicas::start("vol-rot-rebuild", 3).await;
+    let addresses = replicas.addresses();
+    // Replica 0 is the first RW replica: the rebuild's source.
+    let engine = replicas.engine_on(&addresses[..2]).await;
+    until_all_rw(&engine, 2).await;
+    let model = Arc::new(Mutex::new(Model::new()));
+    write_random(&engine, &model, &mut Rng(21), REGION, 300, 8).await;
+    engine.snapshot("s1", true).await.unwrap();
+    let expected = model.lock().unwrap().data.clone();
+    let block = (0..REGION.end / BLOCK)
+        .find(|&b| expected[b as usize * BS..][..BS].iter().any(|&x| x != 0))
+        .unwrap();
+    rot_layer(&replicas.processes[0], "snap-s1.img", Rot::Flip(block));
+
+    engine.add_replica(&addresses[2]).await.unwrap();
+    until_all_rw(&engine, 3).await;
+    let scrub = engine.scrub_status();
+    assert_eq!(scrub.repaired_bytes, BLOCK, "{scrub:?}");
+    let copy = std::fs::read(replicas.processes[2].dir().join("snap-s1.img")).unwrap();
+    let at = block as usize * BS;
+    assert_same(
+        &copy[at..at + BS],
+        &expected[at..at + BS],
+        "the rebuilt copy",
+    );
+    drop(engine);
+    assert_replicas_hold(&replicas, &expected).await;
+}
+
 /// A replica killed with SIGKILL while writes are in flight may have a
 /// block's data without its checksum, or the reverse: after its restart
 /// every block it holds must read, none reported rotten.
@@ -280,4 +317,53 @@ async fn a_replica_killed_mid_write_reads_back_without_a_false_alarm() {
     let address = &replicas.addresses()[1];
     let data = replicas.read(address).await;
     assert_eq!(data.len(), crate::dataplane::SIZE as usize);
+}
+
+/// With the scrub-interval Setting, a manager starts a scrub of an attached
+/// volume once due; it rewrites a block one replica's disk damaged, the
+/// Volume's status and an Event say so, and the volume reads as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_due_scrub_repairs_rot_and_the_volume_says_so() {
+    require_root();
+    let cluster = Cluster::start("scrub", 2).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    cluster.create_volume("vol", 32 * MIB, 2).await;
+    let device = cluster.attach("vol", &node).await;
+    let written = write_pattern(&device, 8 << 20, 7);
+    let replica = &cluster.replicas_of("vol").await[0];
+    let dir = replica_dir(cluster.node(&replica.spec.instance.node_id), replica);
+    let head = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|f| f.starts_with("head-") && f.ends_with(".img"))
+        .unwrap();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(head))
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, 100 * BLOCK + 9).unwrap();
+    file.write_all_at(&[!byte[0]], 100 * BLOCK + 9).unwrap();
+
+    // Due a minute after the volume's creation, no scrub having run.
+    cluster.set("scrub-interval", "1").await;
+    let scrubbed = cluster
+        .until_volume("vol", "a scrub done", |s| {
+            s.last_scrub.as_ref().is_some_and(|r| r.finished.is_some())
+        })
+        .await;
+    let report = scrubbed.status.unwrap().last_scrub.unwrap();
+    assert_eq!(report.rotten_bytes, BLOCK as i64, "{report:?}");
+    assert_eq!(report.repaired_bytes, BLOCK as i64, "{report:?}");
+    assert_eq!(report.unrepaired_bytes, 0, "{report:?}");
+    assert!(report.checked_bytes >= 2 * (8 << 20), "{report:?}");
+    assert!(
+        cluster.event_reasons().await.contains("ScrubFoundDamage"),
+        "{:?}",
+        cluster.event_reasons().await
+    );
+    assert_eq!(read_device(&device, 8 << 20), written);
+    cluster.detach("vol").await;
+    cluster.delete_volume("vol").await;
 }

@@ -111,6 +111,11 @@ impl EngineError {
         }
     }
 
+    /// A replica refused to hand over data that fails its checksums.
+    fn is_data_loss(&self) -> bool {
+        matches!(self, EngineError::Control(_, status) if status.code() == tonic::Code::DataLoss)
+    }
+
     fn is_no_space(&self) -> bool {
         match self {
             EngineError::Replica(ConnectionError::Remote { status, .. }) => {

@@ -95,7 +95,17 @@ impl Engine {
         let span = info_span!("rebuild", volume = %self.volume, replica = %target.address);
         tokio::spawn(
             async move {
-                match engine.rebuild(&target).await {
+                let mut result = engine.rebuild(&target).await;
+                if result.as_ref().is_err_and(EngineError::is_data_loss) {
+                    // The source never hands over a rotten block: repair it
+                    // from another replica's copy, then copy again.
+                    warn!(error = ?result, "the rebuild's source holds blocks that fail their checksums: scrubbing the replicas, then rebuilding again");
+                    result = match engine.run_scrub(engine.rebuild_limit()).await {
+                        Ok(()) => engine.rebuild(&target).await,
+                        Err(error) => Err(error),
+                    };
+                }
+                match result {
                     Ok(()) => info!("rebuilt: replica RW"),
                     Err(error) => {
                         warn!(%error, "rebuild failed");

@@ -33,15 +33,19 @@ use crate::replica::VOLUME_HEAD;
 /// The unit of a scrub's work.
 const CHUNK: u64 = 1 << 20;
 
-/// The scrub's status, shared with the status calls.
+/// The scrub's status, shared with the status calls, and the turn of the
+/// one scrub that runs at a time.
 #[derive(Default)]
-pub(super) struct Scrubs(Mutex<ScrubStatus>);
+pub(super) struct Scrubs {
+    status: Mutex<ScrubStatus>,
+    one: Arc<tokio::sync::Mutex<()>>,
+}
 
 impl Scrubs {
     /// Counters only: a panic elsewhere while it was held leaves nothing
     /// half done.
     fn lock(&self) -> MutexGuard<'_, ScrubStatus> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.status.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -59,31 +63,47 @@ impl Engine {
     /// Starts a scrub in the background, reading at most `bytes_per_second`
     /// on each replica on average (0: no limit); false if one is running.
     pub fn start_scrub(&self, bytes_per_second: u64) -> bool {
-        {
-            let mut status = self.scrubs.lock();
-            if status.running {
-                return false;
-            }
-            *status = ScrubStatus {
-                running: true,
-                started_unix: now(),
-                ..ScrubStatus::default()
-            };
-        }
         let Some(engine) = self.myself.upgrade() else {
             return false;
         };
+        let Ok(turn) = self.scrubs.one.clone().try_lock_owned() else {
+            return false;
+        };
+        // Running as the caller returns: the next status says so.
+        self.begin_scrub();
         tokio::spawn(async move {
+            let _turn = turn;
             let result = engine.scrub(bytes_per_second).await;
-            let mut status = engine.scrubs.lock();
-            status.running = false;
-            status.finished_unix = now();
-            if let Err(e) = result {
-                status.error = e.to_string();
-            }
-            info!(volume = %engine.volume, status = ?*status, "scrub done");
+            engine.end_scrub(&result);
         });
         true
+    }
+
+    /// Runs a scrub to its end, after the one running if any.
+    pub(super) async fn run_scrub(&self, bytes_per_second: u64) -> Result<(), EngineError> {
+        let _turn = self.scrubs.one.lock().await;
+        self.begin_scrub();
+        let result = self.scrub(bytes_per_second).await;
+        self.end_scrub(&result);
+        result
+    }
+
+    fn begin_scrub(&self) {
+        *self.scrubs.lock() = ScrubStatus {
+            running: true,
+            started_unix: now(),
+            ..ScrubStatus::default()
+        };
+    }
+
+    fn end_scrub(&self, result: &Result<(), EngineError>) {
+        let mut status = self.scrubs.lock();
+        status.running = false;
+        status.finished_unix = now();
+        if let Err(e) = result {
+            status.error = e.to_string();
+        }
+        info!(volume = %self.volume, status = ?*status, "scrub done");
     }
 
     /// The running or last scrub.

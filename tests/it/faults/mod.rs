@@ -17,7 +17,8 @@
 //! replica lives with the other network-namespace tests.
 //!
 //! The rows: kill -9 one replica, two replicas, the engine; SIGSTOP a
-//! replica for 20 s; one replica's disk full (a small tmpfs); kill the
+//! replica for 20 s; one replica's disk full (a small tmpfs); bit rot on
+//! one replica, and on two at different blocks (`rot.rs`); kill the
 //! manager on the engine's node, beside an instance manager, and on a
 //! replica's node; cut the engine's node off the API server only; and
 //! finding 5, a stale replica the only one back (`stale.rs`).
@@ -596,4 +597,5 @@ async fn one_replicas_disk_full() {
 }
 
 mod cluster;
+mod rot;
 mod stale;
