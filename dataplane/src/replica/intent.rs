@@ -8,33 +8,37 @@
 //! may hold new data under an old checksum, or the reverse. Both are
 //! legitimate (the write was never acknowledged as durable), and neither
 //! may read as corruption. So before a block is written, its region (256
-//! blocks, 1 MiB) is recorded as open in `<layer>.intent` and that record
-//! made durable; a layer opened after a crash recomputes the checksums of
+//! blocks, 1 MiB) is marked open in `<layer>.intent` and the mark made
+//! durable; a layer opened after a crash recomputes the checksums of
 //! exactly its open regions' blocks, from whatever data they hold, before
 //! serving anything. This is dm-integrity's bitmap mode.
 //!
-//! Opening a region costs one `fdatasync` of the small intent file; closing
-//! one costs nothing: once a flush has made a region's writes durable and
-//! it has been idle for [`CLOSE_AFTER`], it is dropped from memory, and the
-//! next record written leaves it out. A stale "open" on disk only costs a
-//! recompute. Busy regions therefore stay open across flushes, so a
-//! workload that flushes after every write does not pay a second sync for
-//! each. At most [`MAX_OPEN`] regions are open (1 GiB to recompute at
-//! worst): opening one more first flushes the layer and closes the idle ones.
+//! Opening a region costs an `fdatasync` of the intent file, shared by every
+//! write that opens one meanwhile (group commit); writes to open regions
+//! cost a mutex and a counter. Closing costs nothing: once a flush has made
+//! a region's writes durable and it has been idle for [`CLOSE_AFTER`], it is
+//! dropped from memory, and its bit is cleared the next time its page of
+//! the bitmap is written. A stale bit only costs a recompute. Busy regions
+//! stay open across flushes, so a workload that flushes after every write
+//! does not pay a second sync for each, and a volume written all over stays
+//! open all over (a crash then recomputes all it wrote recently).
 //!
 //! A layer that takes bulk writes (a rebuild filling it, a snapshot merged
-//! into it) is instead opened whole once, and closed whole after the writer
-//! flushed it.
+//! into it) is instead marked open whole once, and closed whole after the
+//! writer flushed it.
 //!
-//! Record: `OXIN`, a u32 count, that many u64 regions (`u64::MAX`: the whole
-//! layer), then the CRC-32C of all of it; little-endian. A torn or otherwise
-//! unreadable record means the whole layer is recomputed.
+//! File: a 4 KiB header (`OXIB`, then 1 if the whole layer is open), then a
+//! bitmap, bit `r % 8` of byte `r / 8` for region `r`. Only the bitmap pages
+//! that changed are written. Every write sets bits of regions about to be
+//! written and clears only those of closed ones, so a sector torn by a crash
+//! during the write holds either state, both safe; a header that cannot be
+//! read means the whole layer is recomputed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::dir::ReplicaDir;
@@ -43,42 +47,51 @@ use super::naming::intent_file;
 
 /// Blocks per region: 1 MiB.
 pub const REGION_BLOCKS: u64 = 256;
-/// Regions open at once, at most (soft: regions with writes in flight are
-/// never closed early).
-pub const MAX_OPEN: usize = 1024;
 /// How long a region stays open after its last write.
 pub const CLOSE_AFTER: Duration = Duration::from_secs(10);
 
-const MAGIC: &[u8; 4] = b"OXIN";
-const WHOLE: u64 = u64::MAX;
+const MAGIC: &[u8; 4] = b"OXIB";
+const HEADER: u64 = 4096;
+/// Regions per bitmap page.
+const PAGE_REGIONS: u64 = 4096 * 8;
 
 /// What a crash may have left stale, as found when a layer is opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stale {
     /// Nothing: the layer was closed cleanly or is new.
     Nothing,
-    /// These regions.
+    /// These regions, ascending.
     Regions(Vec<u64>),
-    /// The whole layer: it was taking bulk writes, or the record is torn.
+    /// The whole layer: it was taking bulk writes, or the header is torn.
     Whole,
 }
 
-/// A layer's open regions and their on-disk record.
+/// A layer's open regions and their on-disk bitmap.
 #[derive(Debug)]
 pub struct Intents {
     path: PathBuf,
     state: Mutex<State>,
+    /// Signalled when a write of the bitmap ends.
+    written: Condvar,
 }
 
 #[derive(Debug)]
 struct State {
     file: File,
     whole: bool,
-    open: HashMap<u64, Region>,
+    open: BTreeMap<u64, Region>,
+    /// Bitmap pages whose bits changed since they were last written.
+    changed: BTreeSet<u64>,
+    /// Writes of the bitmap: the next to start, the last to end well.
+    next_write: u64,
+    written: u64,
+    writing: bool,
 }
 
 #[derive(Debug)]
 struct Region {
+    /// The bitmap write that makes its bit durable.
+    durable_at: u64,
     in_flight: u32,
     last_write: Instant,
     /// Writes marked so far: tells whether one came while a flush ran.
@@ -88,7 +101,7 @@ struct Region {
 /// Regions idle before a flush, with their write counts then.
 pub struct Idle(Vec<(u64, u64)>);
 
-/// The regions of a write in flight; their count drops with it.
+/// The regions of a write in flight; their counts drop with it.
 #[must_use]
 pub struct Marked<'a> {
     intents: &'a Intents,
@@ -101,59 +114,46 @@ impl Drop for Marked<'_> {
             return;
         };
         let mut state = self.intents.state();
-        for r in first..=last {
-            if let Some(region) = state.open.get_mut(&r) {
-                region.in_flight -= 1;
-            }
+        for region in state.open.range_mut(first..=last) {
+            region.1.in_flight -= 1;
         }
     }
-}
-
-fn encode(whole: bool, open: impl Iterator<Item = u64>) -> Vec<u8> {
-    let regions: Vec<u64> = if whole { vec![WHOLE] } else { open.collect() };
-    let mut bytes = MAGIC.to_vec();
-    let count = u32::try_from(regions.len()).unwrap_or(u32::MAX);
-    bytes.extend(count.to_le_bytes());
-    for r in regions {
-        bytes.extend(r.to_le_bytes());
-    }
-    let crc = crc32c::crc32c(&bytes);
-    bytes.extend(crc.to_le_bytes());
-    bytes
 }
 
 fn decode(bytes: &[u8]) -> Stale {
-    let parse = || -> Option<Vec<u64>> {
-        let count = usize::try_from(u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?)).ok()?;
-        let end = count.checked_mul(8)?.checked_add(8)?;
-        let body = bytes.get(..end)?;
-        let crc = u32::from_le_bytes(bytes.get(end..end + 4)?.try_into().ok()?);
-        if &body[..4] != MAGIC || crc32c::crc32c(body) != crc {
-            return None;
-        }
-        Some(
-            body[8..]
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
-                .collect(),
-        )
-    };
-    match parse() {
-        Some(regions) if regions.is_empty() => Stale::Nothing,
-        Some(regions) if !regions.contains(&WHOLE) => Stale::Regions(regions),
-        _ => Stale::Whole,
+    if bytes.is_empty() {
+        // Created, but nothing recorded before the stop.
+        return Stale::Nothing;
+    }
+    if bytes.len() < 5 || &bytes[..4] != MAGIC || bytes[4] > 1 {
+        return Stale::Whole;
+    }
+    if bytes[4] == 1 {
+        return Stale::Whole;
+    }
+    let bitmap = bytes.get(HEADER as usize..).unwrap_or_default();
+    let regions: Vec<u64> = bitmap
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &byte)| {
+            (0..8)
+                .filter(move |bit| byte & (1 << bit) != 0)
+                .map(move |bit| i as u64 * 8 + bit)
+        })
+        .collect();
+    match regions.is_empty() {
+        true => Stale::Nothing,
+        false => Stale::Regions(regions),
     }
 }
 
 impl Intents {
-    /// Opens the record of layer `layer_file`, creating an empty one if
-    /// there is none, and says what it leaves stale. The caller recomputes
-    /// that, then calls [`Intents::clear`].
+    /// Opens the intent file of layer `layer_file`, creating an empty one
+    /// if there is none, and says what it leaves stale. The caller
+    /// recomputes that, then calls [`Intents::clear`].
     pub fn load(dir: &ReplicaDir, layer_file: &str) -> Result<(Self, Stale)> {
         let path = dir.join(&intent_file(layer_file));
         let stale = match std::fs::read(&path) {
-            // Created, but nothing recorded before the stop.
-            Ok(bytes) if bytes.is_empty() => Stale::Nothing,
             Ok(bytes) => decode(&bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Stale::Nothing,
             Err(e) => return Err(StorageError::io(&path, e)),
@@ -172,18 +172,21 @@ impl Intents {
         let state = State {
             file,
             whole: false,
-            open: HashMap::new(),
+            open: BTreeMap::new(),
+            changed: BTreeSet::new(),
+            next_write: 1,
+            written: 0,
+            writing: false,
         };
-        Ok((
-            Self {
-                path,
-                state: Mutex::new(state),
-            },
-            stale,
-        ))
+        let intents = Self {
+            path,
+            state: Mutex::new(state),
+            written: Condvar::new(),
+        };
+        Ok((intents, stale))
     }
 
-    /// An empty record for a new layer, replacing any left over.
+    /// An empty intent file for a new layer, replacing any left over.
     pub fn create(dir: &ReplicaDir, layer_file: &str) -> Result<Self> {
         dir.remove_if_exists(&intent_file(layer_file))?;
         Ok(Self::load(dir, layer_file)?.0)
@@ -194,29 +197,56 @@ impl Intents {
         self.path = dir.join(&intent_file(layer_file));
     }
 
-    /// The state is a set of counters, consistent after every statement, so
-    /// a panic elsewhere while it was held leaves nothing half done.
+    /// The state is counters and sets, consistent after every statement,
+    /// so a panic elsewhere while it was held leaves nothing half done.
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn persist(&self, state: &State) -> Result<()> {
-        let bytes = encode(state.whole, state.open.keys().copied());
-        let io = |e| StorageError::io(&self.path, e);
-        state.file.write_all_at(&bytes, 0).map_err(io)?;
-        state.file.sync_data().map_err(io)
+    fn io(&self, e: std::io::Error) -> StorageError {
+        StorageError::io(&self.path, e)
+    }
+
+    /// Writes the header and the changed bitmap pages, as `state` has them,
+    /// and syncs them, without the lock: writers of open regions go on.
+    /// Whoever comes meanwhile waits for this write, then may start the
+    /// next, which carries all they opened (group commit).
+    fn write<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
+        let generation = state.next_write;
+        state.next_write += 1;
+        state.writing = true;
+        let header = [&MAGIC[..], &[u8::from(state.whole)]].concat();
+        let pages: Vec<(u64, Vec<u8>)> = std::mem::take(&mut state.changed)
+            .into_iter()
+            .map(|page| (page, page_bytes(&state.open, page)))
+            .collect();
+        let file = state.file.try_clone();
+        drop(state);
+        let result = file.map_err(|e| self.io(e)).and_then(|file| {
+            file.write_all_at(&header, 0).map_err(|e| self.io(e))?;
+            for (page, bytes) in &pages {
+                file.write_all_at(bytes, HEADER + page * 4096)
+                    .map_err(|e| self.io(e))?;
+            }
+            file.sync_data().map_err(|e| self.io(e))
+        });
+        let mut state = self.state();
+        state.writing = false;
+        match &result {
+            Ok(()) => state.written = state.written.max(generation),
+            // Written again with the next write.
+            Err(_) => state.changed.extend(pages.iter().map(|(page, _)| *page)),
+        }
+        self.written.notify_all();
+        (state, result)
     }
 
     /// Records blocks `[start, end)` as being written, durably if their
-    /// regions were not open yet, until the returned guard drops. `flush`
-    /// makes the layer's completed writes durable; it runs when too many
-    /// regions are open.
-    pub fn mark(
-        &self,
-        start: u64,
-        end: u64,
-        flush: impl FnOnce() -> Result<()>,
-    ) -> Result<Marked<'_>> {
+    /// regions were not open yet, until the returned guard drops.
+    pub fn mark(&self, start: u64, end: u64) -> Result<Marked<'_>> {
         let mut state = self.state();
         if state.whole || start >= end {
             return Ok(Marked {
@@ -225,33 +255,49 @@ impl Intents {
             });
         }
         let (first, last) = (start / REGION_BLOCKS, (end - 1) / REGION_BLOCKS);
-        let new = (first..=last)
-            .filter(|r| !state.open.contains_key(r))
-            .count();
-        if new > 0 {
-            if state.open.len() + new > MAX_OPEN {
-                // Whatever has no write in flight now had its writes
-                // complete before this flush, so the flush covers them.
-                flush()?;
-                state.open.retain(|_, region| region.in_flight > 0);
-            }
-            let now = Instant::now();
-            for r in first..=last {
-                state.open.entry(r).or_insert(Region {
-                    in_flight: 0,
-                    last_write: now,
-                    writes: 0,
-                });
-            }
-            self.persist(&state)?;
-        }
         let now = Instant::now();
         for r in first..=last {
-            if let Some(region) = state.open.get_mut(&r) {
-                region.in_flight += 1;
-                region.last_write = now;
-                region.writes += 1;
+            if !state.open.contains_key(&r) {
+                let durable_at = state.next_write;
+                state.open.insert(
+                    r,
+                    Region {
+                        durable_at,
+                        in_flight: 0,
+                        last_write: now,
+                        writes: 0,
+                    },
+                );
+                state.changed.insert(r / PAGE_REGIONS);
             }
+        }
+        loop {
+            let needed = state
+                .open
+                .range(first..=last)
+                .map(|(_, region)| region.durable_at)
+                .max()
+                .unwrap_or(0);
+            if needed <= state.written {
+                break;
+            }
+            if state.writing {
+                state = self
+                    .written
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            // This write carries every region opened so far, the ones a
+            // failed write left too.
+            let (after, result) = self.write(state);
+            state = after;
+            result?;
+        }
+        for (_, region) in state.open.range_mut(first..=last) {
+            region.in_flight += 1;
+            region.last_write = now;
+            region.writes += 1;
         }
         Ok(Marked {
             intents: self,
@@ -277,6 +323,7 @@ impl Intents {
     }
 
     /// After that flush: closes those of `idle` that took no write since.
+    /// Their bits go with the next write of their pages.
     pub fn close(&self, idle: Idle) {
         let mut state = self.state();
         for (r, writes) in idle.0 {
@@ -286,27 +333,53 @@ impl Intents {
                 .is_some_and(|region| region.writes == writes)
             {
                 state.open.remove(&r);
+                state.changed.insert(r / PAGE_REGIONS);
             }
         }
     }
 
-    /// Opens the whole layer for bulk writes, durably.
+    /// Marks the whole layer open for bulk writes, durably.
     pub fn open_whole(&self) -> Result<()> {
         let mut state = self.state();
-        if !state.whole {
-            state.whole = true;
-            self.persist(&state)?;
+        if state.whole {
+            return Ok(());
         }
-        Ok(())
+        state.whole = true;
+        let header = [&MAGIC[..], &[1]].concat();
+        state
+            .file
+            .write_all_at(&header, 0)
+            .map_err(|e| self.io(e))?;
+        state.file.sync_data().map_err(|e| self.io(e))
     }
 
     /// Closes everything, durably: the layer was just flushed with no write
     /// in flight (or its stale checksums were just recomputed).
     pub fn clear(&self) -> Result<()> {
         let mut state = self.state();
+        while state.writing {
+            state = self
+                .written
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
         state.whole = false;
         state.open.retain(|_, region| region.in_flight > 0);
-        self.persist(&state)
+        state.changed.clear();
+        let file = &state.file;
+        file.set_len(0).map_err(|e| self.io(e))?;
+        if !state.open.is_empty() {
+            // Invariant: not the case for the callers, who flushed with no
+            // write in flight; kept open (and on disk) if it were.
+            let pages: BTreeSet<u64> = state.open.keys().map(|r| r / PAGE_REGIONS).collect();
+            let header = [&MAGIC[..], &[0]].concat();
+            file.write_all_at(&header, 0).map_err(|e| self.io(e))?;
+            for page in pages {
+                file.write_all_at(&page_bytes(&state.open, page), HEADER + page * 4096)
+                    .map_err(|e| self.io(e))?;
+            }
+        }
+        file.sync_data().map_err(|e| self.io(e))
     }
 
     #[cfg(test)]
@@ -315,24 +388,31 @@ impl Intents {
     }
 }
 
+/// Bitmap page `page` as `open` has it.
+fn page_bytes(open: &BTreeMap<u64, Region>, page: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; 4096];
+    let first = page * PAGE_REGIONS;
+    for (&r, _) in open.range(first..first + PAGE_REGIONS) {
+        let bit = r - first;
+        bytes[(bit / 8) as usize] |= 1 << (bit % 8);
+    }
+    bytes
+}
+
+/// What a crash now would leave stale, read from the file (for tests).
+#[cfg(test)]
+fn on_disk(path: &std::path::Path) -> Stale {
+    decode(&std::fs::read(path).unwrap())
+}
+
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
+    use std::sync::Arc;
 
     use super::*;
 
     fn load(dir: &ReplicaDir) -> (Intents, Stale) {
         Intents::load(dir, "head-1.img").unwrap()
-    }
-
-    fn regions(stale: Stale) -> Vec<u64> {
-        match stale {
-            Stale::Regions(mut r) => {
-                r.sort_unstable();
-                r
-            }
-            other => panic!("expected regions, got {other:?}"),
-        }
     }
 
     #[test]
@@ -341,17 +421,22 @@ mod tests {
         let dir = ReplicaDir::lock(tmp.path()).unwrap();
         let (intents, stale) = load(&dir);
         assert_eq!(stale, Stale::Nothing);
-        let never = || panic!("no flush needed");
-        let a = intents.mark(10, 20, never).unwrap();
-        // A write across a region boundary opens both.
+        let a = intents.mark(10, 20).unwrap();
+        // A write across a region boundary opens both; one far away lands
+        // on another page of the bitmap.
         let b = intents
-            .mark(REGION_BLOCKS * 3 - 1, REGION_BLOCKS * 3 + 1, never)
+            .mark(REGION_BLOCKS * 3 - 1, REGION_BLOCKS * 3 + 1)
+            .unwrap();
+        let far = PAGE_REGIONS * 2 + 5;
+        let c = intents
+            .mark(far * REGION_BLOCKS, far * REGION_BLOCKS + 1)
             .unwrap();
         // Read while the writes are in flight: the crash case.
-        let (_, stale) = Intents::load(&dir, "head-1.img").unwrap();
-        assert_eq!(regions(stale), [0, 2, 3]);
-        drop((a, b));
+        let path = dir.join("head-1.img.intent");
+        assert_eq!(on_disk(&path), Stale::Regions(vec![0, 2, 3, far]));
+        drop((a, b, c));
         intents.clear().unwrap();
+        assert_eq!(on_disk(&path), Stale::Nothing);
         assert_eq!(load(&dir).1, Stale::Nothing);
     }
 
@@ -360,12 +445,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = ReplicaDir::lock(tmp.path()).unwrap();
         let (intents, _) = load(&dir);
-        drop(intents.mark(0, 1, || Ok(())).unwrap());
-        drop(
-            intents
-                .mark(REGION_BLOCKS, REGION_BLOCKS + 1, || Ok(()))
-                .unwrap(),
-        );
+        drop(intents.mark(0, 1).unwrap());
+        drop(intents.mark(REGION_BLOCKS, REGION_BLOCKS + 1).unwrap());
         // Written just now: not idle yet.
         let idle = intents.idle();
         assert!(idle.0.is_empty());
@@ -373,9 +454,7 @@ mod tests {
         assert_eq!(intents.open_regions(), 2);
         // Age region 0 only; a write in flight keeps region 1 open anyway.
         intents.state().open.get_mut(&0).unwrap().last_write -= CLOSE_AFTER;
-        let in_flight = intents
-            .mark(REGION_BLOCKS, REGION_BLOCKS + 1, || Ok(()))
-            .unwrap();
+        let in_flight = intents.mark(REGION_BLOCKS, REGION_BLOCKS + 1).unwrap();
         intents.state().open.get_mut(&1).unwrap().last_write -= CLOSE_AFTER;
         let idle = intents.idle();
         assert_eq!(idle.0.len(), 1);
@@ -385,62 +464,65 @@ mod tests {
         // A write during the flush keeps its region open.
         intents.state().open.get_mut(&1).unwrap().last_write -= CLOSE_AFTER;
         let idle = intents.idle();
-        drop(
-            intents
-                .mark(REGION_BLOCKS, REGION_BLOCKS + 1, || Ok(()))
-                .unwrap(),
-        );
+        drop(intents.mark(REGION_BLOCKS, REGION_BLOCKS + 1).unwrap());
         intents.close(idle);
         assert_eq!(intents.open_regions(), 1);
-    }
-
-    #[test]
-    fn past_the_limit_the_layer_is_flushed_and_idle_regions_close() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = ReplicaDir::lock(tmp.path()).unwrap();
-        let (intents, _) = load(&dir);
-        let held = intents.mark(0, 1, || Ok(())).unwrap();
-        for r in 1..MAX_OPEN as u64 {
-            drop(
-                intents
-                    .mark(r * REGION_BLOCKS, r * REGION_BLOCKS + 1, || Ok(()))
-                    .unwrap(),
-            );
-        }
-        assert_eq!(intents.open_regions(), MAX_OPEN);
-        let flushed = Cell::new(false);
-        let far = MAX_OPEN as u64 * REGION_BLOCKS;
+        // A closed region's bit goes with the next write of its page.
         drop(
             intents
-                .mark(far, far + 1, || {
-                    flushed.set(true);
-                    Ok(())
-                })
+                .mark(5 * REGION_BLOCKS, 5 * REGION_BLOCKS + 1)
                 .unwrap(),
         );
-        assert!(flushed.get());
-        assert_eq!(
-            intents.open_regions(),
-            2,
-            "region 0, in flight, and the new one"
-        );
-        drop(held);
-        assert_eq!(regions(load(&dir).1), [0, MAX_OPEN as u64]);
+        let path = dir.join("head-1.img.intent");
+        assert_eq!(on_disk(&path), Stale::Regions(vec![1, 5]));
+    }
+
+    /// Writers opening regions at once share bitmap writes, and each finds
+    /// its region durable when its mark returns.
+    #[test]
+    fn concurrent_opens_are_each_durable_when_marked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ReplicaDir::lock(tmp.path()).unwrap();
+        let intents = Arc::new(load(&dir).0);
+        let path = dir.join("head-1.img.intent");
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (intents, path) = (intents.clone(), path.clone());
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        let r = t * 1000 + i;
+                        let marked = intents
+                            .mark(r * REGION_BLOCKS, r * REGION_BLOCKS + 1)
+                            .unwrap();
+                        let Stale::Regions(on) = on_disk(&path) else {
+                            panic!("nothing on disk for region {r}");
+                        };
+                        assert!(on.contains(&r), "region {r} not durable when marked");
+                        drop(marked);
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(intents.open_regions(), 400);
     }
 
     #[test]
-    fn bulk_writes_open_the_whole_layer_and_a_torn_record_means_the_whole_layer() {
+    fn bulk_writes_open_the_whole_layer_and_a_torn_header_means_the_whole_layer() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = ReplicaDir::lock(tmp.path()).unwrap();
         let (intents, _) = load(&dir);
         intents.open_whole().unwrap();
-        drop(intents.mark(5, 6, || Ok(())).unwrap());
+        drop(intents.mark(5, 6).unwrap());
         assert_eq!(load(&dir).1, Stale::Whole);
         intents.clear().unwrap();
-        drop(intents.mark(5, 6, || Ok(())).unwrap());
+        drop(intents.mark(5, 6).unwrap());
+        assert_eq!(load(&dir).1, Stale::Regions(vec![0]));
         let path = dir.join("head-1.img.intent");
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[9] ^= 1;
+        bytes[1] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(load(&dir).1, Stale::Whole);
         std::fs::write(&path, b"OX").unwrap();
