@@ -317,6 +317,18 @@ async fn a_replica_killed_mid_write_reads_back_without_a_false_alarm() {
     let address = &replicas.addresses()[1];
     let data = replicas.read(address).await;
     assert_eq!(data.len(), crate::dataplane::SIZE as usize);
+    // Back in a volume (rebuilt from the other, which has every write), a
+    // scrub finds nothing rotten and nothing that differs.
+    let engine = replicas.engine().await;
+    until_all_rw(&engine, 2).await;
+    engine.run_scrub(0).await.unwrap();
+    let scrub = engine.scrub_status();
+    assert!(scrub.checked_bytes > 0, "{scrub:?}");
+    assert_eq!(
+        (scrub.rotten_bytes, scrub.mismatched_chunks),
+        (0, 0),
+        "{scrub:?}"
+    );
 }
 
 /// With the scrub-interval Setting, a manager starts a scrub of an attached

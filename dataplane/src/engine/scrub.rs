@@ -80,7 +80,7 @@ impl Engine {
     }
 
     /// Runs a scrub to its end, after the one running if any.
-    pub(super) async fn run_scrub(&self, bytes_per_second: u64) -> Result<(), EngineError> {
+    pub async fn run_scrub(&self, bytes_per_second: u64) -> Result<(), EngineError> {
         let _turn = self.scrubs.one.lock().await;
         self.begin_scrub();
         let result = self.scrub(bytes_per_second).await;
