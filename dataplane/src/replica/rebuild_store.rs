@@ -216,6 +216,7 @@ impl ReplicaStore {
         len: u64,
         runs: &[(u64, impl AsRef<[u8]>)],
     ) -> Result<()> {
+        check_aligned(offset, len)?;
         let state = lock::read(&self.state)?;
         let layer = state.layer_or_err(name)?;
         layer.open_whole()?;
@@ -301,10 +302,19 @@ impl ReplicaStore {
     }
 }
 
-/// Replaces what `layer` holds in `[offset, offset + len)` with `runs`
-/// (offset, data): the range must lie in the volume and each run be whole
-/// blocks inside it, all checked before the layer changes. The caller has
-/// opened the layer for bulk writes.
+/// A range of whole blocks: checked before the layer is looked up, so that
+/// a bad request is refused as such whatever it names.
+pub(super) fn check_aligned(offset: u64, len: u64) -> Result<()> {
+    if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
+        return Err(StorageError::Unaligned { offset, len });
+    }
+    Ok(())
+}
+
+/// Replaces what `layer` holds in `[offset, offset + len)` (whole blocks,
+/// [`check_aligned`]) with `runs` (offset, data): the range must lie in the
+/// volume and each run be whole blocks inside it, all checked before the
+/// layer changes. The caller has opened the layer for bulk writes.
 pub(super) fn replace_range(
     state: &State,
     layer: &Layer,
@@ -312,9 +322,6 @@ pub(super) fn replace_range(
     len: u64,
     runs: &[(u64, impl AsRef<[u8]>)],
 ) -> Result<()> {
-    if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
-        return Err(StorageError::Unaligned { offset, len });
-    }
     let chunk = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
         offset,
         len,

@@ -11,7 +11,7 @@ use super::extents::ExtentSet;
 use super::layer::{Layer, buf_range};
 use super::lock;
 use super::naming::VOLUME_HEAD;
-use super::rebuild_store::replace_range;
+use super::rebuild_store::{check_aligned, replace_range};
 use super::store::{ReplicaStore, State};
 
 /// What a check of a layer's range found.
@@ -93,6 +93,7 @@ impl ReplicaStore {
         len: u64,
         runs: &[(u64, impl AsRef<[u8]>)],
     ) -> Result<()> {
+        check_aligned(offset, len)?;
         if name == VOLUME_HEAD {
             self.mark_dirty()?;
         }
