@@ -195,11 +195,30 @@ impl Connection {
         self.inner.local
     }
 
+    /// Reads `length` bytes at `offset`. An answer of another length, or a
+    /// `Corrupt` one naming ranges outside the read, is malformed: it
+    /// closes the connection, as a malformed frame does.
     pub async fn read(&self, offset: u64, length: u32) -> Result<Bytes> {
-        Ok(self
+        let answer = self
             .call(Op::Read, offset, length, Bytes::new(), REQUEST_TIMEOUT)
-            .await?
-            .data)
+            .await;
+        let end = offset.saturating_add(u64::from(length));
+        let outside = |&(at, len): &(u64, u64)| {
+            len == 0 || at < offset || at.checked_add(len).is_none_or(|e| e > end)
+        };
+        let malformed = match &answer {
+            Ok(response) => response.data.len() != length as usize,
+            Err(ConnectionError::Corrupt { ranges, data, .. }) => {
+                data.len() != length as usize || ranges.iter().any(outside)
+            }
+            Err(_) => false,
+        };
+        if malformed {
+            let reason = format!("a read of {length} bytes at {offset} got a malformed answer");
+            self.inner.close(&reason);
+            return Err(self.inner.closed_error(reason));
+        }
+        answer.map(|response| response.data)
     }
 
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<()> {
@@ -392,6 +411,91 @@ async fn keep_alive(inner: Weak<Inner>) {
             .is_err()
         {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::protocol::frame::encode_corrupt;
+    use crate::protocol::{Handler, Key, Peer, serve};
+
+    /// A replica that answers reads as told: `Corrupt` naming `ranges`
+    /// with `data_len` bytes of data.
+    struct Liar {
+        key: Key,
+        ranges: Vec<(u64, u64)>,
+        data_len: usize,
+    }
+
+    impl Handler for Liar {
+        fn volume(&self) -> &str {
+            "v"
+        }
+
+        fn key(&self) -> &Key {
+            &self.key
+        }
+
+        async fn admit(&self, _: &Claim) -> std::result::Result<u64, String> {
+            Ok(1)
+        }
+
+        async fn handle(&self, request: Request, _: Peer) -> Response {
+            Response {
+                id: request.id,
+                status: Status::Corrupt,
+                data: encode_corrupt(&self.ranges, &vec![0; self.data_len]),
+            }
+        }
+    }
+
+    async fn read_from(ranges: Vec<(u64, u64)>, data_len: usize) -> Result<Bytes> {
+        let key = Key::generate().for_volume("v");
+        let access = Access {
+            volume: "v".into(),
+            key: key.clone(),
+            generation: 1,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let liar = Arc::new(Liar {
+            key,
+            ranges,
+            data_len,
+        });
+        tokio::spawn(serve(listener, liar));
+        let connection = Connection::connect(&address, &access).await.unwrap();
+        connection.read(8192, 8192).await
+    }
+
+    /// The engine indexes its buffer with what a `Corrupt` answer names:
+    /// one naming bytes outside the read, or with data of another length,
+    /// closes the connection rather than reach it.
+    #[tokio::test]
+    async fn a_corrupt_answer_outside_the_read_closes_the_connection() {
+        let fine = read_from(vec![(12288, 4096)], 8192).await;
+        assert!(
+            matches!(&fine, Err(ConnectionError::Corrupt { ranges, data, .. }) if ranges == &[(12288, 4096)] && data.len() == 8192),
+            "{fine:?}"
+        );
+        for (ranges, data_len) in [
+            (vec![(0, 4096)], 8192),
+            (vec![(12288, 8192)], 8192),
+            (vec![(u64::MAX - 10, 4096)], 8192),
+            (vec![(8192, 0)], 8192),
+            (vec![(8192, 4096)], 4096),
+        ] {
+            let answer = read_from(ranges.clone(), data_len).await;
+            assert!(
+                matches!(answer, Err(ConnectionError::Closed { .. })),
+                "{ranges:?}, {data_len} bytes: {answer:?}"
+            );
         }
     }
 }
