@@ -11,10 +11,14 @@
 //! Findings (panics): a panic in a decoder; a decoded frame that does not
 //! re-encode to exactly the bytes it consumed, or whose data disagrees with
 //! its length; a decoder that consumes bytes without yielding a frame; a
-//! decode that reserves room for more than one header and `MAX_PAYLOAD`.
+//! decode that reserves room for more than one header and `MAX_PAYLOAD`
+//! (`MAX_RESPONSE` for a response, which may carry a `Corrupt` read's
+//! ranges too).
 
 use bytes::BytesMut;
-use oxhorn_dataplane::protocol::{ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec};
+use oxhorn_dataplane::protocol::{
+    ClientCodec, MAX_PAYLOAD, MAX_RESPONSE, Request, Response, ServerCodec,
+};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Header sizes of the frame layout (dataplane/src/protocol/frame.rs).
@@ -38,7 +42,7 @@ pub fn frame(data: &[u8]) {
     } else {
         let frame = Frame {
             header: RESPONSE_HEADER,
-            limit: RESPONSE_HEADER + MAX_PAYLOAD as usize,
+            limit: RESPONSE_HEADER + MAX_RESPONSE as usize,
         };
         drive(ClientCodec, stream, read, frame, check_response);
     }
@@ -46,7 +50,7 @@ pub fn frame(data: &[u8]) {
 
 /// A decoded request re-encodes (as the engine encodes it) to `wire`.
 fn check_request(request: Request, wire: &[u8]) {
-    if request.op == Op::Write {
+    if request.op.carries_data() {
         assert_eq!(request.data.len(), request.length as usize, "{request:?}");
     } else {
         assert!(request.data.is_empty(), "{request:?} carries data");
@@ -132,6 +136,7 @@ pub(crate) fn drive<D: Decoder>(
 #[cfg(test)]
 mod tests {
     use bytes::{BufMut, Bytes};
+    use oxhorn_dataplane::protocol::Op;
 
     use super::*;
 

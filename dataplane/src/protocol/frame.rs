@@ -26,11 +26,11 @@ const RESPONSE_HEADER: usize = 16;
 pub const MAX_PAYLOAD: u32 = 8 << 20;
 /// The largest response: a read's data and, for `Corrupt`, its ranges (at
 /// most one per two blocks of it, as adjacent ones merge).
-const MAX_RESPONSE: u32 = MAX_PAYLOAD + 4 + MAX_PAYLOAD / 4096 / 2 * 16 + 16;
+pub const MAX_RESPONSE: u32 = MAX_PAYLOAD + 4 + MAX_PAYLOAD / 4096 / 2 * 16 + 16;
 
 impl Op {
     /// Whether the request carries `length` bytes of data.
-    fn carries_data(self) -> bool {
+    pub fn carries_data(self) -> bool {
         matches!(self, Op::Write | Op::Repair)
     }
 }

@@ -18,7 +18,8 @@ pub use auth::{
 pub use channel::{CONTROL_DEADLINE, control_channel, control_endpoint, within_deadline};
 pub use client::{Connection, ConnectionError, KEEPALIVE, PING_TIMEOUT, REQUEST_TIMEOUT};
 pub use frame::{
-    ClientCodec, MAX_PAYLOAD, Op, Request, Response, ServerCodec, Status, encode_corrupt,
+    ClientCodec, MAX_PAYLOAD, MAX_RESPONSE, Op, Request, Response, ServerCodec, Status,
+    encode_corrupt,
 };
 pub use handshake::{HANDSHAKE_TIMEOUT, HandshakeError, introduce};
 pub use server::{Handler, MAX_CONNECTIONS, Peer, serve};
