@@ -114,10 +114,14 @@ fn service_address() -> String {
     format!("{}/32", KUBERNETES_SERVICE.ip())
 }
 
+/// Whether `device` has the IPv4 `address` (with its prefix length).
+fn has_address(device: &str, address: &str) -> Result<bool> {
+    let shown = run("ip", &["-o", "-4", "addr", "show", "dev", device])?;
+    Ok(shown.contains(&format!(" {address} ")))
+}
+
 fn has_service_address() -> Result<bool> {
-    let shown = run("ip", &["-o", "-4", "addr", "show", "dev", SERVICE_DEVICE])?;
-    let address = format!(" {} ", service_address());
-    Ok(shown.contains(&address))
+    has_address(SERVICE_DEVICE, &service_address())
 }
 
 /// Puts the kubernetes Service's address on the host, if not there yet.
@@ -143,8 +147,7 @@ fn add_pod_bridge() -> Result<()> {
             "{POD_BRIDGE} exists and is no bridge"
         )));
     }
-    let shown = run("ip", &["-o", "-4", "addr", "show", "dev", POD_BRIDGE])?;
-    if !shown.contains(&format!(" {POD_GATEWAY_PREFIX} ")) {
+    if !has_address(POD_BRIDGE, POD_GATEWAY_PREFIX)? {
         run(
             "ip",
             &["addr", "add", POD_GATEWAY_PREFIX, "dev", POD_BRIDGE],

@@ -109,6 +109,7 @@ impl Engine {
     }
 }
 
-fn total(ranges: &Ranges) -> u64 {
+/// The bytes `ranges` (offset, length) cover.
+pub(super) fn total(ranges: &[(u64, u64)]) -> u64 {
     ranges.iter().map(|(_, len)| len).sum()
 }

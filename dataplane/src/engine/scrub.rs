@@ -21,6 +21,7 @@ use futures::future::join_all;
 use tracing::{error, info, warn};
 
 use super::member::{Member, Mode};
+use super::repair::total;
 use super::{Engine, EngineError};
 use crate::pace::Pace;
 use crate::protocol;
@@ -53,10 +54,6 @@ fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-fn total(ranges: &[(u64, u64)]) -> u64 {
-    ranges.iter().map(|(_, len)| len).sum()
 }
 
 impl Engine {

@@ -218,21 +218,14 @@ impl Intents {
         let generation = state.next_write;
         state.next_write += 1;
         state.writing = true;
-        let header = [&MAGIC[..], &[u8::from(state.whole)]].concat();
-        let pages: Vec<(u64, Vec<u8>)> = std::mem::take(&mut state.changed)
-            .into_iter()
-            .map(|page| (page, page_bytes(&state.open, page)))
-            .collect();
+        let whole = state.whole;
+        let changed = std::mem::take(&mut state.changed);
+        let pages = pages(&state.open, changed);
         let file = state.file.try_clone();
         drop(state);
-        let result = file.map_err(|e| self.io(e)).and_then(|file| {
-            file.write_all_at(&header, 0).map_err(|e| self.io(e))?;
-            for (page, bytes) in &pages {
-                file.write_all_at(bytes, HEADER + page * 4096)
-                    .map_err(|e| self.io(e))?;
-            }
-            file.sync_data().map_err(|e| self.io(e))
-        });
+        let result = file
+            .map_err(|e| self.io(e))
+            .and_then(|file| self.write_file(&file, whole, &pages));
         let mut state = self.state();
         state.writing = false;
         match &result {
@@ -345,12 +338,7 @@ impl Intents {
             return Ok(());
         }
         state.whole = true;
-        let header = [&MAGIC[..], &[1]].concat();
-        state
-            .file
-            .write_all_at(&header, 0)
-            .map_err(|e| self.io(e))?;
-        state.file.sync_data().map_err(|e| self.io(e))
+        self.write_file(&state.file, true, &[])
     }
 
     /// Closes everything, durably: the layer was just flushed with no write
@@ -366,18 +354,24 @@ impl Intents {
         state.whole = false;
         state.open.retain(|_, region| region.in_flight > 0);
         state.changed.clear();
-        let file = &state.file;
-        file.set_len(0).map_err(|e| self.io(e))?;
-        if !state.open.is_empty() {
-            // Invariant: not the case for the callers, who flushed with no
-            // write in flight; kept open (and on disk) if it were.
-            let pages: BTreeSet<u64> = state.open.keys().map(|r| r / PAGE_REGIONS).collect();
-            let header = [&MAGIC[..], &[0]].concat();
-            file.write_all_at(&header, 0).map_err(|e| self.io(e))?;
-            for page in pages {
-                file.write_all_at(&page_bytes(&state.open, page), HEADER + page * 4096)
-                    .map_err(|e| self.io(e))?;
-            }
+        state.file.set_len(0).map_err(|e| self.io(e))?;
+        // Invariant: nothing is left open for the callers, who flushed with
+        // no write in flight; what were is kept open, on disk too.
+        let left: BTreeSet<u64> = state.open.keys().map(|r| r / PAGE_REGIONS).collect();
+        if left.is_empty() {
+            return state.file.sync_data().map_err(|e| self.io(e));
+        }
+        self.write_file(&state.file, false, &pages(&state.open, left))
+    }
+
+    /// Writes the header (with the whole-layer flag `whole`) and `pages`
+    /// of the bitmap into `file`, and syncs them.
+    fn write_file(&self, file: &File, whole: bool, pages: &[(u64, Vec<u8>)]) -> Result<()> {
+        let header = [&MAGIC[..], &[u8::from(whole)]].concat();
+        file.write_all_at(&header, 0).map_err(|e| self.io(e))?;
+        for (page, bytes) in pages {
+            file.write_all_at(bytes, HEADER + page * 4096)
+                .map_err(|e| self.io(e))?;
         }
         file.sync_data().map_err(|e| self.io(e))
     }
@@ -386,6 +380,14 @@ impl Intents {
     pub fn open_regions(&self) -> usize {
         self.state().open.len()
     }
+}
+
+/// Bitmap pages `numbers` as `open` has them, with their numbers.
+fn pages(open: &BTreeMap<u64, Region>, numbers: BTreeSet<u64>) -> Vec<(u64, Vec<u8>)> {
+    numbers
+        .into_iter()
+        .map(|page| (page, page_bytes(open, page)))
+        .collect()
 }
 
 /// Bitmap page `page` as `open` has it.

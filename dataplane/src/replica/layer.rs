@@ -122,7 +122,7 @@ impl Layer {
     /// recomputing the checksums an unclean stop may have left stale (and
     /// all of them for a layer written before checksums existed).
     pub fn open(dir: &ReplicaDir, file_name: &str, size: u64) -> Result<Self> {
-        let mut meta = LayerMeta::load(dir, file_name)?;
+        let meta = LayerMeta::load(dir, file_name)?;
         let path = dir.join(file_name);
         let file = open_rw(&path, false)?;
         let len = file
@@ -141,10 +141,10 @@ impl Layer {
             Checksums::open(dir, file_name)?
         };
         let (intents, stale) = Intents::load(dir, file_name)?;
-        let layer = Self {
+        let mut layer = Self {
             file_name: file_name.to_string(),
             path,
-            meta: meta.clone(),
+            meta,
             file,
             extents: RwLock::new(extents),
             checksums,
@@ -155,10 +155,10 @@ impl Layer {
             layer.recompute(&stale)?;
         }
         if adopting {
-            meta.checksums = true;
-            meta.save(dir)?;
+            layer.meta.checksums = true;
+            layer.meta.save(dir)?;
         }
-        Ok(Self { meta, ..layer })
+        Ok(layer)
     }
 
     /// Recomputes the checksums of the blocks `stale` covers from the data

@@ -124,9 +124,7 @@ impl ReplicaStore {
     /// `[offset, offset + len)`, as (offset, bytes) runs. The range may pass
     /// the volume's end (nothing is held there), not 2^64.
     pub fn read_layer(&self, name: &str, offset: u64, len: u64) -> Result<Vec<(u64, Vec<u8>)>> {
-        if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
-            return Err(StorageError::Unaligned { offset, len });
-        }
+        check_aligned(offset, len)?;
         let state = lock::read(&self.state)?;
         let layer = state.any_layer(name)?;
         let end = offset.checked_add(len).ok_or(StorageError::OutOfRange {
@@ -322,12 +320,7 @@ pub(super) fn replace_range(
     len: u64,
     runs: &[(u64, impl AsRef<[u8]>)],
 ) -> Result<()> {
-    let chunk = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
-        offset,
-        len,
-        size: state.meta.size,
-    })?;
-    let (start, end) = state.blocks(offset, chunk)?;
+    let (start, end) = state.blocks(offset, len)?;
     let chunk_end = offset + len;
     for (at, data) in runs {
         let run_len = data.as_ref().len() as u64;

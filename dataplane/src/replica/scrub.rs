@@ -6,7 +6,7 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::BLOCK_SIZE;
-use super::error::{Result, StorageError};
+use super::error::Result;
 use super::extents::ExtentSet;
 use super::layer::{Layer, buf_range};
 use super::lock;
@@ -36,12 +36,7 @@ impl State {
 
 /// Reads the blocks `layer` holds in `[start, end)` and checks them.
 fn check(state: &State, layer: &Layer, offset: u64, len: u64) -> Result<LayerCheck> {
-    let blocks = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
-        offset,
-        len,
-        size: state.meta.size,
-    })?;
-    let (start, end) = state.blocks(offset, blocks)?;
+    let (start, end) = state.blocks(offset, len)?;
     let mut held = ExtentSet::new();
     layer.add_held(start, end, &mut held)?;
     let runs: Vec<(u64, u64)> = held.iter().collect();
@@ -112,6 +107,7 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     use super::*;
+    use crate::replica::StorageError;
     use crate::replica::testutil::{BS, block_bytes, blocks, new_store, reopen};
 
     #[test]

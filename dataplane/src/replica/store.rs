@@ -69,8 +69,7 @@ impl State {
 
     /// Blocks `[start, end)` of an I/O at `offset` of `len` bytes, checked
     /// against alignment and the volume size.
-    pub(super) fn blocks(&self, offset: u64, len: usize) -> Result<(u64, u64)> {
-        let len = len as u64;
+    pub(super) fn blocks(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
         if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) {
             return Err(StorageError::Unaligned { offset, len });
         }
@@ -226,7 +225,7 @@ impl ReplicaStore {
     /// Reads through the chain, returning the blocks that failed their
     /// checksum.
     fn read_layers(state: &State, offset: u64, buf: &mut [u8]) -> Result<ExtentSet> {
-        let (start, end) = state.blocks(offset, buf.len())?;
+        let (start, end) = state.blocks(offset, buf.len() as u64)?;
         let mut pending = vec![(start, end)];
         let mut bad = ExtentSet::new();
         for layer in state.newest_first() {
@@ -260,7 +259,7 @@ impl ReplicaStore {
     fn write_head(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.mark_dirty()?;
         let state = lock::read(&self.state)?;
-        let (start, _) = state.blocks(offset, data.len())?;
+        let (start, _) = state.blocks(offset, data.len() as u64)?;
         state.head.write_blocks(start, data)
     }
 
@@ -272,11 +271,6 @@ impl ReplicaStore {
     pub fn unmap(&self, offset: u64, len: u64) -> Result<()> {
         self.mark_dirty()?;
         let state = lock::read(&self.state)?;
-        let len = usize::try_from(len).map_err(|_| StorageError::OutOfRange {
-            offset,
-            len,
-            size: state.meta.size,
-        })?;
         let (start, end) = state.blocks(offset, len)?;
         let shadowing = if state.meta.rebuilding {
             let mut all = ExtentSet::new();
