@@ -27,6 +27,9 @@ pub enum StorageError {
     #[error("cannot shrink the volume from {size} to {requested} bytes")]
     CannotShrink { size: u64, requested: u64 },
 
+    #[error("a check of {len} bytes at once exceeds the {max} a scrub reads in one call")]
+    TooLong { len: u64, max: u64 },
+
     #[error("corrupt metadata in {path}: {reason}")]
     CorruptMetadata { path: PathBuf, reason: String },
 

@@ -6,13 +6,26 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::BLOCK_SIZE;
-use super::error::Result;
+use super::error::{Result, StorageError};
 use super::extents::ExtentSet;
 use super::layer::{Layer, buf_range};
 use super::lock;
 use super::naming::VOLUME_HEAD;
 use super::rebuild_store::{check_aligned, replace_range};
 use super::store::{ReplicaStore, State};
+
+/// The most one check or digest reads: each holds its range in memory.
+const MAX_RANGE: u64 = 8 << 20;
+
+fn within_limit(len: u64) -> Result<()> {
+    if len > MAX_RANGE {
+        return Err(StorageError::TooLong {
+            len,
+            max: MAX_RANGE,
+        });
+    }
+    Ok(())
+}
 
 /// What a check of a layer's range found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,6 +70,7 @@ impl ReplicaStore {
     /// len)` against their checksums. As a read does, a mismatch is checked
     /// again with no write in flight before it counts.
     pub fn verify_layer(&self, name: &str, offset: u64, len: u64) -> Result<LayerCheck> {
+        within_limit(len)?;
         let found = {
             let state = lock::read(&self.state)?;
             check(&state, state.any_layer(name)?, offset, len)?
@@ -71,7 +85,8 @@ impl ReplicaStore {
     /// A digest of what `[offset, offset + len)` of the volume reads; a
     /// block failing its checksum fails it.
     pub fn digest_range(&self, offset: u64, len: u64) -> Result<u64> {
-        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        within_limit(len)?;
+        let mut buf = vec![0u8; len as usize];
         self.read_at(offset, &mut buf)?;
         Ok(xxh3_64(&buf))
     }
@@ -107,7 +122,6 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     use super::*;
-    use crate::replica::StorageError;
     use crate::replica::testutil::{BS, block_bytes, blocks, new_store, reopen};
 
     #[test]
@@ -155,6 +169,23 @@ mod tests {
         );
         let store = reopen(store);
         assert_eq!(block_bytes(&store), [1, 1, 2, 2, 0, 0, 0, 0]);
+    }
+
+    /// A check or digest holds its range in memory: one asking for more
+    /// than a scrub's chunk is refused before anything is allocated.
+    #[test]
+    fn a_range_too_long_is_refused_not_allocated() {
+        let (_tmp, store) = new_store(8);
+        for len in [MAX_RANGE + BLOCK_SIZE, u64::MAX - 4095] {
+            assert!(matches!(
+                store.verify_layer(VOLUME_HEAD, 0, len),
+                Err(StorageError::TooLong { .. })
+            ));
+            assert!(matches!(
+                store.digest_range(0, len),
+                Err(StorageError::TooLong { .. })
+            ));
+        }
     }
 
     #[test]

@@ -308,6 +308,7 @@ pub(super) fn grpc(error: StorageError) -> GrpcStatus {
         | StorageError::OutOfRange { .. }
         | StorageError::InvalidSize { .. }
         | StorageError::CannotShrink { .. }
+        | StorageError::TooLong { .. }
         | StorageError::ChainOrder(_) => GrpcStatus::invalid_argument(message),
         StorageError::NoSpace { .. } => GrpcStatus::resource_exhausted(message),
         StorageError::ChecksumMismatch { .. } => GrpcStatus::data_loss(message),
