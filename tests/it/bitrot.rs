@@ -190,8 +190,8 @@ async fn a_block_rotten_on_every_replica_fails_the_read_with_eio_not_data() {
 
 /// A scrub finds rot before any read does, in a snapshot layer and in the
 /// head, and repairs it in place; a replica whose data differs from the
-/// others' with valid checksums (as a bug would leave it) takes the
-/// majority's.
+/// others' with valid checksums (as a bug would leave it), in the head or
+/// in a snapshot, takes the majority's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_scrub_repairs_every_layer_and_settles_a_replica_that_differs() {
     require_root();
@@ -218,6 +218,11 @@ async fn a_scrub_repairs_every_layer_and_settles_a_replica_that_differs() {
     );
     rot_layer(&replicas.processes[1], "head-2.img", Rot::Flip(66));
     diverge(&replicas.processes[2], "head-2.img", 67);
+    // A snapshot block one replica holds otherwise, its checksum matching.
+    let other_in_snapshot = (in_snapshot + 1..REGION.end / BLOCK)
+        .find(|&b| expected[b as usize * BS..][..BS].iter().any(|&x| x != 0))
+        .unwrap();
+    diverge(&replicas.processes[1], "snap-s1.img", other_in_snapshot);
 
     assert!(engine.start_scrub(0));
     let status = crate::common::eventually(PATIENCE, || async {
@@ -230,18 +235,21 @@ async fn a_scrub_repairs_every_layer_and_settles_a_replica_that_differs() {
     assert_eq!(status.rotten_bytes, 2 * BLOCK, "{status:?}");
     assert_eq!(status.repaired_bytes, 2 * BLOCK, "{status:?}");
     assert_eq!(status.unrepaired_bytes, 0, "{status:?}");
-    assert_eq!((status.mismatched_chunks, status.resolved_chunks), (1, 1));
+    assert_eq!((status.mismatched_chunks, status.resolved_chunks), (2, 2));
     // Every replica's layers were read: the snapshot's blocks and the
     // head's, on three replicas.
     assert!(status.checked_bytes > 3 * 300 * BLOCK, "{status:?}");
     // Repaired in the snapshot layer itself, not just shadowed.
-    let snapshot = std::fs::read(replicas.processes[0].dir().join("snap-s1.img")).unwrap();
-    let at = in_snapshot as usize * BS;
-    assert_same(
-        &snapshot[at..at + BS],
-        &expected[at..at + BS],
-        "snapshot block",
-    );
+    for (replica, block) in [(0, in_snapshot), (1, other_in_snapshot)] {
+        let path = replicas.processes[replica].dir().join("snap-s1.img");
+        let snapshot = std::fs::read(path).unwrap();
+        let at = block as usize * BS;
+        assert_same(
+            &snapshot[at..at + BS],
+            &expected[at..at + BS],
+            &format!("snapshot block {block} of replica {replica}"),
+        );
+    }
     assert!(
         engine.metrics().checksum_failed_bytes == 0,
         "no read met the rot"

@@ -2,16 +2,24 @@
 //! a read does. Layer by layer (snapshots oldest first, then the head), in
 //! 1 MiB chunks, every RW replica checks the blocks the layer holds against
 //! their checksums; a rotten range is rewritten in that layer from another
-//! replica whose copy of the chunk passed (`RepairLayer`). Then, chunk by
-//! chunk, the replicas' digests of what the volume reads are compared; a
-//! replica that differs from a majority takes the majority's data (the
-//! `Repair` data op), and with no majority the chunk is only reported.
+//! replica whose copy of the chunk passed (`RepairLayer`). Then the
+//! replicas' copies are compared: of a snapshot, first by a digest of what
+//! the layer holds (taken by the same check, so the common case reads
+//! nothing more), then, if those differ, by a digest of what the volume
+//! read at the snapshot; of the head, by what the volume reads now. A
+//! replica that differs from a majority takes the majority's copy (of a
+//! snapshot's layer range, or through the `Repair` data op); with no
+//! majority the chunk is only reported. Oldest first makes that sound: when
+//! a snapshot's views differ, its older snapshots already agree there, so
+//! the difference is in its own layer; where they could not be settled,
+//! newer layers are compared and not replaced.
 //!
 //! A chunk of the head is checked holding its range, as a write does, so
 //! no write is in flight there and the replicas must agree; every chunk
 //! holds the gate shared, so no snapshot is taken or removed under it.
 //! Progress and findings are in the engine's status (`ScrubStatus`).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -112,12 +120,18 @@ impl Engine {
         let pace = Pace::new(bytes_per_second);
         let mut layers = self.snapshot_names().await?;
         layers.push(VOLUME_HEAD.to_string());
+        // Chunks whose copies an older snapshot left unsettled: there, which
+        // replica is right is unknown, so newer layers are compared only.
+        let mut unsettled = BTreeSet::new();
         for layer in &layers {
             let mut at = 0;
             while at < self.size.load(Acquire) {
                 let len = CHUNK.min(self.size.load(Acquire) - at);
                 pace.take(len).await;
-                self.scrub_chunk(layer, at, len).await;
+                let may_replace = !unsettled.contains(&at);
+                if !self.scrub_chunk(layer, at, len, may_replace).await {
+                    unsettled.insert(at);
+                }
                 at += len;
             }
         }
@@ -143,7 +157,10 @@ impl Engine {
             .collect())
     }
 
-    async fn scrub_chunk(&self, layer: &str, at: u64, len: u64) {
+    /// Checks `layer`'s chunk on every RW replica and repairs what fails
+    /// its checksums, then compares the replicas' copies; whether they
+    /// agree in the end.
+    async fn scrub_chunk(&self, layer: &str, at: u64, len: u64, may_replace: bool) -> bool {
         let _io = self.gate.read().await;
         let head = layer == VOLUME_HEAD;
         let _range = match head {
@@ -156,14 +173,14 @@ impl Engine {
         let mut rotten = Vec::new();
         for (member, check) in members.iter().zip(checks) {
             match check {
-                Ok((held, found)) => {
+                Ok(check) => {
                     let mut status = self.scrubs.lock();
-                    status.checked_bytes += held;
-                    status.rotten_bytes += total(&found);
+                    status.checked_bytes += check.held_bytes;
+                    status.rotten_bytes += total(&check.rotten);
                     drop(status);
-                    match found.is_empty() {
-                        true => clean.push(member.clone()),
-                        false => rotten.push((member.clone(), found)),
+                    match check.rotten.is_empty() {
+                        true => clean.push((member.clone(), check.digest)),
+                        false => rotten.push((member.clone(), check.rotten)),
                     }
                 }
                 // A snapshot this replica does not have: nothing to check.
@@ -173,13 +190,18 @@ impl Engine {
                 }
             }
         }
+        let donor = clean.first().map(|(member, _)| member);
         for (member, ranges) in rotten {
-            self.repair_layer(&member, clean.first(), layer, &ranges)
-                .await;
+            self.repair_layer(&member, donor, layer, &ranges).await;
         }
-        if head {
-            self.compare_chunk(&members, at, len).await;
+        // Copies of a snapshot's layer that hold the same (the rotten ones
+        // now hold the donor's): the snapshot reads alike everywhere. Heads
+        // may hold differently and read alike (a rebuilt replica's).
+        if !head && clean.windows(2).all(|pair| pair[0].1 == pair[1].1) {
+            return true;
         }
+        self.compare_chunk(&members, layer, at, len, may_replace)
+            .await
     }
 
     /// Rewrites `ranges` of `layer` on `member` from `donor`'s copy.
@@ -209,13 +231,23 @@ impl Engine {
         }
     }
 
-    /// Compares what `[at, at + len)` reads on each of `members`; a replica
-    /// that differs from a majority takes its data.
-    async fn compare_chunk(&self, members: &[Arc<Member>], at: u64, len: u64) {
-        let digests = join_all(members.iter().map(|m| digest(m, at, len))).await;
+    /// Compares what `[at, at + len)` reads on each of `members`, now (the
+    /// head) or at snapshot `layer`; where a majority agrees, a replica
+    /// that differs takes its copy, if `may_replace`. Whether the replicas
+    /// agree in the end.
+    async fn compare_chunk(
+        &self,
+        members: &[Arc<Member>],
+        layer: &str,
+        at: u64,
+        len: u64,
+        may_replace: bool,
+    ) -> bool {
+        let digests = join_all(members.iter().map(|m| digest(m, layer, at, len))).await;
         let mut groups: Vec<(u64, Vec<Arc<Member>>)> = Vec::new();
         for (member, digest) in members.iter().zip(digests) {
-            // Rotten (repaired above, or reported) or unreachable: not a vote.
+            // Rotten (repaired above, or reported), without the snapshot,
+            // or unreachable: not a vote.
             let Ok(digest) = digest else { continue };
             match groups.iter_mut().find(|(d, _)| *d == digest) {
                 Some((_, group)) => group.push(member.clone()),
@@ -223,27 +255,66 @@ impl Engine {
             }
         }
         if groups.len() < 2 {
-            return;
+            return true;
         }
         let voters: usize = groups.iter().map(|(_, g)| g.len()).sum();
         self.scrubs.lock().mismatched_chunks += 1;
+        if !may_replace {
+            error!(volume = %self.volume, layer, at, len, "scrub: the replicas read this chunk differently, and an older snapshot's copies of it could not be settled; reported only");
+            return false;
+        }
         let Some(majority) = groups.iter().position(|(_, g)| g.len() * 2 > voters) else {
-            error!(volume = %self.volume, at, len, groups = groups.len(), "scrub: the replicas read this chunk differently and no majority agrees");
-            return;
+            error!(volume = %self.volume, layer, at, len, groups = groups.len(), "scrub: the replicas read this chunk differently and no majority agrees");
+            return false;
         };
         let (_, agreed) = groups.swap_remove(majority);
-        let data = match agreed[0].data.read(at, len as u32).await {
-            Ok(data) => data,
-            Err(e) => {
-                warn!(volume = %self.volume, at, error = %e, "scrub: reading the majority's copy failed");
-                return;
-            }
+        let minority = groups.into_iter().flat_map(|(_, g)| g).collect();
+        let resolved = self
+            .take_majority(&agreed[0], minority, layer, at, len)
+            .await;
+        if resolved {
+            self.scrubs.lock().resolved_chunks += 1;
+        }
+        resolved
+    }
+
+    /// Gives each of `minority` `donor`'s copy of the chunk: of the head
+    /// through the data path (the `Repair` op), of a snapshot's layer as
+    /// the rotten blocks are. Whether all took it; one that could not
+    /// leaves the I/O path.
+    async fn take_majority(
+        &self,
+        donor: &Member,
+        minority: Vec<Arc<Member>>,
+        layer: &str,
+        at: u64,
+        len: u64,
+    ) -> bool {
+        let head = match layer == VOLUME_HEAD {
+            true => match donor.data.read(at, len as u32).await {
+                Ok(data) => Some(data),
+                Err(e) => {
+                    warn!(volume = %self.volume, at, error = %e, "scrub: reading the majority's copy failed");
+                    return false;
+                }
+            },
+            false => None,
         };
         let mut resolved = true;
-        for member in groups.into_iter().flat_map(|(_, g)| g) {
-            match member.data.repair(at, data.clone()).await {
+        for member in minority {
+            let taken = match &head {
+                Some(data) => member
+                    .data
+                    .repair(at, data.clone())
+                    .await
+                    .map_err(|e| e.to_string()),
+                None => copy_layer(donor, &member, layer, at, len)
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            match taken {
                 Ok(()) => {
-                    warn!(volume = %self.volume, replica = %member.address, at, len, "scrub: a replica read differently from the others; it took the majority's data");
+                    warn!(volume = %self.volume, replica = %member.address, layer, at, len, "scrub: a replica read differently from the others; it took the majority's copy");
                 }
                 Err(e) => {
                     resolved = false;
@@ -251,19 +322,23 @@ impl Engine {
                 }
             }
         }
-        if resolved {
-            self.scrubs.lock().resolved_chunks += 1;
-        }
+        resolved
     }
 }
 
-/// `member`'s check of `layer`'s range: bytes held, rotten byte ranges.
+/// What `member`'s check of `layer`'s range found.
+struct Check {
+    held_bytes: u64,
+    rotten: Vec<(u64, u64)>,
+    digest: u64,
+}
+
 async fn verify(
     member: &Member,
     layer: &str,
     offset: u64,
     length: u64,
-) -> Result<(u64, Vec<(u64, u64)>), tonic::Status> {
+) -> Result<Check, tonic::Status> {
     let mut control = member.control.clone();
     let request = VerifyLayerRequest {
         layer: layer.to_string(),
@@ -273,13 +348,26 @@ async fn verify(
     let check = protocol::within_deadline(control.verify_layer(request))
         .await?
         .into_inner();
-    let rotten = check.rotten.iter().map(|r| (r.offset, r.length)).collect();
-    Ok((check.held_bytes, rotten))
+    Ok(Check {
+        held_bytes: check.held_bytes,
+        rotten: check.rotten.iter().map(|r| (r.offset, r.length)).collect(),
+        digest: check.digest,
+    })
 }
 
-async fn digest(member: &Member, offset: u64, length: u64) -> Result<u64, tonic::Status> {
+/// `member`'s digest of what the range reads at `view`.
+async fn digest(
+    member: &Member,
+    view: &str,
+    offset: u64,
+    length: u64,
+) -> Result<u64, tonic::Status> {
     let mut control = member.control.clone();
-    let request = DigestRangeRequest { offset, length };
+    let request = DigestRangeRequest {
+        offset,
+        length,
+        view: view.to_string(),
+    };
     Ok(protocol::within_deadline(control.digest_range(request))
         .await?
         .into_inner()

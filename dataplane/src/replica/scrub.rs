@@ -1,9 +1,10 @@
 //! The store's part of a scrub (`engine/scrub.rs`): checking a range of one
-//! layer's own blocks against their checksums, a digest of what a range of
-//! the volume reads (to compare replicas), and replacing a range of one
-//! layer with another replica's copy of it.
+//! layer's own blocks against their checksums (with a digest of them, to
+//! compare replicas' copies of a snapshot), a digest of what a range of the
+//! volume reads now or at a snapshot, and replacing a range of one layer
+//! with another replica's copy of it.
 
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::BLOCK_SIZE;
 use super::error::{Result, StorageError};
@@ -34,6 +35,9 @@ pub struct LayerCheck {
     pub held_bytes: u64,
     /// Byte ranges (offset, length) that failed their checksums.
     pub rotten: Vec<(u64, u64)>,
+    /// A digest of which blocks of the range the layer holds and their
+    /// data: replicas whose copies of a snapshot agree digest it alike.
+    pub digest: u64,
 }
 
 impl State {
@@ -56,12 +60,19 @@ fn check(state: &State, layer: &Layer, offset: u64, len: u64) -> Result<LayerChe
     let mut buf = vec![0u8; buf_range(start, start, end).end];
     let mut bad = ExtentSet::new();
     layer.read_checked(&runs, start, &mut buf, &mut bad)?;
+    let mut digest = Xxh3::new();
+    for &(s, e) in &runs {
+        digest.update(&s.to_le_bytes());
+        digest.update(&e.to_le_bytes());
+        digest.update(&buf[buf_range(start, s, e)]);
+    }
     Ok(LayerCheck {
         held_bytes: held.block_count() * BLOCK_SIZE,
         rotten: bad
             .iter()
             .map(|(s, e)| (s * BLOCK_SIZE, (e - s) * BLOCK_SIZE))
             .collect(),
+        digest: digest.digest(),
     })
 }
 
@@ -82,12 +93,13 @@ impl ReplicaStore {
         check(&state, state.any_layer(name)?, offset, len)
     }
 
-    /// A digest of what `[offset, offset + len)` of the volume reads; a
+    /// A digest of what `[offset, offset + len)` of the volume read when
+    /// snapshot `view` was taken (the head, [`VOLUME_HEAD`]: reads now); a
     /// block failing its checksum fails it.
-    pub fn digest_range(&self, offset: u64, len: u64) -> Result<u64> {
+    pub fn digest_range(&self, view: &str, offset: u64, len: u64) -> Result<u64> {
         within_limit(len)?;
         let mut buf = vec![0u8; len as usize];
-        self.read_at(offset, &mut buf)?;
+        self.read_view(view, offset, &mut buf)?;
         Ok(xxh3_64(&buf))
     }
 
@@ -143,7 +155,8 @@ mod tests {
             head,
             LayerCheck {
                 held_bytes: 2 * BLOCK_SIZE,
-                rotten: vec![]
+                rotten: vec![],
+                digest: head.digest,
             }
         );
         assert!(matches!(
@@ -151,7 +164,7 @@ mod tests {
             Err(StorageError::SnapshotNotFound(_))
         ));
         assert!(matches!(
-            store.digest_range(0, 4 * BLOCK_SIZE),
+            store.digest_range(VOLUME_HEAD, 0, 4 * BLOCK_SIZE),
             Err(StorageError::ChecksumMismatch { .. })
         ));
         // Repaired in the snapshot layer itself, from another copy.
@@ -182,10 +195,38 @@ mod tests {
                 Err(StorageError::TooLong { .. })
             ));
             assert!(matches!(
-                store.digest_range(0, len),
+                store.digest_range(VOLUME_HEAD, 0, len),
                 Err(StorageError::TooLong { .. })
             ));
         }
+    }
+
+    /// Replicas compare a snapshot by what it reads and by what its layer
+    /// holds, whatever their heads hold since.
+    #[test]
+    fn a_snapshot_digests_as_it_was_taken() {
+        let (_tmp, a) = new_store(8);
+        let (_tmp2, b) = new_store(8);
+        for store in [&a, &b] {
+            store.write_at(0, &blocks(3, 2)).unwrap();
+            store.snapshot("s", true, BTreeMap::new()).unwrap();
+        }
+        a.write_at(BLOCK_SIZE, &blocks(4, 1)).unwrap();
+        let whole = 8 * BLOCK_SIZE;
+        let view = |store: &ReplicaStore, view| store.digest_range(view, 0, whole).unwrap();
+        assert_eq!(view(&a, "s"), view(&b, "s"));
+        assert_ne!(view(&a, VOLUME_HEAD), view(&b, VOLUME_HEAD));
+        let layer = |store: &ReplicaStore| store.verify_layer("s", 0, whole).unwrap().digest;
+        assert_eq!(layer(&a), layer(&b));
+        // The same data, held as one block more: the layers differ.
+        let runs = [(0, blocks(3, 2)), (2 * BLOCK_SIZE, blocks(0, 1))];
+        b.repair_layer("s", 0, whole, &runs).unwrap();
+        assert_ne!(layer(&a), layer(&b));
+        assert_eq!(view(&a, "s"), view(&b, "s"));
+        assert!(matches!(
+            a.digest_range("zz", 0, whole),
+            Err(StorageError::SnapshotNotFound(_))
+        ));
     }
 
     #[test]
@@ -197,15 +238,15 @@ mod tests {
         b.write_at(BLOCK_SIZE, &blocks(6, 1)).unwrap();
         let whole = 4 * BLOCK_SIZE;
         assert_ne!(
-            a.digest_range(0, whole).unwrap(),
-            b.digest_range(0, whole).unwrap()
+            a.digest_range(VOLUME_HEAD, 0, whole).unwrap(),
+            b.digest_range(VOLUME_HEAD, 0, whole).unwrap()
         );
         // B takes A's copy of its head's blocks 0-3: block 1, and holes.
         let copy = vec![(0, blocks(5, 2))];
         b.repair_layer(VOLUME_HEAD, 0, whole, &copy).unwrap();
         assert_eq!(
-            a.digest_range(0, whole).unwrap(),
-            b.digest_range(0, whole).unwrap()
+            a.digest_range(VOLUME_HEAD, 0, whole).unwrap(),
+            b.digest_range(VOLUME_HEAD, 0, whole).unwrap()
         );
         assert_eq!(
             b.verify_layer(VOLUME_HEAD, 0, whole).unwrap().held_bytes,

@@ -19,7 +19,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::fence::Fence;
 use super::rebuild_pull;
-use super::{BLOCK_SIZE, IoPath, ReplicaStore, SnapshotInfo, StorageError};
+use super::{BLOCK_SIZE, IoPath, ReplicaStore, SnapshotInfo, StorageError, VOLUME_HEAD};
 use crate::protocol::control::replica_control_server::{ReplicaControl, ReplicaControlServer};
 use crate::protocol::control::{
     self, ByteRange, DigestRangeRequest, DigestRangeResponse, ExpandRequest, LayerChunk,
@@ -495,6 +495,7 @@ impl ReplicaControl for ControlService {
                 .into_iter()
                 .map(|(offset, length)| ByteRange { offset, length })
                 .collect(),
+            digest: check.digest,
         }))
     }
 
@@ -504,7 +505,11 @@ impl ReplicaControl for ControlService {
     ) -> Result<Response<DigestRangeResponse>, GrpcStatus> {
         let request = request.into_inner();
         let store = self.store.clone();
-        let digest = blocking(move || store.digest_range(request.offset, request.length))
+        let view = match request.view.as_str() {
+            "" => VOLUME_HEAD.to_string(),
+            view => view.to_string(),
+        };
+        let digest = blocking(move || store.digest_range(&view, request.offset, request.length))
             .await
             .map_err(grpc)?;
         Ok(Response::new(DigestRangeResponse { digest }))

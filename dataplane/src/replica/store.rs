@@ -19,8 +19,8 @@ use super::layer::{Layer, buf_range, probe_filesystem};
 use super::lock;
 use super::meta::{LayerMeta, VolumeMeta, check_size};
 use super::naming::{
-    REVISION_FILE, VOLUME_META, companion_files, head_file, is_layer_artifact, meta_file,
-    snapshot_name_of,
+    REVISION_FILE, VOLUME_HEAD, VOLUME_META, companion_files, head_file, is_layer_artifact,
+    meta_file, snapshot_name_of,
 };
 use super::revision::RevisionCounter;
 
@@ -57,9 +57,14 @@ pub struct LayerFile {
 }
 
 impl State {
-    /// Layers in lookup order: head, then snapshots newest to oldest.
-    fn newest_first(&self) -> impl Iterator<Item = &Layer> {
-        std::iter::once(&self.head).chain(self.snapshots.iter().rev())
+    /// Layers in lookup order from `view` (a snapshot, or the head as
+    /// [`VOLUME_HEAD`]) down to the oldest.
+    fn newest_first_from(&self, view: &str) -> Result<impl Iterator<Item = &Layer>> {
+        let (head, below) = match view == VOLUME_HEAD {
+            true => (Some(&self.head), self.snapshots.len()),
+            false => (None, self.find_snapshot(view)? + 1),
+        };
+        Ok(head.into_iter().chain(self.snapshots[..below].iter().rev()))
     }
 
     /// Layers oldest first, head last.
@@ -205,14 +210,20 @@ impl ReplicaStore {
     /// holds read as zeros. Blocks that fail their checksum fail the read
     /// with [`StorageError::ChecksumMismatch`], naming all of them.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let bad = Self::read_layers(&*lock::read(&self.state)?, offset, buf)?;
+        self.read_view(VOLUME_HEAD, offset, buf)
+    }
+
+    /// Reads as [`read_at`](Self::read_at) does, but what the volume read
+    /// when snapshot `view` was taken (the head, [`VOLUME_HEAD`]: now).
+    pub fn read_view(&self, view: &str, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let bad = Self::read_layers(&*lock::read(&self.state)?, view, offset, buf)?;
         if bad.is_empty() {
             return Ok(());
         }
         // A write to the same blocks may have been in flight, its data
         // written and its checksum not yet (or the reverse): read them again
         // with no write in flight before calling them rotten.
-        let bad = Self::read_layers(&*lock::write(&self.state)?, offset, buf)?;
+        let bad = Self::read_layers(&*lock::write(&self.state)?, view, offset, buf)?;
         if bad.is_empty() {
             return Ok(());
         }
@@ -222,13 +233,13 @@ impl ReplicaStore {
         })
     }
 
-    /// Reads through the chain, returning the blocks that failed their
-    /// checksum.
-    fn read_layers(state: &State, offset: u64, buf: &mut [u8]) -> Result<ExtentSet> {
+    /// Reads through the chain from `view` down, returning the blocks that
+    /// failed their checksum.
+    fn read_layers(state: &State, view: &str, offset: u64, buf: &mut [u8]) -> Result<ExtentSet> {
         let (start, end) = state.blocks(offset, buf.len() as u64)?;
         let mut pending = vec![(start, end)];
         let mut bad = ExtentSet::new();
-        for layer in state.newest_first() {
+        for layer in state.newest_first_from(view)? {
             if pending.is_empty() {
                 break;
             }
