@@ -3,7 +3,8 @@
 //! dashboards and alerts find it.
 //!
 //! Series per volume: 16 (6 gauges, 6 state and 4 robustness series), its
-//! last backup's time once it has one, and one per backup state it has.
+//! last backup's time once it has one, one per backup state it has, and 7
+//! for its scrub once it had one (6 while the first runs).
 //! Attached (its engine running), 1 for its rebuild limit, 3 mode series
 //! per replica, one progress series per rebuilding replica, and 75 for its
 //! engine's I/O (8 counters, 4 error series, 3 histograms of 18 bounds,
@@ -22,7 +23,7 @@ use prometheus_client::registry::Unit;
 
 use super::view::{DiskRow, Flag, View, VolumeRow};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
-use crate::types::{ReplicaMode, Robustness, VolumeState};
+use crate::types::{ReplicaMode, Robustness, ScrubReport, VolumeState};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -75,6 +76,16 @@ const VOLUME_GAUGES: [ValueOf<VolumeRow, i64>; 6] = [
     ("volume_replicas_healthy", "Replicas in its I/O path (RW)", Count, |v| v.replicas_healthy as i64),
     ("volume_snapshots", "Its snapshots", Count, |v| v.snapshots as i64),
     ("volume_snapshot_size", "Bytes its snapshots hold", Bytes, |v| v.snapshot_bytes),
+];
+
+#[rustfmt::skip]
+const SCRUB_GAUGES: [ValueOf<ScrubReport, i64>; 6] = [
+    ("volume_scrub_running", "1 while a scrub of the volume runs", Count, |s| i64::from(s.running)),
+    ("volume_last_scrub_checked", "Bytes its running or last scrub checked against their checksums, all replicas", Bytes, |s| s.checked_bytes),
+    ("volume_last_scrub_rotten", "Bytes its running or last scrub found failing their checksums", Bytes, |s| s.rotten_bytes),
+    ("volume_last_scrub_repaired", "Bytes its running or last scrub rewrote from another replica's intact copy", Bytes, |s| s.repaired_bytes),
+    ("volume_last_scrub_unrepaired", "Rotten bytes its running or last scrub found no intact copy of", Bytes, |s| s.unrepaired_bytes),
+    ("volume_last_scrub_unsettled_chunks", "Chunks its running or last scrub found read differently on some replica and could not settle", Count, |s| s.mismatched_chunks - s.resolved_chunks),
 ];
 
 const REBUILD_LIMIT: &str =
@@ -286,6 +297,27 @@ fn volumes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         e,
         ("volume_last_backup_timestamp_seconds", help, Count),
         backed_up,
+    )?;
+    scrubs(e, rows)
+}
+
+/// The volumes' running or last scrubs, as their status reports them.
+fn scrubs(e: &mut DescriptorEncoder, rows: &[VolumeRow]) -> Result<(), Error> {
+    let scrubbed = || {
+        rows.iter()
+            .filter_map(|v| Some((volume_labels(v), v.scrub.as_ref()?)))
+    };
+    for (name, help, measure, value) in SCRUB_GAUGES {
+        let samples = scrubbed().map(|(labels, s)| (labels, value(s)));
+        gauges(e, (name, help, measure), samples)?;
+    }
+    let finished =
+        scrubbed().filter_map(|(labels, s)| Some((labels, s.finished.as_ref()?.0.as_second())));
+    let help = "When the volume's last scrub finished, in seconds since the epoch";
+    gauges(
+        e,
+        ("volume_last_scrub_timestamp_seconds", help, Count),
+        finished,
     )
 }
 

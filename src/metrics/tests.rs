@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -15,7 +16,7 @@ use super::process::Usage;
 use super::view::{Objects, View};
 use crate::controller::{BackupMetrics, ControllerMetrics};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
-use crate::types::{Backup, BackupTarget, Engine, Node, Replica, Volume};
+use crate::types::{Backup, BackupTarget, Engine, Node, Replica, ScrubReport, Volume};
 
 fn object<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<K> {
     Arc::new(serde_json::from_value(value).unwrap())
@@ -315,6 +316,42 @@ fn the_engines_io_is_exported_as_counters_and_cumulative_histograms() {
         samples(&text, "oxhorn_volume_read_latency_seconds_bucket").is_empty(),
         "an engine without read figures has no read histogram"
     );
+}
+
+/// A volume's scrub, once it had one: what it found, and when it ended.
+#[test]
+fn a_volumes_last_scrub_is_exported_once_it_had_one() {
+    let mut view = view_of_n1();
+    let before = exposition(view_of_n1());
+    assert!(samples(&before, "oxhorn_volume_last_scrub_rotten_bytes").is_empty());
+    assert!(before.contains("# TYPE oxhorn_volume_last_scrub_rotten_bytes gauge"));
+    let finished = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    view.volumes[0].scrub = Some(ScrubReport {
+        finished: Some(Time(finished)),
+        checked_bytes: 3 << 20,
+        rotten_bytes: 2 * 4096,
+        repaired_bytes: 4096,
+        unrepaired_bytes: 4096,
+        mismatched_chunks: 3,
+        resolved_chunks: 2,
+        ..ScrubReport::default()
+    });
+    let text = exposition(view);
+    let labels = r#"volume="v1",pvc="data",pvc_namespace="apps",node="n1""#;
+    for line in [
+        format!("oxhorn_volume_scrub_running{{{labels}}} 0"),
+        format!("oxhorn_volume_last_scrub_checked_bytes{{{labels}}} 3145728"),
+        format!("oxhorn_volume_last_scrub_rotten_bytes{{{labels}}} 8192"),
+        format!("oxhorn_volume_last_scrub_repaired_bytes{{{labels}}} 4096"),
+        format!("oxhorn_volume_last_scrub_unrepaired_bytes{{{labels}}} 4096"),
+        format!("oxhorn_volume_last_scrub_unsettled_chunks{{{labels}}} 1"),
+        format!("oxhorn_volume_last_scrub_timestamp_seconds{{{labels}}} 1800000000"),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in\n{text}"
+        );
+    }
 }
 
 #[tokio::test]

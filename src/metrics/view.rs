@@ -9,8 +9,8 @@ use crate::datastore::Datastore;
 use crate::protocol::control::EngineMetrics;
 use crate::types::{
     Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, EngineStatus,
-    InstanceState, Node, PVC_NAME, PVC_NAMESPACE, Replica, ReplicaMode, Robustness, Volume,
-    VolumeState,
+    InstanceState, Node, PVC_NAME, PVC_NAMESPACE, Replica, ReplicaMode, Robustness, ScrubReport,
+    Volume, VolumeState,
 };
 
 use super::process::{self, Usage};
@@ -49,6 +49,8 @@ pub struct VolumeRow {
     pub engine: Option<Arc<Engine>>,
     /// What its engine counted, when it runs here and answered.
     pub io: Option<EngineMetrics>,
+    /// Its running or last scrub, once it had one.
+    pub scrub: Option<ScrubReport>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -236,6 +238,7 @@ impl View {
             rebuild_limit: running.map(|s| s.rebuild_bandwidth_limit << 20),
             engine: engine.cloned(),
             io: None,
+            scrub: status.last_scrub.clone(),
         });
         if let (Some(engine), Some(status)) = (engine, running) {
             self.add_replicas(&name, engine, status, index);

@@ -341,7 +341,8 @@ async fn a_replica_killed_mid_write_reads_back_without_a_false_alarm() {
 
 /// With the scrub-interval Setting, a manager starts a scrub of an attached
 /// volume once due; it rewrites a block one replica's disk damaged, the
-/// Volume's status and an Event say so, and the volume reads as written.
+/// Volume's status, an Event and the metrics say so, and the volume reads
+/// as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_due_scrub_repairs_rot_and_the_volume_says_so() {
     require_root();
@@ -383,6 +384,13 @@ async fn a_due_scrub_repairs_rot_and_the_volume_says_so() {
         "{:?}",
         cluster.event_reasons().await
     );
+    // The owner's /metrics says it too.
+    let scraped = cluster.scrape();
+    let repaired = scraped
+        .lines()
+        .find(|l| l.starts_with(r#"oxhorn_volume_last_scrub_repaired_bytes{volume="vol""#))
+        .unwrap_or_else(|| panic!("no scrub series in\n{scraped}"));
+    assert!(repaired.ends_with(" 4096"), "{repaired}");
     assert_eq!(read_device(&device, 8 << 20), written);
     cluster.detach("vol").await;
     cluster.delete_volume("vol").await;

@@ -624,7 +624,11 @@ async fn rebuilds_and_a_snapshot_under_writes_and_discards_lose_nothing() {
     let scrub = engine.scrub_status();
     assert!(scrub.checked_bytes > 0, "{scrub:?}");
     assert_eq!(
-        (scrub.rotten_bytes, scrub.mismatched_chunks, scrub.error.as_str()),
+        (
+            scrub.rotten_bytes,
+            scrub.mismatched_chunks,
+            scrub.error.as_str()
+        ),
         (0, 0, ""),
         "{scrub:?}"
     );
