@@ -568,6 +568,83 @@ async fn a_restore_from_a_damaged_backup_names_the_block_and_never_attaches(stor
     cluster.delete_volume("vol").await;
 }
 
+/// A backup never stores a rotten block: what one replica's copy of the
+/// snapshot fails the checksums of is read from the other's. Each replica
+/// has a different block rotten, so whichever the backup reads first, it
+/// must turn to the other once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_reads_what_one_replica_has_rotten_from_another() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start("bkrot", 2).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    let url = format!("file://{}", dir.path().display());
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "", "300s").await;
+    until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    cluster.create_volume("vol", SIZE, 2).await;
+    let device = cluster.attach("vol", &node).await;
+    let mut expected = vec![0; usize::try_from(SIZE).unwrap()];
+    expected[..8 << 20].copy_from_slice(&write_pattern(&device, 8 << 20, 3));
+    let snapshot = Snapshot::new(
+        "snap",
+        SnapshotSpec {
+            volume: "vol".into(),
+        },
+    );
+    cluster
+        .api::<Snapshot>()
+        .create(&PostParams::default(), &snapshot)
+        .await
+        .unwrap();
+    cluster
+        .until("the snapshot taken", || async {
+            let snapshot = cluster.api::<Snapshot>().get_opt("snap").await.unwrap()?;
+            snapshot.status.filter(|s| s.ready_to_use).map(|_| ())
+        })
+        .await;
+    // Block 10 on one replica, block 1000 (another 2 MiB backup block) on
+    // the other: one bit each of the snapshot's layer.
+    for (replica, block) in cluster.replicas_of("vol").await.iter().zip([10u64, 1000]) {
+        let dir = replica_dir(cluster.node(&replica.spec.instance.node_id), replica);
+        let layer = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                let name = p.file_name().unwrap().to_string_lossy();
+                name.starts_with("snap-") && name.ends_with(".img")
+            })
+            .expect("the snapshot's layer");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(layer)
+            .unwrap();
+        let at = block * 4096 + 100;
+        let mut byte = [0u8];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, at).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &[!byte[0]], at).unwrap();
+    }
+
+    let backup = Backup::new(
+        "bk",
+        serde_json::from_value(json!({"volumeName": "vol", "snapshotName": "snap"})).unwrap(),
+    );
+    cluster
+        .api::<Backup>()
+        .create(&PostParams::default(), &backup)
+        .await
+        .unwrap();
+    until_backup_completed(&cluster, "bk").await;
+    let store = oxhorn::backup::target::open(&url, "", &BTreeMap::new()).unwrap();
+    assert!(
+        restored(&store, "vol", "bk").await == expected,
+        "the backup differs from what was written"
+    );
+    delete_backup(&cluster, "bk").await;
+    cluster.detach("vol").await;
+    cluster.delete_volume("vol").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_target_says_why_its_store_does_not_answer_and_recovers() {
     a_target_says_why_its_store_does_not_answer_and_recovers(ObjectServerKind::Minio).await;

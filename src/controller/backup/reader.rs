@@ -1,6 +1,7 @@
 //! Reading a snapshot for a backup from a running replica of its volume,
 //! over the replica's control API: which blocks hold data (or changed since
-//! an earlier snapshot), and each block's data as of the snapshot.
+//! an earlier snapshot), and each block's data as of the snapshot. What
+//! fails its checksums there is read from another replica.
 //!
 //! The volume as of snapshot S is its layers from the oldest up to S, each
 //! newer one over the older; a block changed since snapshot P is one that
@@ -12,6 +13,7 @@ use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
+use tracing::warn;
 
 use crate::backup::{BLOCK_SIZE, VolumeReader};
 use crate::protocol::TokenChannel;
@@ -24,6 +26,9 @@ pub struct SnapshotReader {
     /// Oldest first, up to and including the snapshot: each layer's name
     /// and the indexes of the blocks it holds data in.
     layers: Vec<(String, BTreeSet<u64>)>,
+    /// Other replicas' readers of the snapshot, in turn, for what this
+    /// replica's copy fails the checksums of.
+    others: Vec<SnapshotReader>,
 }
 
 impl SnapshotReader {
@@ -47,7 +52,17 @@ impl SnapshotReader {
             let chunks = client.layer_chunks(request).await?.into_inner().chunks;
             layers.push((layer.clone(), chunks.iter().map(|c| c.index).collect()));
         }
-        Ok(Some(Self { client, layers }))
+        Ok(Some(Self {
+            client,
+            layers,
+            others: Vec::new(),
+        }))
+    }
+
+    /// Reads what this replica's copy fails the checksums of from `other`'s
+    /// (and then the next's) instead.
+    pub fn or_else(&mut self, other: SnapshotReader) {
+        self.others.push(other);
     }
 
     /// The byte ranges of the blocks that layers after `since` (a snapshot
@@ -59,6 +74,44 @@ impl SnapshotReader {
     /// Where `snapshot` is among the layers read, oldest first, if it is.
     pub fn position(&self, snapshot: &str) -> Option<usize> {
         self.layers.iter().position(|(name, _)| name == snapshot)
+    }
+
+    /// `[offset, offset + len)` as of the snapshot, from this replica's
+    /// layers (each replica's own: a rebuilt one's may hold blocks in other
+    /// layers, and read the same).
+    async fn read_here(&self, offset: u64, len: u64) -> Result<Bytes, tonic::Status> {
+        let mut buf = BytesMut::zeroed(
+            usize::try_from(len).map_err(|e| tonic::Status::out_of_range(e.to_string()))?,
+        );
+        let first = offset / BLOCK_SIZE;
+        let last = (offset + len).div_ceil(BLOCK_SIZE);
+        // Oldest first, so that a newer layer's data lands over an older's.
+        for (layer, blocks) in &self.layers {
+            if blocks.range(first..last).next().is_none() {
+                continue;
+            }
+            let request = ReadLayerRequest {
+                layer: layer.clone(),
+                offset,
+                length: len,
+            };
+            let mut stream = self.client.clone().read_layer(request).await?.into_inner();
+            while let Some(extent) = stream.try_next().await? {
+                let at = extent
+                    .offset
+                    .checked_sub(offset)
+                    .and_then(|at| usize::try_from(at).ok())
+                    .filter(|at| at + extent.data.len() <= buf.len())
+                    .ok_or_else(|| {
+                        tonic::Status::internal(format!(
+                            "layer {layer} sent data at {} outside {offset}+{len}",
+                            extent.offset
+                        ))
+                    })?;
+                buf[at..at + extent.data.len()].copy_from_slice(&extent.data);
+            }
+        }
+        Ok(buf.freeze())
     }
 }
 
@@ -84,42 +137,23 @@ fn changed_ranges(layers: &[(String, BTreeSet<u64>)], since: Option<&str>) -> Ve
 
 impl VolumeReader for SnapshotReader {
     async fn read(&self, offset: u64, len: u64) -> std::io::Result<Bytes> {
-        let mut buf = BytesMut::zeroed(usize::try_from(len).map_err(std::io::Error::other)?);
-        let first = offset / BLOCK_SIZE;
-        let last = (offset + len).div_ceil(BLOCK_SIZE);
-        // Oldest first, so that a newer layer's data lands over an older's.
-        for (layer, blocks) in &self.layers {
-            if blocks.range(first..last).next().is_none() {
-                continue;
+        let mut failed = match self.read_here(offset, len).await {
+            Ok(data) => return Ok(data),
+            Err(status) => status,
+        };
+        // A block of this replica's copy failed its checksum: never stored,
+        // taken from another replica's copy if one passes.
+        for other in &self.others {
+            if failed.code() != tonic::Code::DataLoss {
+                break;
             }
-            let request = ReadLayerRequest {
-                layer: layer.clone(),
-                offset,
-                length: len,
+            warn!(offset, len, error = %failed.message(), "backup: a replica's copy of the snapshot is rotten here; reading another's");
+            failed = match other.read_here(offset, len).await {
+                Ok(data) => return Ok(data),
+                Err(status) => status,
             };
-            let mut stream = self
-                .client
-                .clone()
-                .read_layer(request)
-                .await
-                .map_err(std::io::Error::other)?
-                .into_inner();
-            while let Some(extent) = stream.try_next().await.map_err(std::io::Error::other)? {
-                let at = extent
-                    .offset
-                    .checked_sub(offset)
-                    .and_then(|at| usize::try_from(at).ok())
-                    .filter(|at| at + extent.data.len() <= buf.len())
-                    .ok_or_else(|| {
-                        std::io::Error::other(format!(
-                            "layer {layer} sent data at {} outside {offset}+{len}",
-                            extent.offset
-                        ))
-                    })?;
-                buf[at..at + extent.data.len()].copy_from_slice(&extent.data);
-            }
         }
-        Ok(buf.freeze())
+        Err(std::io::Error::other(failed))
     }
 }
 

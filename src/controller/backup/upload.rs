@@ -31,7 +31,7 @@ use crate::datastore::create_if_absent;
 use crate::replica::SNAPSHOT_NAME_MAX;
 use crate::types::{
     BACKUP_FOR, Backup, BackupState, BackupStatus, BackupTarget, Condition, ConditionStatus,
-    Snapshot, SnapshotSpec, Volume,
+    Replica, Snapshot, SnapshotSpec, Volume,
 };
 
 const COMPLETED: &str = "Completed";
@@ -412,7 +412,8 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// A reader of `snapshot` on a healthy running replica of the volume.
+    /// A reader of `snapshot` on a healthy running replica of the volume,
+    /// reading what fails its checksums there from the others that hold it.
     async fn reader(&self, snapshot: &str) -> Result<Option<SnapshotReader>, ControllerError> {
         let volume = &self.backup.spec.volume_name;
         let replicas = self.ctx.ds.replicas.store.state();
@@ -421,25 +422,49 @@ impl Job<'_> {
                 && r.spec.healthy_at.is_some()
                 && r.spec.failed_at.is_none()
         });
+        let mut found: Option<SnapshotReader> = None;
         for replica in candidates {
-            let Some(address) = replica_control_address(replica) else {
-                continue;
+            let reader = match self.reader_on(replica, snapshot).await {
+                Ok(reader) => reader,
+                // The first replica's failure fails the backup (it is
+                // retried); a later one's only leaves it out.
+                Err(error) if found.is_some() => {
+                    warn!(replica = %replica.name_any(), %error, "backup: a second replica cannot read the snapshot");
+                    continue;
+                }
+                Err(error) => return Err(error),
             };
-            let access = self.ctx.access(volume, 0);
-            let mut control = data_plane::replica(replica, &address, None, &access).await?;
-            let status = control.status().await?;
-            if status.rebuilding {
-                continue;
-            }
-            let chain: Vec<String> = status.snapshots.iter().map(|s| s.name.clone()).collect();
-            let client = control.client.clone().max_decoding_message_size(64 << 20);
-            match SnapshotReader::new(client, &chain, snapshot).await {
-                Ok(Some(reader)) => return Ok(Some(reader)),
-                Ok(None) => continue,
-                Err(status) => return Err(control.failed(status)),
+            match (&mut found, reader) {
+                (None, reader) => found = reader,
+                (Some(first), Some(other)) => first.or_else(other),
+                (Some(_), None) => {}
             }
         }
-        Ok(None)
+        Ok(found)
+    }
+
+    /// A reader of `snapshot` on `replica`; None when it is rebuilding or
+    /// does not hold the snapshot.
+    async fn reader_on(
+        &self,
+        replica: &Replica,
+        snapshot: &str,
+    ) -> Result<Option<SnapshotReader>, ControllerError> {
+        let volume = &self.backup.spec.volume_name;
+        let Some(address) = replica_control_address(replica) else {
+            return Ok(None);
+        };
+        let access = self.ctx.access(volume, 0);
+        let mut control = data_plane::replica(replica, &address, None, &access).await?;
+        let status = control.status().await?;
+        if status.rebuilding {
+            return Ok(None);
+        }
+        let chain: Vec<String> = status.snapshots.iter().map(|s| s.name.clone()).collect();
+        let client = control.client.clone().max_decoding_message_size(64 << 20);
+        SnapshotReader::new(client, &chain, snapshot)
+            .await
+            .map_err(|status| control.failed(status))
     }
 
     /// The newest completed backup of the volume in the same target whose
