@@ -6,7 +6,10 @@
 //! against a few for xxh3 at 64 bits, and 32 bits detect every burst error
 //! up to 32 bits and all but 2^-32 of the rest, which is what a rotten
 //! sector or a misdirected write looks like. Only blocks the layer holds are
-//! ever checked; the sums of holes are whatever was last written there.
+//! ever checked; the sums of holes are whatever was last written there. So
+//! a recorded sum says the layer holds the block, or held it until an
+//! unmap: what a layer file cut short lost is told by them (`Layer::open`),
+//! erring towards calling a block lost.
 //!
 //! Which sums can be trusted after a crash is `intent.rs`'s business.
 
@@ -109,6 +112,29 @@ impl Checksums {
             }
         }
         Ok(())
+    }
+
+    /// The blocks of `[start, end)` that have a checksum recorded: those
+    /// the layer holds or held before an unmap (a block whose sum happens
+    /// to be 0, one in 2^32, looks never written).
+    pub fn recorded(&self, start: u64, end: u64) -> Result<ExtentSet> {
+        const PER_READ: u64 = 1 << 16;
+        let mut found = ExtentSet::new();
+        let mut buf = vec![0u8; (PER_READ * SUM_BYTES) as usize];
+        let mut at = start;
+        while at < end {
+            let n = PER_READ.min(end - at);
+            let sums = &mut buf[..(n * SUM_BYTES) as usize];
+            read_or_zeros(&self.file, &self.path, at * SUM_BYTES, sums)?;
+            for (i, sum) in sums.chunks(SUM_BYTES as usize).enumerate() {
+                if sum.iter().any(|&b| b != 0) {
+                    let block = at + i as u64;
+                    found.insert(block, block + 1);
+                }
+            }
+            at += n;
+        }
+        Ok(found)
     }
 
     /// Makes recorded checksums durable.

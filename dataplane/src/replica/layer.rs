@@ -129,17 +129,21 @@ impl Layer {
             .metadata()
             .map_err(|e| StorageError::io(&path, e))?
             .len();
-        if len < size {
+        let adopting = !meta.checksums;
+        if len < size && adopting {
             let reason = format!("layer file is {len} bytes, shorter than the {size}-byte volume");
             return Err(StorageError::corrupt(&path, reason));
         }
-        let extents = scan_extents(&file, &path, size)?;
-        let adopting = !meta.checksums;
         let checksums = if adopting {
             Checksums::create(dir, file_name)?
         } else {
             Checksums::open(dir, file_name)?
         };
+        let lost = match len < size {
+            true => restore_length(&file, &path, &checksums, len, size)?,
+            false => ExtentSet::new(),
+        };
+        let extents = scan_extents(&file, &path, size)?;
         let (intents, stale) = Intents::load(dir, file_name)?;
         let mut layer = Self {
             file_name: file_name.to_string(),
@@ -152,7 +156,7 @@ impl Layer {
         };
         let stale = if adopting { Stale::Whole } else { stale };
         if stale != Stale::Nothing {
-            layer.recompute(&stale)?;
+            layer.recompute(&stale, &lost)?;
         }
         if adopting {
             layer.meta.checksums = true;
@@ -162,9 +166,12 @@ impl Layer {
     }
 
     /// Recomputes the checksums of the blocks `stale` covers from the data
-    /// they hold, durably, then closes every region.
-    fn recompute(&self, stale: &Stale) -> Result<()> {
-        let held = self.extents()?;
+    /// they hold, but for those `lost`, durably, then closes every region.
+    fn recompute(&self, stale: &Stale, lost: &ExtentSet) -> Result<()> {
+        let mut held = self.extents()?;
+        for (start, end) in lost.iter() {
+            held.remove(start, end);
+        }
         let runs: Vec<(u64, u64)> = match stale {
             Stale::Nothing => Vec::new(),
             Stale::Whole => held.iter().collect(),
@@ -381,6 +388,35 @@ fn punch_hole(file: &File, path: &Path, offset: u64, len: u64) -> Result<()> {
     fallocate(file, mode, off_t(offset), off_t(len)).map_err(|e| StorageError::errno(path, e))
 }
 
+/// Makes a layer file cut short (by a filesystem repair, a slip of the
+/// hand) `size` bytes long again. The blocks from the one its old end cut
+/// that have a checksum recorded were held (or unmapped since: no telling,
+/// so they count too), and are lost: zeros are written over them, so that
+/// they stay held and fail their checksums (to be repaired from another
+/// replica, or fail their reads) rather than read as holes, through to
+/// older layers. Returns those blocks.
+fn restore_length(
+    file: &File,
+    path: &Path,
+    checksums: &Checksums,
+    len: u64,
+    size: u64,
+) -> Result<ExtentSet> {
+    let io = |e| StorageError::io(path, e);
+    let lost = checksums.recorded(len / BLOCK_SIZE, size / BLOCK_SIZE)?;
+    file.set_len(size).map_err(io)?;
+    let zeros = vec![0u8; buf_range(0, 0, CHUNK_BLOCKS).end];
+    for (start, end) in lost.iter() {
+        for (s, e) in chunks(start, end) {
+            file.write_all_at(&zeros[buf_range(s, s, e)], s * BLOCK_SIZE)
+                .map_err(io)?;
+        }
+    }
+    file.sync_data().map_err(io)?;
+    tracing::warn!(layer = %path.display(), len, size, lost_blocks = lost.block_count(), "a layer file was cut short: the blocks it lost read as rotten");
+    Ok(lost)
+}
+
 /// The blocks of the first `size` bytes of `file` that hold data, from
 /// `SEEK_DATA`/`SEEK_HOLE`. Partial blocks round outwards, so a block is
 /// never wrongly reported as a hole.
@@ -575,11 +611,15 @@ mod tests {
         assert!(buf[100 * BS..500 * BS].iter().all(|&b| b == 3));
     }
 
+    /// A file cut short, of a layer without checksums to tell what it
+    /// lost (written before they existed), is refused.
     #[test]
-    fn short_layer_file_is_corrupt() {
+    fn short_layer_file_without_checksums_is_corrupt() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = ReplicaDir::lock(tmp.path()).unwrap();
-        new_layer(&dir, 4);
+        let mut layer = new_layer(&dir, 4);
+        layer.meta.checksums = false;
+        layer.meta.save(&dir).unwrap();
         let err = Layer::open(&dir, "head-1.img", 8 * BLOCK_SIZE).unwrap_err();
         assert!(
             matches!(err, StorageError::CorruptMetadata { ref path, .. } if *path == dir.join("head-1.img")),
