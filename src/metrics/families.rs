@@ -85,7 +85,7 @@ const SCRUB_GAUGES: [ValueOf<ScrubReport, i64>; 6] = [
     ("volume_last_scrub_rotten", "Bytes its running or last scrub found failing their checksums", Bytes, |s| s.rotten_bytes),
     ("volume_last_scrub_repaired", "Bytes its running or last scrub rewrote from another replica's intact copy", Bytes, |s| s.repaired_bytes),
     ("volume_last_scrub_unrepaired", "Rotten bytes its running or last scrub found no intact copy of", Bytes, |s| s.unrepaired_bytes),
-    ("volume_last_scrub_unsettled_chunks", "Chunks its running or last scrub found read differently on some replica and could not settle", Count, |s| s.mismatched_chunks - s.resolved_chunks),
+    ("volume_last_scrub_unsettled_chunks", "Comparisons of a 1 MiB chunk of one layer its running or last scrub found differing and could not settle", Count, |s| s.mismatched_chunks.saturating_sub(s.resolved_chunks)),
 ];
 
 const REBUILD_LIMIT: &str =

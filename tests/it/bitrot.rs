@@ -258,6 +258,52 @@ async fn a_scrub_repairs_every_layer_and_settles_a_replica_that_differs() {
     assert_replicas_hold(&replicas, &expected).await;
 }
 
+/// A block rotten on one replica where the two others hold different
+/// copies, both with valid checksums: no copy is known right, so the scrub
+/// leaves the rotten block rotten (known bad, not made silently wrong) and
+/// reports the chunk as unsettled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scrub_leaves_rot_alone_where_the_other_copies_disagree() {
+    require_root();
+    let replicas = Replicas::start("vol-scrub-split", 3).await;
+    let engine = replicas.engine().await;
+    let (expected, written) = written_volume(&replicas, &engine).await;
+    let block = written[7];
+    rot(&replicas.processes[0], Rot::Flip(block));
+    diverge(&replicas.processes[2], "head-1.img", block);
+
+    engine.run_scrub(0).await.unwrap();
+    let status = engine.scrub_status();
+    assert_eq!(
+        (
+            status.rotten_bytes,
+            status.repaired_bytes,
+            status.unrepaired_bytes
+        ),
+        (BLOCK, 0, BLOCK),
+        "{status:?}"
+    );
+    assert_eq!((status.mismatched_chunks, status.resolved_chunks), (1, 0));
+    drop(engine);
+    let access = replicas.access.lock().unwrap().clone();
+    let addresses = replicas.addresses();
+    let first = oxhorn::protocol::Connection::read_only(&addresses[0], &access)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            first.read(block * BLOCK, 4096).await,
+            Err(ConnectionError::Corrupt { .. })
+        ),
+        "the rotten block was overwritten with a copy no majority holds"
+    );
+    let second = oxhorn::protocol::Connection::read_only(&addresses[1], &access)
+        .await
+        .unwrap();
+    let data = second.read(block * BLOCK, 4096).await.unwrap();
+    assert_same(&data, &expected[block as usize * BS..][..BS], "replica 1");
+}
+
 /// A rebuild never copies a rotten block: its source refuses to hand it
 /// over, the engine repairs the source from another replica's copy and
 /// copies again, and the rebuilt replica holds the good data.

@@ -122,7 +122,7 @@ impl Layer {
     /// recomputing the checksums an unclean stop may have left stale (and
     /// all of them for a layer written before checksums existed).
     pub fn open(dir: &ReplicaDir, file_name: &str, size: u64) -> Result<Self> {
-        let meta = LayerMeta::load(dir, file_name)?;
+        let mut meta = LayerMeta::load(dir, file_name)?;
         let path = dir.join(file_name);
         let file = open_rw(&path, false)?;
         let len = file
@@ -139,9 +139,17 @@ impl Layer {
         } else {
             Checksums::open(dir, file_name)?
         };
-        let lost = match len < size {
-            true => restore_length(&file, &path, &checksums, len, size)?,
-            false => ExtentSet::new(),
+        // Cut now, or cut before and not yet restored when a crash came.
+        let cut = meta.cut_at.or((len < size).then_some(len));
+        let lost = match cut {
+            Some(cut) => {
+                if meta.cut_at.is_none() {
+                    meta.cut_at = Some(cut);
+                    meta.save(dir)?;
+                }
+                restore_length(&file, &path, &checksums, cut, size)?
+            }
+            None => ExtentSet::new(),
         };
         let extents = scan_extents(&file, &path, size)?;
         let (intents, stale) = Intents::load(dir, file_name)?;
@@ -158,8 +166,9 @@ impl Layer {
         if stale != Stale::Nothing {
             layer.recompute(&stale, &lost)?;
         }
-        if adopting {
+        if adopting || cut.is_some() {
             layer.meta.checksums = true;
+            layer.meta.cut_at = None;
             layer.meta.save(dir)?;
         }
         Ok(layer)
@@ -404,7 +413,10 @@ fn restore_length(
 ) -> Result<ExtentSet> {
     let io = |e| StorageError::io(path, e);
     let lost = checksums.recorded(len / BLOCK_SIZE, size / BLOCK_SIZE)?;
-    file.set_len(size).map_err(io)?;
+    // Never shorter: the cut may be an earlier open's, restored in part.
+    if file.metadata().map_err(io)?.len() < size {
+        file.set_len(size).map_err(io)?;
+    }
     let zeros = vec![0u8; buf_range(0, 0, CHUNK_BLOCKS).end];
     for (start, end) in lost.iter() {
         for (s, e) in chunks(start, end) {

@@ -83,6 +83,11 @@ pub struct LayerMeta {
     /// their checksums are computed when they are next opened.
     #[serde(default)]
     pub checksums: bool,
+    /// The length the layer's file was found cut to, kept (durably, before
+    /// the file is touched) until the blocks it lost are marked as such:
+    /// a crash meanwhile must not leave them looking like holes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_at: Option<u64>,
     pub labels: BTreeMap<String, String>,
 }
 
@@ -151,6 +156,7 @@ impl LayerMeta {
             created,
             user_created,
             checksums: true,
+            cut_at: None,
             labels,
         }
     }

@@ -353,16 +353,22 @@ pub(super) fn replace_range(
 fn checksum(layer: &Layer, runs: &[(u64, u64)], buf: &mut Vec<u8>) -> Result<u64> {
     let mut hasher = Xxh3::new();
     for &(start, end) in runs {
-        hasher.update(&start.to_le_bytes());
-        hasher.update(&end.to_le_bytes());
         buf.resize(buf_range(start, start, end).end, 0);
         match layer.read_present(&[(start, end)], start, buf) {
             Err(StorageError::ChecksumMismatch { .. }) => return Ok(ROTTEN_CHUNK),
             other => other?,
         };
-        hasher.update(buf);
+        hash_run(&mut hasher, start, end, buf);
     }
     Ok(hasher.digest())
+}
+
+/// Adds a run of blocks `[start, end)` a layer holds, and their data, to a
+/// digest of what the layer holds: equal digests, equal runs and data.
+pub(super) fn hash_run(hasher: &mut Xxh3, start: u64, end: u64, data: &[u8]) {
+    hasher.update(&start.to_le_bytes());
+    hasher.update(&end.to_le_bytes());
+    hasher.update(data);
 }
 
 #[cfg(test)]

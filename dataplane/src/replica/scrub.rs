@@ -12,7 +12,7 @@ use super::extents::ExtentSet;
 use super::layer::{Layer, buf_range};
 use super::lock;
 use super::naming::VOLUME_HEAD;
-use super::rebuild_store::{check_aligned, replace_range};
+use super::rebuild_store::{check_aligned, hash_run, replace_range};
 use super::store::{ReplicaStore, State};
 
 /// The most one check or digest reads: each holds its range in memory.
@@ -62,9 +62,7 @@ fn check(state: &State, layer: &Layer, offset: u64, len: u64) -> Result<LayerChe
     layer.read_checked(&runs, start, &mut buf, &mut bad)?;
     let mut digest = Xxh3::new();
     for &(s, e) in &runs {
-        digest.update(&s.to_le_bytes());
-        digest.update(&e.to_le_bytes());
-        digest.update(&buf[buf_range(start, s, e)]);
+        hash_run(&mut digest, s, e, &buf[buf_range(start, s, e)]);
     }
     Ok(LayerCheck {
         held_bytes: held.block_count() * BLOCK_SIZE,

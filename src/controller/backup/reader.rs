@@ -9,10 +9,14 @@
 //! zeros, so it counts). Snapshot layers do not change while they exist.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::ops::Range;
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
+use tokio::sync::OnceCell;
 use tracing::warn;
 
 use crate::backup::{BLOCK_SIZE, VolumeReader};
@@ -27,9 +31,13 @@ pub struct SnapshotReader {
     /// and the indexes of the blocks it holds data in.
     layers: Vec<(String, BTreeSet<u64>)>,
     /// Other replicas' readers of the snapshot, in turn, for what this
-    /// replica's copy fails the checksums of.
-    others: Vec<SnapshotReader>,
+    /// replica's copy fails the checksums of: found on the first need.
+    others: OnceCell<Vec<SnapshotReader>>,
+    find_others: Mutex<Option<FindOthers>>,
 }
+
+/// Finds the other replicas' readers of a snapshot.
+pub type FindOthers = Pin<Box<dyn Future<Output = Vec<SnapshotReader>> + Send>>;
 
 impl SnapshotReader {
     /// Reads `chain` (the replica's snapshots, oldest first) up to
@@ -55,14 +63,31 @@ impl SnapshotReader {
         Ok(Some(Self {
             client,
             layers,
-            others: Vec::new(),
+            others: OnceCell::new(),
+            find_others: Mutex::new(None),
         }))
     }
 
-    /// Reads what this replica's copy fails the checksums of from `other`'s
-    /// (and then the next's) instead.
-    pub fn or_else(&mut self, other: SnapshotReader) {
-        self.others.push(other);
+    /// Reads what this replica's copy fails the checksums of from the
+    /// readers `others` finds, in turn, instead.
+    pub fn or_else(&mut self, others: FindOthers) {
+        self.find_others = Mutex::new(Some(others));
+    }
+
+    async fn others(&self) -> &[SnapshotReader] {
+        self.others
+            .get_or_init(|| async {
+                let find = self
+                    .find_others
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                match find {
+                    Some(find) => find.await,
+                    None => Vec::new(),
+                }
+            })
+            .await
     }
 
     /// The byte ranges of the blocks that layers after `since` (a snapshot
@@ -143,7 +168,10 @@ impl VolumeReader for SnapshotReader {
         };
         // A block of this replica's copy failed its checksum: never stored,
         // taken from another replica's copy if one passes.
-        for other in &self.others {
+        if failed.code() != tonic::Code::DataLoss {
+            return Err(std::io::Error::other(failed));
+        }
+        for other in self.others().await {
             if failed.code() != tonic::Code::DataLoss {
                 break;
             }

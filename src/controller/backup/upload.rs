@@ -58,7 +58,7 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context>) -> Result<Action,
             return Ok(Action::await_change());
         }
         let mut job = Job {
-            ctx: &ctx,
+            ctx: ctx.clone(),
             backup,
             status,
         };
@@ -160,8 +160,8 @@ async fn delete_from(
 }
 
 /// One pass over a Backup not yet completed.
-struct Job<'a> {
-    ctx: &'a Context,
+struct Job {
+    ctx: Arc<Context>,
     /// As last written: each status write builds on the one before.
     backup: Backup,
     status: BackupStatus,
@@ -175,7 +175,7 @@ enum Wait {
     Failed(&'static str, String),
 }
 
-impl Job<'_> {
+impl Job {
     async fn run(&mut self, volume: Option<&Volume>) -> Result<Action, ControllerError> {
         match self.try_run(volume).await? {
             Ok(action) => Ok(action),
@@ -354,9 +354,9 @@ impl Job<'_> {
             compression: self.ctx.settings().backup_compression,
             progress: Some(&progress),
         };
-        let ctx = self.ctx;
+        let ctx = self.ctx.clone();
         let started = std::time::Instant::now();
-        let upload = take(ctx, store, &request, &reader);
+        let upload = take(&ctx, store, &request, &reader);
         tokio::pin!(upload);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         let result = loop {
@@ -384,7 +384,7 @@ impl Job<'_> {
                 self.ctx
                     .event(&self.backup, EventType::Normal, COMPLETED, note)
                     .await;
-                drop_snapshots_before(self.ctx, &self.backup).await?;
+                drop_snapshots_before(&self.ctx, &self.backup).await?;
                 Ok(Ok(Action::await_change()))
             }
             Err(error) => Ok(Err(Wait::Failed("UploadFailed", error.to_string()))),
@@ -413,58 +413,31 @@ impl Job<'_> {
     }
 
     /// A reader of `snapshot` on a healthy running replica of the volume,
-    /// reading what fails its checksums there from the others that hold it.
+    /// reading what fails its checksums there from the others that hold
+    /// it (found only then).
     async fn reader(&self, snapshot: &str) -> Result<Option<SnapshotReader>, ControllerError> {
-        let volume = &self.backup.spec.volume_name;
-        let replicas = self.ctx.ds.replicas.store.state();
-        let candidates = replicas.iter().filter(|r| {
-            r.spec.instance.volume_name == *volume
-                && r.spec.healthy_at.is_some()
-                && r.spec.failed_at.is_none()
-        });
-        let mut found: Option<SnapshotReader> = None;
-        for replica in candidates {
-            let reader = match self.reader_on(replica, snapshot).await {
-                Ok(reader) => reader,
-                // The first replica's failure fails the backup (it is
-                // retried); a later one's only leaves it out.
-                Err(error) if found.is_some() => {
-                    warn!(replica = %replica.name_any(), %error, "backup: a second replica cannot read the snapshot");
-                    continue;
-                }
-                Err(error) => return Err(error),
+        for replica in healthy_replicas(&self.ctx, &self.backup.spec.volume_name) {
+            let Some(mut reader) = reader_on(&self.ctx, &replica, snapshot).await? else {
+                continue;
             };
-            match (&mut found, reader) {
-                (None, reader) => found = reader,
-                (Some(first), Some(other)) => first.or_else(other),
-                (Some(_), None) => {}
-            }
+            let (ctx, snapshot) = (self.ctx.clone(), snapshot.to_owned());
+            reader.or_else(Box::pin(async move {
+                let mut others = Vec::new();
+                let replicas = healthy_replicas(&ctx, &replica.spec.instance.volume_name);
+                for other in replicas.iter().filter(|r| r.name_any() != replica.name_any()) {
+                    match reader_on(&ctx, other, &snapshot).await {
+                        Ok(Some(reader)) => others.push(reader),
+                        Ok(None) => {}
+                        Err(error) => {
+                            warn!(replica = %other.name_any(), %error, "backup: another replica cannot read the snapshot");
+                        }
+                    }
+                }
+                others
+            }));
+            return Ok(Some(reader));
         }
-        Ok(found)
-    }
-
-    /// A reader of `snapshot` on `replica`; None when it is rebuilding or
-    /// does not hold the snapshot.
-    async fn reader_on(
-        &self,
-        replica: &Replica,
-        snapshot: &str,
-    ) -> Result<Option<SnapshotReader>, ControllerError> {
-        let volume = &self.backup.spec.volume_name;
-        let Some(address) = replica_control_address(replica) else {
-            return Ok(None);
-        };
-        let access = self.ctx.access(volume, 0);
-        let mut control = data_plane::replica(replica, &address, None, &access).await?;
-        let status = control.status().await?;
-        if status.rebuilding {
-            return Ok(None);
-        }
-        let chain: Vec<String> = status.snapshots.iter().map(|s| s.name.clone()).collect();
-        let client = control.client.clone().max_decoding_message_size(64 << 20);
-        SnapshotReader::new(client, &chain, snapshot)
-            .await
-            .map_err(|status| control.failed(status))
+        Ok(None)
     }
 
     /// The newest completed backup of the volume in the same target whose
@@ -551,6 +524,45 @@ async fn take(
 fn backup_url(target_url: &str, backup: &str, volume: &str) -> String {
     let separator = if target_url.contains('?') { '&' } else { '?' };
     format!("{target_url}{separator}backup={backup}&volume={volume}")
+}
+
+/// The volume's replicas that are healthy and not failed.
+fn healthy_replicas(ctx: &Context, volume: &str) -> Vec<Arc<Replica>> {
+    ctx.ds
+        .replicas
+        .store
+        .state()
+        .into_iter()
+        .filter(|r| {
+            r.spec.instance.volume_name == volume
+                && r.spec.healthy_at.is_some()
+                && r.spec.failed_at.is_none()
+        })
+        .collect()
+}
+
+/// A reader of `snapshot` on `replica`; None when it is rebuilding or does
+/// not hold the snapshot.
+async fn reader_on(
+    ctx: &Context,
+    replica: &Replica,
+    snapshot: &str,
+) -> Result<Option<SnapshotReader>, ControllerError> {
+    let volume = &replica.spec.instance.volume_name;
+    let Some(address) = replica_control_address(replica) else {
+        return Ok(None);
+    };
+    let access = ctx.access(volume, 0);
+    let mut control = data_plane::replica(replica, &address, None, &access).await?;
+    let status = control.status().await?;
+    if status.rebuilding {
+        return Ok(None);
+    }
+    let chain: Vec<String> = status.snapshots.iter().map(|s| s.name.clone()).collect();
+    let client = control.client.clone().max_decoding_message_size(64 << 20);
+    SnapshotReader::new(client, &chain, snapshot)
+        .await
+        .map_err(|status| control.failed(status))
 }
 
 #[cfg(test)]
