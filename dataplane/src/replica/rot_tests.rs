@@ -101,19 +101,26 @@ fn a_truncated_layer_reads_as_rotten_not_as_zeros() {
     assert_eq!(rotten_blocks(read_err(&store, 0, 8)), [(6, 8)]);
 }
 
-/// A layer file found cut short at open (after an unclean stop, whose
-/// open regions are recomputed) opens: the blocks it lost read as rotten,
-/// never as holes over the snapshot below; the blocks it never held read
-/// through; and so again at the next open.
-#[test]
-fn a_layer_cut_short_opens_with_its_lost_blocks_rotten() {
-    let (_tmp, store) = new_store(16);
+/// A stopped replica of 16 blocks of 1s in snapshot `a`, 2s over blocks
+/// 8-11 in its head (`head-2.img`), flushed but not stopped cleanly.
+fn stopped_over_a_snapshot() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (tmp, store) = new_store(16);
     store.write_at(0, &blocks(1, 16)).unwrap();
     store.snapshot("a", true, BTreeMap::new()).unwrap();
     store.write_at(8 * BLOCK_SIZE, &blocks(2, 4)).unwrap();
     store.flush().unwrap();
     let path = store.path().to_path_buf();
     drop(store);
+    (tmp, path)
+}
+
+/// A layer file found cut short at open (after an unclean stop, whose
+/// open regions are recomputed) opens: the blocks it lost read as rotten,
+/// never as holes over the snapshot below; the blocks it never held read
+/// through; and so again at the next open.
+#[test]
+fn a_layer_cut_short_opens_with_its_lost_blocks_rotten() {
+    let (_tmp, path) = stopped_over_a_snapshot();
     let head = OpenOptions::new()
         .write(true)
         .open(path.join("head-2.img"))
@@ -139,13 +146,7 @@ fn a_layer_cut_short_opens_with_its_lost_blocks_rotten() {
 /// blocks do not read as holes over the snapshot below.
 #[test]
 fn a_crash_while_restoring_a_cut_layer_leaves_its_lost_blocks_rotten() {
-    let (_tmp, store) = new_store(16);
-    store.write_at(0, &blocks(1, 16)).unwrap();
-    store.snapshot("a", true, BTreeMap::new()).unwrap();
-    store.write_at(8 * BLOCK_SIZE, &blocks(2, 4)).unwrap();
-    store.flush().unwrap();
-    let path = store.path().to_path_buf();
-    drop(store);
+    let (_tmp, path) = stopped_over_a_snapshot();
     let head = OpenOptions::new()
         .write(true)
         .open(path.join("head-2.img"))
