@@ -17,7 +17,9 @@
 //!   volume as a block device on its node), [`replica`] (one copy of a
 //!   volume's data on a node's disk) and [`names`];
 //! - [`host`]: the node's host: its programs, mounts and filesystems;
-//! - [`metrics`]: what a manager owns and does, for Prometheus.
+//! - [`metrics`]: what a manager owns and does, for Prometheus;
+//! - [`api`]: the REST API operators and the dashboard use, over the same
+//!   custom resources, as the caller.
 //!
 //! Beside them, [`cmd`] holds the subcommands that put the layers together
 //! (the per-node manager, the instance manager's pod, installing and
@@ -42,6 +44,7 @@ pub use oxhorn_dataplane::{engine, frontend, names, protocol, replica};
 
 pub mod host;
 
+pub mod api;
 pub mod cmd;
 pub mod error;
 pub mod logging;

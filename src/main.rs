@@ -58,10 +58,11 @@ enum Command {
     /// Print the version.
     Version,
     /// Print a page of docs/ that the code makes:
-    /// `oxhorn docs settings > docs/settings.md`.
+    /// `oxhorn docs settings > docs/settings.md`,
+    /// `oxhorn docs openapi > docs/api/openapi.json`.
     #[command(hide = true)]
     Docs {
-        #[arg(value_parser = ["settings"])]
+        #[arg(value_parser = ["settings", "openapi"])]
         page: String,
     },
 }
@@ -93,11 +94,16 @@ fn main() -> ExitCode {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        // settings, the only page so far
-        Command::Docs { .. } => {
-            print!("{}", oxhorn::datastore::settings::markdown());
-            Ok(())
-        }
+        Command::Docs { page } => match page.as_str() {
+            "openapi" => oxhorn::api::openapi()
+                .to_pretty_json()
+                .map(|json| println!("{json}"))
+                .map_err(|e| oxhorn::Error::Config(e.to_string())),
+            _ => {
+                print!("{}", oxhorn::datastore::settings::markdown());
+                Ok(())
+            }
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

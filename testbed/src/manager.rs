@@ -35,6 +35,8 @@ pub struct ManagerOptions {
     pub instance_manager: bool,
     /// Serve `/metrics` on this port of `ip`.
     pub metrics_port: Option<u16>,
+    /// Serve the REST API on this port of `ip`.
+    pub api_port: Option<u16>,
 }
 
 impl ManagerOptions {
@@ -49,6 +51,7 @@ impl ManagerOptions {
             kubelet_registration_dir: None,
             instance_manager: false,
             metrics_port: None,
+            api_port: None,
         }
     }
 }
@@ -121,6 +124,12 @@ impl ManagerProcess {
     /// Where the manager serves `/metrics`, if it does.
     pub fn metrics_address(&self) -> Option<std::net::SocketAddr> {
         let port = self.options.metrics_port?;
+        Some(std::net::SocketAddr::new(self.options.ip, port))
+    }
+
+    /// Where the node's REST API answers, if it serves one.
+    pub fn api_address(&self) -> Option<std::net::SocketAddr> {
+        let port = self.options.api_port?;
         Some(std::net::SocketAddr::new(self.options.ip, port))
     }
 
@@ -276,6 +285,9 @@ fn spawn_process(
     }
     if let Some(port) = options.metrics_port {
         command.arg(format!("--metrics-port={port}"));
+    }
+    if let Some(port) = options.api_port {
+        command.arg(format!("--api-port={port}"));
     }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
 }

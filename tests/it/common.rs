@@ -23,6 +23,7 @@ pub const PATIENCE: Duration = Duration::from_secs(90);
 /// Every test node's manager serves /metrics on this port of its address,
 /// as the manifest's do.
 pub const METRICS_PORT: u16 = 9811;
+pub const API_PORT: u16 = 9500;
 /// Short enough that a test sees a lost manager's lease expire quickly.
 pub const LEASE_SECONDS: u64 = 5;
 
@@ -386,6 +387,7 @@ impl Cluster {
             options.ip = IpAddr::from([127, 0, subnet, u8::try_from(i).unwrap()]);
             options.lease_seconds = lease_seconds;
             options.metrics_port = Some(METRICS_PORT);
+            options.api_port = Some(API_PORT);
             if let Some(hosts) = &hosts {
                 let host = &hosts.hosts[i - 1];
                 options.ip = host.address().into();

@@ -32,6 +32,7 @@ mod partition;
 mod placement;
 mod provisioning;
 mod rebuild;
+mod rest_api;
 mod sanity;
 mod snapshots;
 mod uninstall;

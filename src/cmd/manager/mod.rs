@@ -92,6 +92,10 @@ pub struct ManagerConfig {
     /// when not given.
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// Serve the REST API (`/v1`, docs/api.md) on this port of `--ip`; none
+    /// when not given.
+    #[arg(long)]
+    pub api_port: Option<u16>,
     /// The socket of the node's `oxhorn instance-manager`, which then holds
     /// the engine and replica processes (in a pod of its own, they outlive
     /// the manager's container); without it the manager holds them itself
@@ -133,6 +137,7 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             },
             Arc::clone(&datastore),
         );
+        let api = serve_api(&config, Arc::clone(&datastore), client.clone());
         let controllers = start_controllers(
             config.clone(),
             client,
@@ -156,6 +161,7 @@ pub async fn run(config: ManagerConfig, shutdown: impl Future<Output = ()>) -> R
             registered = registration => registered?,
             answered = health => answered?,
             answered = metrics => answered?,
+            answered = api => answered?,
             () = shutdown => {
                 let _ = stop_tx.send(());
                 // Graceful shutdown also waits for idle client connections,
@@ -207,6 +213,25 @@ async fn serve_metrics(config: &ManagerConfig, exporter: Arc<Exporter>) -> Resul
         Some(port) => {
             let address = std::net::SocketAddr::new(config.node.ip, port);
             metrics::serve(address, exporter).await
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves the REST API while the manager runs, if asked to.
+async fn serve_api(
+    config: &ManagerConfig,
+    datastore: Arc<Datastore>,
+    client: Client,
+) -> Result<()> {
+    match config.api_port {
+        Some(port) => {
+            let address = std::net::SocketAddr::new(config.node.ip, port);
+            crate::api::serve(
+                address,
+                Arc::new(crate::api::ApiState::new(datastore, client)),
+            )
+            .await
         }
         None => std::future::pending().await,
     }

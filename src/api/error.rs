@@ -1,0 +1,100 @@
+//! The API's errors: one enum, each with a stable code and the HTTP status
+//! it answers with, written as `{"code": …, "message": …}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{user} may not {verb} {resource}{}", name.as_ref().map(|n| format!(" {n}")).unwrap_or_default())]
+    Forbidden {
+        user: String,
+        verb: String,
+        resource: String,
+        name: Option<String>,
+    },
+    #[error("{kind} {name} not found")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("this path takes other methods (see /v1/openapi.json)")]
+    MethodNotAllowed,
+    #[error("the Kubernetes API server refused: {0}")]
+    Refused(String),
+    #[error("the Kubernetes API server did not answer: {0}")]
+    Unavailable(String),
+}
+
+/// What every failed request answers.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// Stable, for programs: `unauthenticated`, `forbidden`, `not_found`,
+    /// `invalid`, `method_not_allowed`, `conflict`, `unavailable`.
+    pub code: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::Forbidden { .. } => "forbidden",
+            Self::NotFound { .. } => "not_found",
+            Self::Invalid(_) => "invalid",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::Refused(_) => "conflict",
+            Self::Unavailable(_) => "unavailable",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::Invalid(_) => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Refused(_) => StatusCode::CONFLICT,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(error: kube::Error) -> Self {
+        match error {
+            kube::Error::Api(status) if status.code == 404 => Self::NotFound {
+                kind: "object",
+                name: status.message,
+            },
+            kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
+                Self::Invalid(status.message)
+            }
+            kube::Error::Api(status) => Self::Refused(status.message),
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            code: self.code(),
+            message: self.to_string(),
+        };
+        let mut response = (self.status(), Json(body)).into_response();
+        if matches!(self, Self::Unauthenticated(_)) {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}

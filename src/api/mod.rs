@@ -1,0 +1,135 @@
+//! The REST API under `/v1` (docs/api.md), served by every manager. It
+//! answers from the manager's caches and acts by writing the custom
+//! resources, as the caller: each request's bearer token is authenticated
+//! and each call authorized by the Kubernetes API server (`auth.rs`), so
+//! the custom resources stay the only contract and the API keeps no state
+//! of its own. The OpenAPI document (`/v1/openapi.json`, and
+//! docs/api/openapi.json) is generated from the handlers and types here.
+
+mod auth;
+mod error;
+mod query;
+pub mod volumes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use kube::Client;
+use tokio::net::TcpListener;
+use tracing::info;
+use utoipa::openapi::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use error::{ApiError, ErrorBody};
+
+use crate::datastore::Datastore;
+use crate::{Error, Result};
+
+/// The largest request body taken.
+const BODY_LIMIT: usize = 64 << 10;
+
+/// What the handlers share.
+pub struct ApiState {
+    pub ds: Arc<Datastore>,
+    pub client: Client,
+    auth: auth::Auth,
+}
+
+impl ApiState {
+    pub fn new(ds: Arc<Datastore>, client: Client) -> Self {
+        let auth = auth::Auth::new(client.clone(), &ds.namespace);
+        Self { ds, client, auth }
+    }
+}
+
+fn routes() -> OpenApiRouter<Arc<ApiState>> {
+    OpenApiRouter::new()
+        .routes(routes!(volumes::list))
+        .routes(routes!(volumes::get, volumes::delete))
+}
+
+/// The API's OpenAPI document.
+pub fn openapi() -> OpenApi {
+    let (_, mut api) = routes().split_for_parts();
+    api.info.title = "Oxhorn".into();
+    api.info.version = "v1".into();
+    api.info.description = Some(
+        "Oxhorn's volumes, replicas, snapshots, nodes and backups. Every request carries a Kubernetes bearer token; each call is authorized as its user, for the same verb on the same resource.".into(),
+    );
+    let bearer = HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build();
+    api.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme("bearer", SecurityScheme::Http(bearer));
+    api
+}
+
+/// The router: the API, and its document.
+pub fn router(state: Arc<ApiState>) -> axum::Router {
+    let (router, _) = routes().split_for_parts();
+    let document = Arc::new(openapi());
+    router
+        .route(
+            "/v1/openapi.json",
+            get(move || {
+                let document = Arc::clone(&document);
+                async move { Json(document.as_ref().clone()) }
+            }),
+        )
+        .fallback(|| async {
+            ApiError::NotFound {
+                kind: "path",
+                name: "(see /v1/openapi.json)".into(),
+            }
+        })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Serves the API on `address` until the future is dropped.
+pub async fn serve(address: SocketAddr, state: Arc<ApiState>) -> Result<()> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| Error::io(address.to_string(), e))?;
+    info!(%address, "serving the API");
+    axum::serve(listener, router(state))
+        .await
+        .map_err(|e| Error::io(address.to_string(), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/api/openapi.json is what the code describes:
+    /// `cargo run -- docs openapi > docs/api/openapi.json` after a change.
+    #[test]
+    fn the_committed_openapi_document_is_current() {
+        let generated = openapi().to_pretty_json().unwrap() + "\n";
+        let committed = include_str!("../../docs/api/openapi.json");
+        assert!(
+            committed == generated,
+            "docs/api/openapi.json is stale: run `cargo run -- docs openapi > docs/api/openapi.json`"
+        );
+    }
+
+    #[test]
+    fn every_operation_says_how_it_is_authorized_and_how_it_fails() {
+        let document = serde_json::to_value(openapi()).unwrap();
+        let paths = document["paths"].as_object().unwrap();
+        for (path, item) in paths {
+            for (method, operation) in item.as_object().unwrap() {
+                assert!(operation["security"].is_array(), "{method} {path}");
+                let responses = operation["responses"].as_object().unwrap();
+                for status in ["401", "403"] {
+                    assert!(responses.contains_key(status), "{method} {path}: {status}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! `/v1/volumes`: the volumes, as the caches hold them, and what may be
+//! done to one (for now: delete it; the controllers do the rest).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::ApiState;
+use super::auth::{Access, Caller};
+use super::error::{ApiError, ErrorBody};
+use super::query::Query;
+use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume};
+
+/// The most volumes one page holds, and how many it holds unless asked.
+const PAGE_MAX: usize = 1000;
+const PAGE_DEFAULT: usize = 100;
+
+/// A volume as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeView {
+    pub name: String,
+    /// Bytes.
+    pub size: i64,
+    /// Bytes its data takes on a replica.
+    pub actual_size: i64,
+    pub replicas_wanted: i32,
+    /// Replicas in the I/O path (RW) while it is attached.
+    pub replicas_healthy: usize,
+    /// `auto`, `fuse` or `iscsi`.
+    pub frontend: String,
+    /// The node it is attached to, or is to be; empty: detached.
+    pub node: String,
+    /// creating, attaching, attached, detaching, detached, deleting.
+    pub state: String,
+    /// unknown, healthy, degraded, faulted.
+    pub robustness: String,
+    /// The claim it was provisioned for, `namespace/name`, if any.
+    pub pvc: Option<String>,
+    /// When it was created, RFC 3339.
+    pub created: Option<String>,
+}
+
+/// A page of volumes.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeList {
+    pub items: Vec<VolumeView>,
+    /// Volumes matching the filters, on all pages.
+    pub total: usize,
+    /// Pass as `continue` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub r#continue: Option<String>,
+}
+
+/// Which volumes, and which page of them (by name).
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// At most this many (1 to 1000; default 100).
+    pub limit: Option<usize>,
+    /// From the page after the one that returned this.
+    pub r#continue: Option<String>,
+    /// Only those in this state.
+    pub state: Option<String>,
+    /// Only those of this robustness.
+    pub robustness: Option<String>,
+    /// Only those attached (or to be) to this node.
+    pub node: Option<String>,
+    /// Only those whose name holds this.
+    pub name: Option<String>,
+}
+
+fn lower<T: Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn view(state: &ApiState, volume: &Volume) -> VolumeView {
+    let name = volume.name_any();
+    let status = volume.status.clone().unwrap_or_default();
+    let annotations = volume.annotations();
+    let pvc = match (annotations.get(PVC_NAMESPACE), annotations.get(PVC_NAME)) {
+        (Some(namespace), Some(claim)) => Some(format!("{namespace}/{claim}")),
+        _ => None,
+    };
+    let replicas_healthy = state
+        .ds
+        .engines
+        .get(&name)
+        .and_then(|e| e.status.clone())
+        .map_or(0, |s| {
+            s.replica_mode_map
+                .values()
+                .filter(|m| **m == ReplicaMode::ReadWrite)
+                .count()
+        });
+    VolumeView {
+        size: volume.spec.size,
+        actual_size: status.actual_size,
+        replicas_wanted: volume.spec.number_of_replicas,
+        replicas_healthy,
+        frontend: lower(&volume.spec.frontend),
+        node: volume.spec.node_id.clone(),
+        state: lower(&status.state),
+        robustness: lower(&status.robustness),
+        pvc,
+        created: volume
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string()),
+        name,
+    }
+}
+
+fn matches(query: &ListQuery, volume: &VolumeView) -> bool {
+    let is = |wanted: &Option<String>, value: &str| wanted.as_deref().is_none_or(|w| w == value);
+    is(&query.state, &volume.state)
+        && is(&query.robustness, &volume.robustness)
+        && is(&query.node, &volume.node)
+        && query
+            .name
+            .as_deref()
+            .is_none_or(|part| volume.name.contains(part))
+}
+
+/// The volumes, by name, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/volumes",
+    tag = "volumes",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of volumes", body = VolumeList),
+        (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The caller may not list volumes", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<VolumeList>, ApiError> {
+    state
+        .auth
+        .authorize(&caller, &Access::oxhorn("list", "volumes", None))
+        .await?;
+    let limit = query.limit.unwrap_or(PAGE_DEFAULT);
+    if !(1..=PAGE_MAX).contains(&limit) {
+        return Err(ApiError::Invalid(format!(
+            "limit must be 1 to {PAGE_MAX}, not {limit}"
+        )));
+    }
+    let mut all: Vec<VolumeView> = state
+        .ds
+        .volumes
+        .store
+        .state()
+        .iter()
+        .map(|v| view(&state, v))
+        .filter(|v| matches(&query, v))
+        .collect();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    let total = all.len();
+    let after = query.r#continue.as_deref().unwrap_or("");
+    let start = all.partition_point(|v| v.name.as_str() <= after);
+    let items: Vec<VolumeView> = all.into_iter().skip(start).take(limit).collect();
+    let more = start + items.len() < total;
+    let r#continue = more.then(|| items.last().map(|v| v.name.clone())).flatten();
+    Ok(Json(VolumeList {
+        items,
+        total,
+        r#continue,
+    }))
+}
+
+/// One volume.
+#[utoipa::path(
+    get,
+    path = "/v1/volumes/{name}",
+    tag = "volumes",
+    params(("name" = String, Path, description = "The volume's name")),
+    responses(
+        (status = 200, description = "The volume", body = VolumeView),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The caller may not get it", body = ErrorBody),
+        (status = 404, description = "No such volume", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<VolumeView>, ApiError> {
+    state
+        .auth
+        .authorize(&caller, &Access::oxhorn("get", "volumes", Some(&name)))
+        .await?;
+    let volume = found(&state, &name)?;
+    Ok(Json(view(&state, &volume)))
+}
+
+/// Deletes a volume and its data (its replicas, snapshots; not its
+/// backups). A volume a PersistentVolume uses is better deleted through
+/// its claim.
+#[utoipa::path(
+    delete,
+    path = "/v1/volumes/{name}",
+    tag = "volumes",
+    params(("name" = String, Path, description = "The volume's name")),
+    responses(
+        (status = 202, description = "Deleting: the volume as it was", body = VolumeView),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The caller may not delete it", body = ErrorBody),
+        (status = 404, description = "No such volume", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<VolumeView>), ApiError> {
+    state
+        .auth
+        .authorize(&caller, &Access::oxhorn("delete", "volumes", Some(&name)))
+        .await?;
+    let volume = found(&state, &name)?;
+    let volumes: Api<Volume> = Api::namespaced(state.client.clone(), &state.ds.namespace);
+    volumes.delete(&name, &DeleteParams::default()).await?;
+    Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
+}
+
+fn found(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {
+    state
+        .ds
+        .volumes
+        .get(name)
+        .ok_or_else(|| ApiError::NotFound {
+            kind: "volume",
+            name: name.to_owned(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(name: &str, state: &str) -> VolumeView {
+        VolumeView {
+            name: name.into(),
+            size: 1 << 30,
+            actual_size: 0,
+            replicas_wanted: 3,
+            replicas_healthy: 0,
+            frontend: "auto".into(),
+            node: String::new(),
+            state: state.into(),
+            robustness: "unknown".into(),
+            pvc: None,
+            created: None,
+        }
+    }
+
+    #[test]
+    fn filters_match_exactly_and_names_by_part() {
+        let query = ListQuery {
+            state: Some("detached".into()),
+            name: Some("db".into()),
+            ..ListQuery::default()
+        };
+        assert!(matches(&query, &volume("pg-db-1", "detached")));
+        assert!(!matches(&query, &volume("pg-db-1", "attached")));
+        assert!(!matches(&query, &volume("web", "detached")));
+        assert!(matches(&ListQuery::default(), &volume("web", "attached")));
+    }
+}
