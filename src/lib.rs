@@ -19,7 +19,7 @@
 //! - [`host`]: the node's host: its programs, mounts and filesystems;
 //! - [`metrics`]: what a manager owns and does, for Prometheus;
 //! - [`api`]: the REST API operators and the dashboard use, over the same
-//!   custom resources, as the caller.
+//!   custom resources, each call authorized as its caller.
 //!
 //! Beside them, [`cmd`] holds the subcommands that put the layers together
 //! (the per-node manager, the instance manager's pod, installing and

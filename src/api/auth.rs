@@ -6,7 +6,8 @@
 //!
 //! Both answers are kept for a few seconds, keyed by a hash of the token
 //! (never the token itself); a refusal is never kept, so a permission just
-//! granted works at once. Tokens appear in no log line and no error.
+//! granted works at once. Tokens appear in no log line and no error; what
+//! the API server said of a failed review goes to the log, not the caller.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,6 +22,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::Client;
 use kube::api::{Api, PostParams};
+use tracing::{debug, warn};
 
 use super::ApiState;
 use super::error::ApiError;
@@ -28,8 +30,15 @@ use super::error::ApiError;
 /// How long an answer of the API server's is kept.
 const KEEP: Duration = Duration::from_secs(10);
 
-/// Past this many kept answers, the expired ones go.
+/// Past this many kept answers, the expired ones go, and if that is not
+/// enough, all of them: a bound on memory, whatever callers ask.
 const KEPT_MAX: usize = 4096;
+
+/// The longest bearer token taken (Kubernetes' are about 1 KiB).
+const TOKEN_MAX: usize = 8 << 10;
+
+/// How long a review may take before the request fails as unavailable.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An authenticated caller.
 #[derive(Clone, Debug)]
@@ -44,8 +53,7 @@ impl Caller {
     }
 }
 
-/// A verb on a resource (of oxhorn.io, or core's for claims and volumes),
-/// in the managers' namespace unless cluster-scoped.
+/// A verb on a resource, in the managers' namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Access {
     pub verb: &'static str,
@@ -79,6 +87,10 @@ impl Kept {
             self.users
                 .retain(|_, (at, _)| now.duration_since(*at) < KEEP);
             self.allowed.retain(|_, at| now.duration_since(*at) < KEEP);
+        }
+        if self.users.len() + self.allowed.len() > KEPT_MAX {
+            self.users.clear();
+            self.allowed.clear();
         }
     }
 }
@@ -123,20 +135,16 @@ impl Auth {
             ..TokenReview::default()
         };
         let reviews: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("reviewing the token: {e}")))?;
+        let answer = reviewed("token", reviews.create(&PostParams::default(), &review)).await?;
         let status = answer.status.unwrap_or_default();
         let user = match (status.authenticated, status.user) {
             (Some(true), Some(user)) => user,
             _ => {
-                let why = status
-                    .error
-                    .unwrap_or_else(|| "the token is not valid".into());
-                return Err(ApiError::Unauthenticated(format!(
-                    "the bearer token was refused: {why}"
-                )));
+                let why = status.error.unwrap_or_default();
+                debug!(why, "a bearer token was refused");
+                return Err(ApiError::Unauthenticated(
+                    "the bearer token is not valid, or has expired".into(),
+                ));
             }
         };
         let mut kept = self.kept();
@@ -174,10 +182,7 @@ impl Auth {
             ..SubjectAccessReview::default()
         };
         let reviews: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("reviewing the access: {e}")))?;
+        let answer = reviewed("access", reviews.create(&PostParams::default(), &review)).await?;
         if !answer.status.is_some_and(|s| s.allowed) {
             return Err(ApiError::Forbidden {
                 user: caller.name().to_owned(),
@@ -193,7 +198,28 @@ impl Auth {
     }
 }
 
-/// The bearer token of the request's `Authorization` header.
+/// A review's answer, within [`REVIEW_TIMEOUT`]; why it failed goes to the
+/// log, the caller hears only that the API server did not answer.
+async fn reviewed<T>(
+    what: &str,
+    review: impl Future<Output = kube::Result<T>>,
+) -> Result<T, ApiError> {
+    let unavailable = || ApiError::Unavailable(format!("the {what} could not be reviewed"));
+    match tokio::time::timeout(REVIEW_TIMEOUT, review).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(error)) => {
+            warn!(what, %error, "a review failed");
+            Err(unavailable())
+        }
+        Err(_) => {
+            warn!(what, timeout = ?REVIEW_TIMEOUT, "a review took too long");
+            Err(unavailable())
+        }
+    }
+}
+
+/// The bearer token of the request's `Authorization` header (the scheme's
+/// name in any case, as HTTP has it).
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     let missing = || {
         ApiError::Unauthenticated(
@@ -202,11 +228,16 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     };
     let header = parts.headers.get(AUTHORIZATION).ok_or_else(missing)?;
     let value = header.to_str().map_err(|_| missing())?;
-    let token = value
-        .strip_prefix("Bearer ")
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(missing)?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(missing)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(missing());
+    }
+    if token.len() > TOKEN_MAX {
+        return Err(ApiError::Unauthenticated(format!(
+            "the bearer token is longer than {TOKEN_MAX} bytes"
+        )));
+    }
     Ok(token)
 }
 
@@ -239,6 +270,12 @@ mod tests {
     #[test]
     fn only_a_bearer_token_is_taken() {
         assert_eq!(bearer(&parts(Some("Bearer abc.def"))).unwrap(), "abc.def");
+        assert_eq!(bearer(&parts(Some("bearer abc.def"))).unwrap(), "abc.def");
+        let long = format!("Bearer {}", "a".repeat(TOKEN_MAX + 1));
+        assert_eq!(
+            bearer(&parts(Some(&long))).unwrap_err().code(),
+            "unauthenticated"
+        );
         for refused in [
             None,
             Some("Basic dXNlcjpwYXNz"),

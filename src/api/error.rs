@@ -26,7 +26,7 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("the Kubernetes API server refused: {0}")]
     Refused(String),
-    #[error("the Kubernetes API server did not answer: {0}")]
+    #[error("{0}")]
     Unavailable(String),
 }
 
@@ -67,17 +67,31 @@ impl ApiError {
 }
 
 impl From<kube::Error> for ApiError {
+    /// What the API server answered a change the API made for its caller.
     fn from(error: kube::Error) -> Self {
         match error {
-            kube::Error::Api(status) if status.code == 404 => Self::NotFound {
-                kind: "object",
-                name: status.message,
+            kube::Error::Api(status) => match status.code {
+                404 => Self::NotFound {
+                    kind: "object",
+                    name: status.details.map(|d| d.name).unwrap_or_default(),
+                },
+                400 | 422 => Self::Invalid(status.message),
+                409 => Self::Refused(status.message),
+                // The manager's own rights, or the server's trouble: not
+                // the caller's doing, nor theirs to see.
+                code => {
+                    tracing::warn!(
+                        code,
+                        message = status.message,
+                        "the API server refused a change"
+                    );
+                    Self::Unavailable(format!("the API server answered {code}"))
+                }
             },
-            kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
-                Self::Invalid(status.message)
+            other => {
+                tracing::warn!(error = %other, "the API server did not answer");
+                Self::Unavailable("the API server did not answer".into())
             }
-            kube::Error::Api(status) => Self::Refused(status.message),
-            other => Self::Unavailable(other.to_string()),
         }
     }
 }

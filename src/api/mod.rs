@@ -1,9 +1,10 @@
 //! The REST API under `/v1` (docs/api.md), served by every manager. It
 //! answers from the manager's caches and acts by writing the custom
-//! resources, as the caller: each request's bearer token is authenticated
-//! and each call authorized by the Kubernetes API server (`auth.rs`), so
-//! the custom resources stay the only contract and the API keeps no state
-//! of its own. The OpenAPI document (`/v1/openapi.json`, and
+//! resources, once the caller is authorized: each request's bearer token is
+//! authenticated and each call authorized, as its user, by the Kubernetes
+//! API server (`auth.rs`); changes are logged with the user's name. The
+//! custom resources stay the only contract and the API keeps no state of
+//! its own. The OpenAPI document (`/v1/openapi.json`, and
 //! docs/api/openapi.json) is generated from the handlers and types here.
 
 mod auth;
@@ -14,7 +15,6 @@ pub mod volumes;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use kube::Client;
@@ -71,13 +71,18 @@ pub fn openapi() -> OpenApi {
 /// The router: the API, and its document.
 pub fn router(state: Arc<ApiState>) -> axum::Router {
     let (router, _) = routes().split_for_parts();
-    let document = Arc::new(openapi());
+    // Written once: it never changes while the process runs.
+    let document = serde_json::to_vec(&openapi()).unwrap_or_default();
+    let document = axum::body::Bytes::from(document);
     router
         .route(
             "/v1/openapi.json",
             get(move || {
-                let document = Arc::clone(&document);
-                async move { Json(document.as_ref().clone()) }
+                let document = document.clone();
+                async move {
+                    let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+                    (json, document)
+                }
             }),
         )
         .fallback(|| async {

@@ -7,15 +7,16 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Preconditions};
 use serde::{Deserialize, Serialize};
+use tracing::info;
 use utoipa::{IntoParams, ToSchema};
 
 use super::ApiState;
 use super::auth::{Access, Caller};
 use super::error::{ApiError, ErrorBody};
 use super::query::Query;
-use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume};
+use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume, engine_name};
 
 /// The most volumes one page holds, and how many it holds unless asked.
 const PAGE_MAX: usize = 1000;
@@ -96,7 +97,7 @@ fn view(state: &ApiState, volume: &Volume) -> VolumeView {
     let replicas_healthy = state
         .ds
         .engines
-        .get(&name)
+        .get(&engine_name(&name))
         .and_then(|e| e.status.clone())
         .map_or(0, |s| {
             s.replica_mode_map
@@ -163,7 +164,7 @@ pub async fn list(
             "limit must be 1 to {PAGE_MAX}, not {limit}"
         )));
     }
-    let mut all: Vec<VolumeView> = state
+    let all = state
         .ds
         .volumes
         .store
@@ -172,18 +173,23 @@ pub async fn list(
         .map(|v| view(&state, v))
         .filter(|v| matches(&query, v))
         .collect();
+    Ok(Json(page(all, query.r#continue.as_deref(), limit)))
+}
+
+/// The page of `all` after the volume named `after` (from the start:
+/// none), of at most `limit`, in name order.
+fn page(mut all: Vec<VolumeView>, after: Option<&str>, limit: usize) -> VolumeList {
     all.sort_by(|a, b| a.name.cmp(&b.name));
     let total = all.len();
-    let after = query.r#continue.as_deref().unwrap_or("");
-    let start = all.partition_point(|v| v.name.as_str() <= after);
+    let start = after.map_or(0, |after| all.partition_point(|v| v.name.as_str() <= after));
     let items: Vec<VolumeView> = all.into_iter().skip(start).take(limit).collect();
     let more = start + items.len() < total;
     let r#continue = more.then(|| items.last().map(|v| v.name.clone())).flatten();
-    Ok(Json(VolumeList {
+    VolumeList {
         items,
         total,
         r#continue,
-    }))
+    }
 }
 
 /// One volume.
@@ -226,6 +232,8 @@ pub async fn get(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not delete it", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
+        (status = 409, description = "The API server refused (the volume changed)", body = ErrorBody),
+        (status = 503, description = "The API server did not answer", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -240,7 +248,20 @@ pub async fn delete(
         .await?;
     let volume = found(&state, &name)?;
     let volumes: Api<Volume> = Api::namespaced(state.client.clone(), &state.ds.namespace);
-    volumes.delete(&name, &DeleteParams::default()).await?;
+    // The volume looked at, not one made since under its name.
+    let only = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: volume.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    volumes.delete(&name, &only).await?;
+    info!(
+        user = caller.name(),
+        volume = name,
+        "deleting the volume, as asked through the API"
+    );
     Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
 }
 
@@ -273,6 +294,34 @@ mod tests {
             pvc: None,
             created: None,
         }
+    }
+
+    #[test]
+    fn pages_follow_one_another_in_name_order_to_the_last() {
+        let all = || {
+            ["c", "a", "e", "b", "d"]
+                .map(|n| volume(n, "detached"))
+                .to_vec()
+        };
+        let names = |page: &VolumeList| {
+            page.items
+                .iter()
+                .map(|v| v.name.clone())
+                .collect::<Vec<_>>()
+        };
+        let first = page(all(), None, 2);
+        assert_eq!(
+            (names(&first), first.total),
+            (vec!["a".into(), "b".into()], 5)
+        );
+        let second = page(all(), first.r#continue.as_deref(), 2);
+        assert_eq!(names(&second), ["c", "d"]);
+        let last = page(all(), second.r#continue.as_deref(), 2);
+        assert_eq!((names(&last), last.r#continue), (vec!["e".into()], None));
+        // A page that ends with the last volume says so.
+        assert_eq!(page(all(), None, 5).r#continue, None);
+        // A continue naming a volume since deleted still goes on after it.
+        assert_eq!(names(&page(all(), Some("bb"), 9)), ["c", "d", "e"]);
     }
 
     #[test]
