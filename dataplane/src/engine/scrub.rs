@@ -412,33 +412,31 @@ struct Trust {
 }
 
 impl Trust {
+    /// The bit of the replica at `address`, numbering it if new; 0 past 64.
     fn bit(&mut self, address: &str) -> u64 {
-        let index = match self.roster.iter().position(|a| a == address) {
-            Some(index) => index,
-            None => {
-                self.roster.push(address.to_string());
-                self.roster.len() - 1
-            }
-        };
-        u32::try_from(index)
-            .ok()
-            .and_then(|i| 1u64.checked_shl(i))
+        if !self.roster.iter().any(|a| a == address) {
+            self.roster.push(address.to_string());
+        }
+        self.known_bit(address)
+    }
+
+    /// The bit of a replica already numbered; 0 for others, and past 64.
+    fn known_bit(&self, address: &str) -> u64 {
+        self.roster
+            .iter()
+            .position(|a| a == address)
+            .and_then(|index| u32::try_from(index).ok())
+            .and_then(|index| 1u64.checked_shl(index))
             .unwrap_or(0)
     }
 
     fn holds(&self, chunk: u64, address: &str) -> bool {
-        let Some(index) = self.roster.iter().position(|a| a == address) else {
-            return false;
-        };
         let mask = usize::try_from(chunk)
             .ok()
             .and_then(|c| self.agreed.get(c))
             .copied()
             .unwrap_or(0);
-        u32::try_from(index)
-            .ok()
-            .and_then(|i| mask.checked_shr(i))
-            .is_some_and(|m| m & 1 == 1)
+        mask & self.known_bit(address) != 0
     }
 
     /// Records who agreed at `chunk` of a layer: from scratch at the
