@@ -53,13 +53,24 @@ impl Caller {
     }
 }
 
-/// A verb on a resource, in the managers' namespace.
+/// Where a resource lives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The managers' namespace, where oxhorn's own resources are.
+    Oxhorn,
+    Namespace(String),
+    /// Cluster-scoped (PersistentVolumes).
+    Cluster,
+}
+
+/// A verb on a resource, one object or all.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Access {
     pub verb: &'static str,
     pub group: &'static str,
     pub resource: &'static str,
     pub name: Option<String>,
+    pub scope: Scope,
 }
 
 impl Access {
@@ -70,6 +81,31 @@ impl Access {
             group: crate::types::GROUP,
             resource,
             name: name.map(str::to_owned),
+            scope: Scope::Oxhorn,
+        }
+    }
+
+    /// `verb` on the core group's `resource` in `scope`.
+    pub fn core(
+        verb: &'static str,
+        resource: &'static str,
+        scope: Scope,
+        name: Option<&str>,
+    ) -> Self {
+        Self {
+            verb,
+            group: "",
+            resource,
+            name: name.map(str::to_owned),
+            scope,
+        }
+    }
+
+    /// The resource, as `kubectl` names it.
+    fn resource_name(&self) -> String {
+        match self.group {
+            "" => self.resource.to_owned(),
+            group => format!("{}.{group}", self.resource),
         }
     }
 }
@@ -173,7 +209,11 @@ impl Auth {
                     verb: Some(access.verb.to_owned()),
                     group: Some(access.group.to_owned()),
                     resource: Some(access.resource.to_owned()),
-                    namespace: Some(self.namespace.clone()),
+                    namespace: match &access.scope {
+                        Scope::Oxhorn => Some(self.namespace.clone()),
+                        Scope::Namespace(namespace) => Some(namespace.clone()),
+                        Scope::Cluster => None,
+                    },
                     name: access.name.clone(),
                     ..ResourceAttributes::default()
                 }),
@@ -187,7 +227,11 @@ impl Auth {
             return Err(ApiError::Forbidden {
                 user: caller.name().to_owned(),
                 verb: access.verb.to_owned(),
-                resource: format!("{}.{}", access.resource, access.group),
+                resource: access.resource_name(),
+                namespace: match &access.scope {
+                    Scope::Namespace(namespace) => Some(namespace.clone()),
+                    Scope::Oxhorn | Scope::Cluster => None,
+                },
                 name: access.name.clone(),
             });
         }

@@ -11,17 +11,20 @@ use utoipa::ToSchema;
 pub enum ApiError {
     #[error("{0}")]
     Unauthenticated(String),
-    #[error("{user} may not {verb} {resource}{}", name.as_ref().map(|n| format!(" {n}")).unwrap_or_default())]
+    #[error("{user} may not {verb} {resource}{}{}", name.as_ref().map(|n| format!(" {n}")).unwrap_or_default(), namespace.as_ref().map(|n| format!(" in namespace {n}")).unwrap_or_default())]
     Forbidden {
         user: String,
         verb: String,
         resource: String,
         name: Option<String>,
+        namespace: Option<String>,
     },
     #[error("{kind} {name} not found")]
     NotFound { kind: &'static str, name: String },
     #[error("{0}")]
     Invalid(String),
+    #[error("the request body is larger than {0} bytes")]
+    TooLarge(usize),
     #[error("this path takes other methods (see /v1/openapi.json)")]
     MethodNotAllowed,
     #[error("the Kubernetes API server refused: {0}")]
@@ -34,7 +37,8 @@ pub enum ApiError {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {
     /// Stable, for programs: `unauthenticated`, `forbidden`, `not_found`,
-    /// `invalid`, `method_not_allowed`, `conflict`, `unavailable`.
+    /// `invalid`, `too_large`, `method_not_allowed`, `conflict`,
+    /// `unavailable`.
     pub code: &'static str,
     /// For people.
     pub message: String,
@@ -47,6 +51,7 @@ impl ApiError {
             Self::Forbidden { .. } => "forbidden",
             Self::NotFound { .. } => "not_found",
             Self::Invalid(_) => "invalid",
+            Self::TooLarge(_) => "too_large",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::Refused(_) => "conflict",
             Self::Unavailable(_) => "unavailable",
@@ -59,6 +64,7 @@ impl ApiError {
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Refused(_) => StatusCode::CONFLICT,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -8,7 +8,9 @@
 //! docs/api/openapi.json) is generated from the handlers and types here.
 
 mod auth;
+mod body;
 mod error;
+mod page;
 mod query;
 pub mod volumes;
 
@@ -26,8 +28,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use error::{ApiError, ErrorBody};
+pub use page::Page;
 
-use crate::datastore::Datastore;
+use crate::datastore::{Cache, Datastore};
 use crate::{Error, Result};
 
 /// The largest request body taken.
@@ -45,6 +48,25 @@ impl ApiState {
         let auth = auth::Auth::new(client.clone(), &ds.namespace);
         Self { ds, client, auth }
     }
+
+    /// The API server's `K`s in the managers' namespace, to write them.
+    fn api<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        kube::Api::namespaced(self.client.clone(), &self.ds.namespace)
+    }
+}
+
+/// The cached `kind` named `name`, or not found.
+fn found<K>(cache: &Cache<K>, kind: &'static str, name: &str) -> Result<Arc<K>, ApiError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    cache.get(name).ok_or_else(|| ApiError::NotFound {
+        kind,
+        name: name.to_owned(),
+    })
 }
 
 fn routes() -> OpenApiRouter<Arc<ApiState>> {

@@ -7,20 +7,17 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::{DeleteParams, Preconditions};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 use utoipa::{IntoParams, ToSchema};
 
-use super::ApiState;
 use super::auth::{Access, Caller};
 use super::error::{ApiError, ErrorBody};
+use super::page::{self, Page};
 use super::query::Query;
+use super::{ApiState, found};
 use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume, engine_name};
-
-/// The most volumes one page holds, and how many it holds unless asked.
-const PAGE_MAX: usize = 1000;
-const PAGE_DEFAULT: usize = 100;
 
 /// A volume as the API shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -49,16 +46,7 @@ pub struct VolumeView {
 }
 
 /// A page of volumes.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeList {
-    pub items: Vec<VolumeView>,
-    /// Volumes matching the filters, on all pages.
-    pub total: usize,
-    /// Pass as `continue` for the next page; absent on the last.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub r#continue: Option<String>,
-}
+pub type VolumeList = Page<VolumeView>;
 
 /// Which volumes, and which page of them (by name).
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -142,7 +130,7 @@ fn matches(query: &ListQuery, volume: &VolumeView) -> bool {
     tag = "volumes",
     params(ListQuery),
     responses(
-        (status = 200, description = "A page of volumes", body = VolumeList),
+        (status = 200, description = "A page of volumes", body = Page<VolumeView>),
         (status = 400, description = "A bad query", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not list volumes", body = ErrorBody),
@@ -158,12 +146,7 @@ pub async fn list(
         .auth
         .authorize(&caller, &Access::oxhorn("list", "volumes", None))
         .await?;
-    let limit = query.limit.unwrap_or(PAGE_DEFAULT);
-    if !(1..=PAGE_MAX).contains(&limit) {
-        return Err(ApiError::Invalid(format!(
-            "limit must be 1 to {PAGE_MAX}, not {limit}"
-        )));
-    }
+    let limit = page::limit(query.limit)?;
     let all = state
         .ds
         .volumes
@@ -173,23 +156,13 @@ pub async fn list(
         .map(|v| view(&state, v))
         .filter(|v| matches(&query, v))
         .collect();
-    Ok(Json(page(all, query.r#continue.as_deref(), limit)))
-}
-
-/// The page of `all` after the volume named `after` (from the start:
-/// none), of at most `limit`, in name order.
-fn page(mut all: Vec<VolumeView>, after: Option<&str>, limit: usize) -> VolumeList {
-    all.sort_by(|a, b| a.name.cmp(&b.name));
-    let total = all.len();
-    let start = after.map_or(0, |after| all.partition_point(|v| v.name.as_str() <= after));
-    let items: Vec<VolumeView> = all.into_iter().skip(start).take(limit).collect();
-    let more = start + items.len() < total;
-    let r#continue = more.then(|| items.last().map(|v| v.name.clone())).flatten();
-    VolumeList {
-        items,
-        total,
-        r#continue,
-    }
+    let name: fn(&VolumeView) -> &str = |v| &v.name;
+    Ok(Json(page::page(
+        all,
+        name,
+        query.r#continue.as_deref(),
+        limit,
+    )))
 }
 
 /// One volume.
@@ -215,7 +188,7 @@ pub async fn get(
         .auth
         .authorize(&caller, &Access::oxhorn("get", "volumes", Some(&name)))
         .await?;
-    let volume = found(&state, &name)?;
+    let volume = volume(&state, &name)?;
     Ok(Json(view(&state, &volume)))
 }
 
@@ -246,8 +219,8 @@ pub async fn delete(
         .auth
         .authorize(&caller, &Access::oxhorn("delete", "volumes", Some(&name)))
         .await?;
-    let volume = found(&state, &name)?;
-    let volumes: Api<Volume> = Api::namespaced(state.client.clone(), &state.ds.namespace);
+    let volume = volume(&state, &name)?;
+    let volumes = state.api::<Volume>();
     // The volume looked at, not one made since under its name.
     let only = DeleteParams {
         preconditions: Some(Preconditions {
@@ -265,15 +238,8 @@ pub async fn delete(
     Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
 }
 
-fn found(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {
-    state
-        .ds
-        .volumes
-        .get(name)
-        .ok_or_else(|| ApiError::NotFound {
-            kind: "volume",
-            name: name.to_owned(),
-        })
+fn volume(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {
+    found(&state.ds.volumes, "volume", name)
 }
 
 #[cfg(test)]
@@ -294,34 +260,6 @@ mod tests {
             pvc: None,
             created: None,
         }
-    }
-
-    #[test]
-    fn pages_follow_one_another_in_name_order_to_the_last() {
-        let all = || {
-            ["c", "a", "e", "b", "d"]
-                .map(|n| volume(n, "detached"))
-                .to_vec()
-        };
-        let names = |page: &VolumeList| {
-            page.items
-                .iter()
-                .map(|v| v.name.clone())
-                .collect::<Vec<_>>()
-        };
-        let first = page(all(), None, 2);
-        assert_eq!(
-            (names(&first), first.total),
-            (vec!["a".into(), "b".into()], 5)
-        );
-        let second = page(all(), first.r#continue.as_deref(), 2);
-        assert_eq!(names(&second), ["c", "d"]);
-        let last = page(all(), second.r#continue.as_deref(), 2);
-        assert_eq!((names(&last), last.r#continue), (vec!["e".into()], None));
-        // A page that ends with the last volume says so.
-        assert_eq!(page(all(), None, 5).r#continue, None);
-        // A continue naming a volume since deleted still goes on after it.
-        assert_eq!(names(&page(all(), Some("bb"), 9)), ["c", "d", "e"]);
     }
 
     #[test]

@@ -13,9 +13,35 @@ use serde_json::Value;
 
 use crate::common::{Cluster, MIB};
 
+/// What an account may do: `verbs` on `resources` of the API `group`
+/// (`""`: the core group), in the test's namespace.
+pub struct Rule<'a> {
+    pub group: &'a str,
+    pub resources: &'a [&'a str],
+    pub verbs: &'a [&'a str],
+}
+
+/// `verbs` on oxhorn.io's `resources`.
+pub fn oxhorn<'a>(resources: &'a [&'a str], verbs: &'a [&'a str]) -> Rule<'a> {
+    Rule {
+        group: "oxhorn.io",
+        resources,
+        verbs,
+    }
+}
+
+/// Reading everything of oxhorn's.
+pub const READ: &[&str] = &["get", "list", "watch"];
+
 /// A ServiceAccount of the test's namespace allowed `verbs` on volumes
 /// (none: not bound to anything), and a token of it.
 async fn account(cluster: &Cluster, name: &str, verbs: &[&str]) -> String {
+    account_with(cluster, name, &[oxhorn(&["volumes"], verbs)]).await
+}
+
+/// A ServiceAccount of the test's namespace allowed what `rules` say (none:
+/// not bound to anything), and a token of it.
+pub async fn account_with(cluster: &Cluster, name: &str, rules: &[Rule<'_>]) -> String {
     let meta = |name: &str| ObjectMeta {
         name: Some(name.into()),
         ..ObjectMeta::default()
@@ -27,15 +53,17 @@ async fn account(cluster: &Cluster, name: &str, verbs: &[&str]) -> String {
         ..ServiceAccount::default()
     };
     accounts.create(&post, &account).await.unwrap();
-    if !verbs.is_empty() {
+    let strings = |s: &[&str]| s.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
+    if !rules.is_empty() {
+        let rules = rules.iter().map(|rule| PolicyRule {
+            api_groups: Some(vec![rule.group.into()]),
+            resources: Some(strings(rule.resources)),
+            verbs: strings(rule.verbs),
+            ..PolicyRule::default()
+        });
         let role = Role {
             metadata: meta(name),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec!["oxhorn.io".into()]),
-                resources: Some(vec!["volumes".into()]),
-                verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-                ..PolicyRule::default()
-            }]),
+            rules: Some(rules.collect()),
         };
         cluster.api::<Role>().create(&post, &role).await.unwrap();
         let binding = RoleBinding {
@@ -74,13 +102,13 @@ async fn account(cluster: &Cluster, name: &str, verbs: &[&str]) -> String {
 }
 
 /// The API of the cluster's first node.
-struct Client {
+pub struct Client {
     base: String,
     http: reqwest::Client,
 }
 
 impl Client {
-    fn new(cluster: &Cluster) -> Self {
+    pub fn new(cluster: &Cluster) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let address = cluster.nodes[0]
             .api_address()
@@ -92,10 +120,32 @@ impl Client {
     }
 
     /// `method` on `path` with `token`: the status and the body, as JSON.
-    async fn call(&self, method: reqwest::Method, path: &str, token: Option<&str>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        self.send(method, path, token, None).await
+    }
+
+    /// `method` on `path` with `token` and the JSON `body`: the status and
+    /// the body, as JSON.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
         }
         let response = request.send().await.unwrap();
         let status = response.status().as_u16();
@@ -104,13 +154,18 @@ impl Client {
         (status, body)
     }
 
-    async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+    pub async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
         self.call(reqwest::Method::GET, path, token).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
+        self.send(reqwest::Method::POST, path, Some(token), Some(body))
+            .await
     }
 }
 
 /// The error body's code, checked to have a message too.
-fn code(body: &Value) -> &str {
+pub fn code(body: &Value) -> &str {
     assert!(
         body["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{body}"
