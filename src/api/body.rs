@@ -12,12 +12,21 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-pub struct Body(Bytes);
+pub struct Body {
+    bytes: Bytes,
+    /// Sent as JSON.
+    json: bool,
+}
 
 impl Body {
     /// The body as a `T`; structs the API takes deny unknown fields.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        serde_json::from_slice(&self.0)
+        if !self.json {
+            return Err(ApiError::Invalid(
+                "the request body must be JSON, sent with `Content-Type: application/json`".into(),
+            ));
+        }
+        serde_json::from_slice(&self.bytes)
             .map_err(|e| ApiError::Invalid(format!("the request body: {e}")))
     }
 }
@@ -32,13 +41,8 @@ impl<S: Send + Sync> FromRequest<S> for Body {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return Err(ApiError::Invalid(
-                "the request body must be JSON, sent with `Content-Type: application/json`".into(),
-            ));
-        }
         match Bytes::from_request(request, state).await {
-            Ok(bytes) => Ok(Self(bytes)),
+            Ok(bytes) => Ok(Self { bytes, json }),
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(ApiError::TooLarge(super::BODY_LIMIT))
             }

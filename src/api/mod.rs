@@ -8,10 +8,13 @@
 //! docs/api/openapi.json) is generated from the handlers and types here.
 
 mod auth;
+pub mod backups;
 mod body;
 mod error;
 mod page;
 mod query;
+pub mod replicas;
+pub mod snapshots;
 pub mod volumes;
 
 use std::net::SocketAddr;
@@ -58,21 +61,77 @@ impl ApiState {
     }
 }
 
-/// The cached `kind` named `name`, or not found.
-fn found<K>(cache: &Cache<K>, kind: &'static str, name: &str) -> Result<Arc<K>, ApiError>
+/// An enum as its JSON string (`Healthy` as `healthy`, say).
+fn lower<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Deleting `object` only: not one made since under its name.
+fn only(object: &impl kube::Resource) -> kube::api::DeleteParams {
+    kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: object.meta().uid.clone(),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::default()
+    }
+}
+
+/// The `kind` named `name`: as cached, or if the cache has not seen it yet
+/// (it was just made), as the API server has it; else not found.
+async fn found<K>(
+    state: &ApiState,
+    cache: &Cache<K>,
+    kind: &'static str,
+    name: &str,
+) -> Result<Arc<K>, ApiError>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
-    cache.get(name).ok_or_else(|| ApiError::NotFound {
-        kind,
-        name: name.to_owned(),
-    })
+    if let Some(cached) = cache.get(name) {
+        return Ok(cached);
+    }
+    match state.api::<K>().get_opt(name).await? {
+        Some(object) => Ok(Arc::new(object)),
+        None => Err(ApiError::NotFound {
+            kind,
+            name: name.to_owned(),
+        }),
+    }
 }
 
 fn routes() -> OpenApiRouter<Arc<ApiState>> {
     OpenApiRouter::new()
-        .routes(routes!(volumes::list))
-        .routes(routes!(volumes::get, volumes::delete))
+        .routes(routes!(volumes::list, volumes::create::create))
+        .routes(routes!(
+            volumes::get,
+            volumes::delete,
+            volumes::actions::update
+        ))
+        .routes(routes!(volumes::actions::attach))
+        .routes(routes!(volumes::actions::detach))
+        .routes(routes!(volumes::actions::expand))
+        .routes(routes!(volumes::actions::salvage))
+        .routes(routes!(volumes::create::clone))
+        .routes(routes!(replicas::list))
+        .routes(routes!(replicas::delete))
+        .routes(routes!(snapshots::list, snapshots::create))
+        .routes(routes!(snapshots::get, snapshots::delete))
+        .routes(routes!(backups::targets))
+        .routes(routes!(backups::sync))
+        .routes(routes!(backups::volumes))
+        .routes(routes!(backups::list))
+        .routes(routes!(backups::create))
+        .routes(routes!(backups::delete))
 }
 
 /// The API's OpenAPI document.

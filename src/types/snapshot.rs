@@ -14,6 +14,23 @@ use super::Condition;
 /// The clone deletes it once filled (or when deleted first).
 pub const CLONE_FOR: &str = "oxhorn.io/clone-for";
 
+/// The Snapshot of `source` a clone named `clone` is filled from, labelled
+/// for the clone (which deletes it once filled).
+pub fn clone_source(clone: &str, source: &str) -> Snapshot {
+    let mut snapshot = Snapshot::new(
+        &format!("{clone}-clone-source"),
+        SnapshotSpec {
+            volume: source.to_owned(),
+        },
+    );
+    snapshot
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(CLONE_FOR.to_owned(), clone.to_owned());
+    snapshot
+}
+
 /// Label on a Snapshot taken for a Backup: the Backup. It is no CSI
 /// snapshot and does not keep its volume from being deleted; once a newer
 /// backup of the volume completes it goes, as the next backup builds on

@@ -181,6 +181,11 @@ impl Volume {
 pub const PVC_NAME: &str = "oxhorn.io/pvc-name";
 pub const PVC_NAMESPACE: &str = "oxhorn.io/pvc-namespace";
 
+/// Annotation on a volume Kubernetes attached (ControllerPublishVolume):
+/// whether it was published read-only, to refuse an incompatible second
+/// publish. Gone once Kubernetes detaches it.
+pub const PUBLISHED_READONLY: &str = "oxhorn.io/published-readonly";
+
 /// The volume's condition saying whether it holds its data source's data.
 pub const FILLED: &str = "Filled";
 

@@ -1,5 +1,9 @@
-//! `/v1/volumes`: the volumes, as the caches hold them, and what may be
-//! done to one (for now: delete it; the controllers do the rest).
+//! `/v1/volumes`: the volumes, as the caches hold them; making them
+//! (`create.rs`), what may be done to one (`actions.rs`), deleting one.
+//! The controllers do the rest.
+
+pub mod actions;
+pub mod create;
 
 use std::sync::Arc;
 
@@ -7,7 +11,6 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Preconditions};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 use utoipa::{IntoParams, ToSchema};
@@ -16,7 +19,7 @@ use super::auth::{Access, Caller};
 use super::error::{ApiError, ErrorBody};
 use super::page::{self, Page};
 use super::query::Query;
-use super::{ApiState, found};
+use super::{ApiState, found, lower, only};
 use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume, engine_name};
 
 /// A volume as the API shows it.
@@ -65,13 +68,6 @@ pub struct ListQuery {
     pub node: Option<String>,
     /// Only those whose name holds this.
     pub name: Option<String>,
-}
-
-fn lower<T: Serialize>(value: &T) -> String {
-    serde_json::to_value(value)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 fn view(state: &ApiState, volume: &Volume) -> VolumeView {
@@ -188,7 +184,7 @@ pub async fn get(
         .auth
         .authorize(&caller, &Access::oxhorn("get", "volumes", Some(&name)))
         .await?;
-    let volume = volume(&state, &name)?;
+    let volume = volume(&state, &name).await?;
     Ok(Json(view(&state, &volume)))
 }
 
@@ -219,17 +215,9 @@ pub async fn delete(
         .auth
         .authorize(&caller, &Access::oxhorn("delete", "volumes", Some(&name)))
         .await?;
-    let volume = volume(&state, &name)?;
+    let volume = volume(&state, &name).await?;
     let volumes = state.api::<Volume>();
-    // The volume looked at, not one made since under its name.
-    let only = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: volume.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    volumes.delete(&name, &only).await?;
+    volumes.delete(&name, &only(&*volume)).await?;
     info!(
         user = caller.name(),
         volume = name,
@@ -238,8 +226,8 @@ pub async fn delete(
     Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
 }
 
-fn volume(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {
-    found(&state.ds.volumes, "volume", name)
+async fn volume(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {
+    found(state, &state.ds.volumes, "volume", name).await
 }
 
 #[cfg(test)]

@@ -13,11 +13,7 @@ use super::{ControllerService, required};
 use crate::csi::capability;
 use crate::csi::error::ControllerServiceError;
 use crate::csi::proto::*;
-use crate::types::{Volume, VolumeState};
-
-/// Whether the volume was published read-only, to refuse an incompatible
-/// second publish.
-const PUBLISHED_READONLY: &str = "oxhorn.io/published-readonly";
+use crate::types::{PUBLISHED_READONLY, Volume, VolumeState};
 
 const ATTACH_WAIT: Duration = Duration::from_secs(60);
 

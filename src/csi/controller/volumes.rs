@@ -19,8 +19,8 @@ use crate::csi::proto::*;
 use crate::datastore::{Settings, create_if_absent, unless_gone};
 use crate::names::object_name;
 use crate::types::{
-    AccessMode, Backup, CLONE_FOR, Condition, ConditionStatus, DataSource, PVC_NAME, PVC_NAMESPACE,
-    Robustness, Snapshot, SnapshotSpec, Volume, VolumeSpec,
+    AccessMode, Backup, Condition, ConditionStatus, DataSource, PVC_NAME, PVC_NAMESPACE,
+    Robustness, Volume, VolumeSpec, clone_source,
 };
 
 /// Longest volume name: replica names, labels and clone snapshot names add
@@ -148,7 +148,7 @@ impl ControllerService {
                         "source volume {volume_id} does not exist"
                     ))
                 })?;
-                (clone_snapshot_name(id), volume.spec.size)
+                (clone_source(id, volume_id).name_any(), volume.spec.size)
             }
         };
         check_source_fits(source_size, size)?;
@@ -201,19 +201,12 @@ impl ControllerService {
         id: &str,
         source: &str,
     ) -> Result<(), ControllerServiceError> {
-        let name = clone_snapshot_name(id);
-        let mut snapshot = Snapshot::new(
-            &name,
-            SnapshotSpec {
-                volume: source.to_owned(),
-            },
-        );
-        snapshot
-            .labels_mut()
-            .insert(CLONE_FOR.to_owned(), id.to_owned());
+        let snapshot = clone_source(id, source);
         create_if_absent(&self.snapshots_api(), &snapshot)
             .await
-            .map_err(|e| ControllerServiceError::api(format!("snapshot {name}"), e))?;
+            .map_err(|e| {
+                ControllerServiceError::api(format!("snapshot {}", snapshot.name_any()), e)
+            })?;
         Ok(())
     }
 
@@ -350,10 +343,6 @@ impl ControllerService {
             }),
         })
     }
-}
-
-fn clone_snapshot_name(volume: &str) -> String {
-    format!("{volume}-clone-source")
 }
 
 /// Whether an existing volume satisfies a repeated CreateVolume; if not,

@@ -13,6 +13,9 @@ use serde_json::Value;
 
 use crate::common::{Cluster, MIB};
 
+mod backups;
+mod volumes;
+
 /// What an account may do: `verbs` on `resources` of the API `group`
 /// (`""`: the core group), in the test's namespace.
 pub struct Rule<'a> {
@@ -36,7 +39,10 @@ pub const READ: &[&str] = &["get", "list", "watch"];
 /// A ServiceAccount of the test's namespace allowed `verbs` on volumes
 /// (none: not bound to anything), and a token of it.
 async fn account(cluster: &Cluster, name: &str, verbs: &[&str]) -> String {
-    account_with(cluster, name, &[oxhorn(&["volumes"], verbs)]).await
+    match verbs {
+        [] => account_with(cluster, name, &[]).await,
+        verbs => account_with(cluster, name, &[oxhorn(&["volumes"], verbs)]).await,
+    }
 }
 
 /// A ServiceAccount of the test's namespace allowed what `rules` say (none:
@@ -103,7 +109,7 @@ pub async fn account_with(cluster: &Cluster, name: &str, rules: &[Rule<'_>]) -> 
 
 /// The API of the cluster's first node.
 pub struct Client {
-    base: String,
+    pub base: String,
     http: reqwest::Client,
 }
 

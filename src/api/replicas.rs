@@ -1,0 +1,249 @@
+//! A volume's replicas: where each is, its place in the I/O path and how
+//! far its rebuild has come; deleting one, which the volume controller
+//! replaces. The last replica holding the volume's data is never deleted
+//! here: that would lose it.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+use tracing::info;
+use utoipa::ToSchema;
+
+use super::auth::{Access, Caller};
+use super::error::{ApiError, ErrorBody};
+use super::{ApiState, found, lower, only};
+use crate::types::{Engine, Replica, ReplicaMode, engine_name};
+
+/// A replica as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaView {
+    pub name: String,
+    pub volume: String,
+    /// Empty until it is placed.
+    pub node: String,
+    pub disk_path: String,
+    /// The process: stopped, starting, running, stopping, error, unknown.
+    pub state: String,
+    /// In the I/O path of the volume's engine: `RW` (serves reads and
+    /// writes), `WO` (rebuilding), `ERR` (failed); none while detached.
+    pub mode: Option<String>,
+    /// Percent of its rebuild done, while it is rebuilt.
+    pub rebuild_progress: Option<i32>,
+    /// When it last became healthy, and last failed, RFC 3339.
+    pub healthy_at: Option<String>,
+    pub failed_at: Option<String>,
+    pub deleting: bool,
+}
+
+fn view(replica: &Replica, engine: Option<&Engine>) -> ReplicaView {
+    let name = replica.name_any();
+    let status = engine.and_then(|e| e.status.as_ref());
+    let mode = status.and_then(|s| s.replica_mode_map.get(&name));
+    let rebuild = status
+        .and_then(|s| {
+            let address = s.current_replica_address_map.get(&name)?;
+            s.rebuild_status.get(address)
+        })
+        .filter(|r| r.is_rebuilding);
+    let time = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.as_ref().map(|t| t.0.to_string())
+    };
+    ReplicaView {
+        volume: replica.spec.instance.volume_name.clone(),
+        node: replica.spec.instance.node_id.clone(),
+        disk_path: replica.spec.disk_path.clone(),
+        state: replica
+            .status
+            .as_ref()
+            .map_or("unknown".into(), |s| lower(&s.current_state)),
+        mode: mode.map(lower),
+        rebuild_progress: rebuild.map(|r| r.progress),
+        healthy_at: time(&replica.spec.healthy_at),
+        failed_at: time(&replica.spec.failed_at),
+        deleting: replica.metadata.deletion_timestamp.is_some(),
+        name,
+    }
+}
+
+/// The replicas of `volume`, by name.
+fn replicas_of(state: &ApiState, volume: &str) -> Vec<Arc<Replica>> {
+    let mut replicas: Vec<_> = state
+        .ds
+        .replicas
+        .store
+        .state()
+        .into_iter()
+        .filter(|r| r.spec.instance.volume_name == volume)
+        .collect();
+    replicas.sort_by_key(|r| r.name_any());
+    replicas
+}
+
+/// A volume's replicas.
+#[utoipa::path(
+    get,
+    path = "/v1/volumes/{name}/replicas",
+    tag = "replicas",
+    params(("name" = String, Path, description = "The volume's name")),
+    responses(
+        (status = 200, description = "Its replicas, by name", body = Vec<ReplicaView>),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The caller may not list replicas", body = ErrorBody),
+        (status = 404, description = "No such volume", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Vec<ReplicaView>>, ApiError> {
+    state
+        .auth
+        .authorize(&caller, &Access::oxhorn("list", "replicas", None))
+        .await?;
+    found(&state, &state.ds.volumes, "volume", &name).await?;
+    let engine = state.ds.engines.get(&engine_name(&name));
+    let views = replicas_of(&state, &name)
+        .iter()
+        .map(|r| view(r, engine.as_deref()))
+        .collect();
+    Ok(Json(views))
+}
+
+/// Deletes a replica; the volume controller makes another and rebuilds it
+/// from the healthy ones. Refused for the volume's last healthy replica.
+#[utoipa::path(
+    delete,
+    path = "/v1/replicas/{name}",
+    tag = "replicas",
+    params(("name" = String, Path, description = "The replica's name")),
+    responses(
+        (status = 202, description = "Deleting: the replica as it was", body = ReplicaView),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 403, description = "The caller may not delete it", body = ErrorBody),
+        (status = 404, description = "No such replica", body = ErrorBody),
+        (status = 409, description = "It is the last to hold the volume's data, or changed meanwhile", body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete(
+    State(state): State<Arc<ApiState>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<ReplicaView>), ApiError> {
+    state
+        .auth
+        .authorize(&caller, &Access::oxhorn("delete", "replicas", Some(&name)))
+        .await?;
+    let replica = found(&state, &state.ds.replicas, "replica", &name).await?;
+    let volume = &replica.spec.instance.volume_name;
+    let engine = state.ds.engines.get(&engine_name(volume));
+    let siblings = replicas_of(&state, volume);
+    if holds_the_last_data(&replica, &siblings, engine.as_deref()) {
+        return Err(ApiError::Refused(format!(
+            "replica {name} is the last of volume {volume} known to hold its data; add a replica and let it rebuild first"
+        )));
+    }
+    state
+        .api::<Replica>()
+        .delete(&name, &only(&*replica))
+        .await?;
+    info!(
+        user = caller.name(),
+        volume,
+        replica = name,
+        "replica deleted through the API"
+    );
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(view(&replica, engine.as_deref())),
+    ))
+}
+
+/// Whether no replica but `replica` is known to hold the volume's data:
+/// while the volume is attached, none other is RW in its engine; while it
+/// is detached, none other ever became healthy and has not failed since.
+fn holds_the_last_data(replica: &Replica, all: &[Arc<Replica>], engine: Option<&Engine>) -> bool {
+    let modes = engine
+        .and_then(|e| e.status.as_ref())
+        .map(|s| &s.replica_mode_map)
+        .filter(|m| !m.is_empty());
+    let own = replica.name_any();
+    let others = all
+        .iter()
+        .filter(|r| r.name_any() != own && r.metadata.deletion_timestamp.is_none());
+    let holds = |r: &Replica| match modes {
+        Some(modes) => modes.get(&r.name_any()) == Some(&ReplicaMode::ReadWrite),
+        None => r.spec.healthy_at.is_some() && r.spec.failed_at.is_none(),
+    };
+    holds(replica) && !others.into_iter().any(|r| holds(r))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::types::{EngineStatus, InstanceSpec, ReplicaSpec};
+
+    fn replica(name: &str, healthy: bool, failed: bool) -> Arc<Replica> {
+        let time = || Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        let spec = ReplicaSpec {
+            instance: InstanceSpec {
+                volume_name: "v".into(),
+                volume_size: 4096,
+                node_id: String::new(),
+                desire_state: Default::default(),
+                image: String::new(),
+            },
+            engine_name: "v-e".into(),
+            disk_id: String::new(),
+            disk_path: String::new(),
+            data_directory_name: String::new(),
+            healthy_at: healthy.then(time).flatten(),
+            failed_at: failed.then(time).flatten(),
+            rejoins: 0,
+        };
+        Arc::new(Replica::new(name, spec))
+    }
+
+    fn engine(modes: &[(&str, ReplicaMode)]) -> Engine {
+        let mut engine: Engine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "oxhorn.io/v1beta1", "kind": "Engine",
+            "metadata": {"name": "v-e"},
+            "spec": {"volumeName": "v", "volumeSize": 4096},
+        }))
+        .unwrap();
+        let map: BTreeMap<_, _> = modes.iter().map(|(n, m)| ((*n).to_owned(), *m)).collect();
+        engine.status = Some(EngineStatus {
+            replica_mode_map: map,
+            ..EngineStatus::default()
+        });
+        engine
+    }
+
+    #[test]
+    fn the_last_replica_holding_data_is_kept() {
+        let all = [replica("a", true, false), replica("b", true, false)];
+        // Attached: what the engine serves from counts.
+        let both = engine(&[("a", ReplicaMode::ReadWrite), ("b", ReplicaMode::ReadWrite)]);
+        assert!(!holds_the_last_data(&all[0], &all, Some(&both)));
+        let one = engine(&[("a", ReplicaMode::ReadWrite), ("b", ReplicaMode::WriteOnly)]);
+        assert!(holds_the_last_data(&all[0], &all, Some(&one)));
+        // A rebuilding replica may go: the healthy one stays.
+        assert!(!holds_the_last_data(&all[1], &all, Some(&one)));
+        // Detached: replicas that were healthy and have not failed since.
+        assert!(!holds_the_last_data(&all[0], &all, None));
+        let failed = [replica("a", true, false), replica("b", true, true)];
+        assert!(holds_the_last_data(&failed[0], &failed, None));
+        assert!(!holds_the_last_data(&failed[1], &failed, None));
+    }
+}
