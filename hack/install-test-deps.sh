@@ -46,6 +46,7 @@ apt_packages=(
 	libiscsi-dev                 # hack/iscsi-pattern.c, the iSCSI integrity tests' client
 	nfs-ganesha nfs-ganesha-vfs rpcbind  # tests/it/backup_nfs: an NFSv3 server in userspace (no kernel nfsd here)
 	prometheus         # tests/it/metrics: a real Prometheus scrapes the managers; promtool checks deploy/monitoring's rules
+	chromium chromium-driver  # tests/it/dashboard: the dashboard driven in a headless browser over WebDriver
 )
 # Node.js and npm for Azurite. A machine with an npm already keeps its own:
 # NodeSource's nodejs package, for one, conflicts with Debian's npm.

@@ -19,7 +19,8 @@
 //! - [`host`]: the node's host: its programs, mounts and filesystems;
 //! - [`metrics`]: what a manager owns and does, for Prometheus;
 //! - [`api`]: the REST API operators and the dashboard use, over the same
-//!   custom resources, each call authorized as its caller.
+//!   custom resources, each call authorized as its caller;
+//! - [`dashboard`]: the web pages over the API, live as the cluster changes.
 //!
 //! Beside them, [`cmd`] holds the subcommands that put the layers together
 //! (the per-node manager, the instance manager's pod, installing and
@@ -46,6 +47,7 @@ pub mod host;
 
 pub mod api;
 pub mod cmd;
+pub mod dashboard;
 pub mod error;
 pub mod logging;
 pub mod metrics;

@@ -24,8 +24,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use tracing::{debug, warn};
 
-use super::ApiState;
 use super::error::ApiError;
+use super::{ApiState, session};
 
 /// How long an answer of the API server's is kept.
 const KEEP: Duration = Duration::from_secs(10);
@@ -242,6 +242,13 @@ impl Auth {
     }
 }
 
+impl Auth {
+    /// Whether `caller` may do `access`: for what a page offers them.
+    pub async fn allows(&self, caller: &Caller, access: &Access) -> bool {
+        self.authorize(caller, access).await.is_ok()
+    }
+}
+
 /// A review's answer, within [`REVIEW_TIMEOUT`]; why it failed goes to the
 /// log, the caller hears only that the API server did not answer.
 async fn reviewed<T>(
@@ -292,7 +299,23 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
         parts: &mut Parts,
         state: &Arc<ApiState>,
     ) -> Result<Self, Self::Rejection> {
-        let token = bearer(parts)?;
+        let token = match bearer(parts) {
+            Ok(token) => token,
+            // The dashboard's browsers: their cookie, and for a change the
+            // session's CSRF token.
+            Err(missing) => {
+                let token = session::cookie_token(parts).ok_or(missing)?;
+                if !session::is_safe(&parts.method) && !session::carries_csrf(parts, token) {
+                    return Err(ApiError::Csrf);
+                }
+                token
+            }
+        };
+        if token.len() > TOKEN_MAX {
+            return Err(ApiError::Unauthenticated(format!(
+                "the bearer token is longer than {TOKEN_MAX} bytes"
+            )));
+        }
         state.auth.authenticate(token).await
     }
 }

@@ -298,18 +298,18 @@ pub async fn list(
         .auth
         .authorize(&caller, &Access::oxhorn("list", "backups", None))
         .await?;
+    Ok(Json(newest_first(&state, query.volume.as_deref())))
+}
+
+/// The backups (of `volume` only, if named), newest first.
+pub fn newest_first(state: &ApiState, volume: Option<&str>) -> Vec<BackupView> {
     let mut backups: Vec<_> = state
         .ds
         .backups
         .store
         .state()
         .into_iter()
-        .filter(|b| {
-            query
-                .volume
-                .as_ref()
-                .is_none_or(|v| *v == b.spec.volume_name)
-        })
+        .filter(|b| volume.is_none_or(|v| v == b.spec.volume_name))
         .collect();
     let made = |b: &Backup| {
         let completed = b.status.as_ref().and_then(|s| s.backup_created_at.as_ref());
@@ -318,7 +318,7 @@ pub async fn list(
             .map(|t| t.0)
     };
     backups.sort_by_key(|b| std::cmp::Reverse((made(b), b.name_any())));
-    Ok(Json(backups.iter().map(|b| backup_view(b)).collect()))
+    backups.iter().map(|b| backup_view(b)).collect()
 }
 
 /// Backs a volume up, from a snapshot of it (one is taken if none is

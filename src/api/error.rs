@@ -19,6 +19,8 @@ pub enum ApiError {
         name: Option<String>,
         namespace: Option<String>,
     },
+    #[error("the request lacks the dashboard session's CSRF token; reload the page")]
+    Csrf,
     #[error("{kind} {name} not found")]
     NotFound { kind: &'static str, name: String },
     #[error("{0}")]
@@ -48,7 +50,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::Unauthenticated(_) => "unauthenticated",
-            Self::Forbidden { .. } => "forbidden",
+            Self::Forbidden { .. } | Self::Csrf => "forbidden",
             Self::NotFound { .. } => "not_found",
             Self::Invalid(_) => "invalid",
             Self::TooLarge(_) => "too_large",
@@ -61,7 +63,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::Csrf => StatusCode::FORBIDDEN,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,

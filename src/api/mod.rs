@@ -7,13 +7,14 @@
 //! its own. The OpenAPI document (`/v1/openapi.json`, and
 //! docs/api/openapi.json) is generated from the handlers and types here.
 
-mod auth;
+pub mod auth;
 pub mod backups;
 mod body;
 mod error;
 mod page;
 mod query;
 pub mod replicas;
+pub mod session;
 pub mod snapshots;
 pub mod volumes;
 
@@ -43,7 +44,7 @@ const BODY_LIMIT: usize = 64 << 10;
 pub struct ApiState {
     pub ds: Arc<Datastore>,
     pub client: Client,
-    auth: auth::Auth,
+    pub auth: auth::Auth,
 }
 
 impl ApiState {
@@ -53,7 +54,7 @@ impl ApiState {
     }
 
     /// The API server's `K`s in the managers' namespace, to write them.
-    fn api<K>(&self) -> kube::Api<K>
+    pub fn api<K>(&self) -> kube::Api<K>
     where
         K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
     {
@@ -177,13 +178,14 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .with_state(state)
 }
 
-/// Serves the API on `address` until the future is dropped.
-pub async fn serve(address: SocketAddr, state: Arc<ApiState>) -> Result<()> {
+/// Serves `routes` (the API's, and the dashboard's) on `address` until
+/// the future is dropped.
+pub async fn serve(address: SocketAddr, routes: axum::Router) -> Result<()> {
     let listener = TcpListener::bind(address)
         .await
         .map_err(|e| Error::io(address.to_string(), e))?;
     info!(%address, "serving the API");
-    axum::serve(listener, router(state))
+    axum::serve(listener, routes)
         .await
         .map_err(|e| Error::io(address.to_string(), e))
 }

@@ -108,12 +108,16 @@ pub async fn list(
         .authorize(&caller, &Access::oxhorn("list", "replicas", None))
         .await?;
     found(&state, &state.ds.volumes, "volume", &name).await?;
-    let engine = state.ds.engines.get(&engine_name(&name));
-    let views = replicas_of(&state, &name)
+    Ok(Json(of_volume(&state, &name)))
+}
+
+/// `volume`'s replicas, by name.
+pub fn of_volume(state: &ApiState, volume: &str) -> Vec<ReplicaView> {
+    let engine = state.ds.engines.get(&engine_name(volume));
+    replicas_of(state, volume)
         .iter()
         .map(|r| view(r, engine.as_deref()))
-        .collect();
-    Ok(Json(views))
+        .collect()
 }
 
 /// Deletes a replica; the volume controller makes another and rebuilds it

@@ -100,6 +100,11 @@ pub async fn list(
         .authorize(&caller, &Access::oxhorn("list", "snapshots", None))
         .await?;
     found(&state, &state.ds.volumes, "volume", &name).await?;
+    Ok(Json(chain(&state, &name)))
+}
+
+/// `name`'s snapshots, oldest first, each with its parent.
+pub fn chain(state: &ApiState, name: &str) -> Vec<SnapshotView> {
     let mut snapshots: Vec<Arc<Snapshot>> = state
         .ds
         .snapshots
@@ -108,7 +113,7 @@ pub async fn list(
         .into_iter()
         .filter(|s| s.spec.volume == name)
         .collect();
-    let engine = state.ds.engines.get(&engine_name(&name));
+    let engine = state.ds.engines.get(&engine_name(name));
     let parents: BTreeMap<&str, &str> = engine
         .as_ref()
         .and_then(|e| e.status.as_ref())
@@ -136,7 +141,7 @@ pub async fn list(
             view(snapshot, parent)
         })
         .collect();
-    Ok(Json(views))
+    views
 }
 
 /// How many snapshots are before `name` in the engine's chain; `None` if

@@ -119,7 +119,7 @@ async fn alert_states(prometheus: &Prometheus, name: &str, volume: &str) -> Vec<
 }
 
 /// The `oxhorn replica` process serving data at `address`.
-fn replica_process(address: &str) -> Option<i32> {
+pub(crate) fn replica_process(address: &str) -> Option<i32> {
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()

@@ -70,7 +70,7 @@ pub struct ListQuery {
     pub name: Option<String>,
 }
 
-fn view(state: &ApiState, volume: &Volume) -> VolumeView {
+pub fn view(state: &ApiState, volume: &Volume) -> VolumeView {
     let name = volume.name_any();
     let status = volume.status.clone().unwrap_or_default();
     let annotations = volume.annotations();

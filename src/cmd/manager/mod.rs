@@ -227,11 +227,10 @@ async fn serve_api(
     match config.api_port {
         Some(port) => {
             let address = std::net::SocketAddr::new(config.node.ip, port);
-            crate::api::serve(
-                address,
-                Arc::new(crate::api::ApiState::new(datastore, client)),
-            )
-            .await
+            let state = Arc::new(crate::api::ApiState::new(datastore, client));
+            let routes =
+                crate::api::router(Arc::clone(&state)).merge(crate::dashboard::router(state));
+            crate::api::serve(address, routes).await
         }
         None => std::future::pending().await,
     }

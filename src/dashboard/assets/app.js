@@ -1,0 +1,181 @@
+// Oxhorn's dashboard: pages are rendered by the manager; this script sends
+// the changes a person asks for to the REST API (the session cookie and
+// its CSRF token authenticate them), and keeps the page current as the
+// cluster changes, without a reload. No framework, no build step.
+'use strict';
+
+const csrf = document.querySelector('meta[name="oxhorn-csrf"]')?.content ?? '';
+
+/** Calls the API; resolves to its JSON answer, rejects with its message. */
+async function call(method, path, body) {
+  const init = { method, credentials: 'same-origin', headers: { 'X-Oxhorn-CSRF': csrf } };
+  if (body !== undefined) {
+    init.headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  const text = await response.text();
+  let answer = {};
+  try {
+    answer = text ? JSON.parse(text) : {};
+  } catch (_) {
+    answer = {};
+  }
+  if (!response.ok) {
+    throw new Error(answer.message || `${response.status} ${response.statusText}`);
+  }
+  return answer;
+}
+
+/** A form's fields as the API takes them; empty optional fields are left out. */
+function fields(form) {
+  const body = {};
+  for (const input of form.querySelectorAll('[data-field]')) {
+    const raw = input.value.trim();
+    if (raw === '') continue;
+    const kind = input.dataset.kind || 'text';
+    let value = raw;
+    if (kind === 'int') value = Number.parseInt(raw, 10);
+    if (kind === 'bytes') {
+      const unit = form.querySelector(`[data-unit-for="${input.dataset.field}"]`);
+      value = Math.round(Number.parseFloat(raw) * Number(unit ? unit.value : 1));
+    }
+    if (kind === 'list') value = raw.split(',').map((s) => s.trim()).filter(Boolean);
+    body[input.dataset.field] = value;
+  }
+  return body;
+}
+
+/** Says `message` for a few seconds, where screen readers hear it too. */
+function toast(message, failed) {
+  const region = document.getElementById('toast');
+  if (!region) return;
+  region.textContent = message;
+  region.className = failed ? 'toast failed shown' : 'toast shown';
+  clearTimeout(region.timer);
+  region.timer = setTimeout(() => { region.className = 'toast'; }, 4000);
+}
+
+document.addEventListener('submit', async (event) => {
+  const form = event.target.closest('form[data-path]');
+  if (!form) return;
+  event.preventDefault();
+  const error = form.querySelector('.error');
+  const button = form.querySelector('button[type=submit]');
+  if (error) error.textContent = '';
+  button.disabled = true;
+  button.setAttribute('aria-busy', 'true');
+  try {
+    const answer = await call(form.dataset.method || 'POST', form.dataset.path, fields(form));
+    form.closest('dialog')?.close();
+    form.reset();
+    if (form.dataset.then) {
+      location.assign(form.dataset.then.replace('{name}', encodeURIComponent(answer.name || '')));
+      return;
+    }
+    toast(form.dataset.done || 'Done');
+    await refresh();
+  } catch (e) {
+    if (error) error.textContent = e.message;
+    else toast(e.message, true);
+  } finally {
+    button.removeAttribute('aria-busy');
+    button.disabled = form.querySelector('[data-confirm]') !== null;
+  }
+});
+
+// A destructive action is enabled only once its object's name is typed.
+document.addEventListener('input', (event) => {
+  const input = event.target;
+  if (input.dataset.confirm === undefined) return;
+  input.form.querySelector('button[type=submit]').disabled = input.value !== input.dataset.confirm;
+});
+
+document.addEventListener('click', (event) => {
+  const opener = event.target.closest('[data-open]');
+  if (opener) {
+    const dialog = document.getElementById(opener.dataset.open);
+    dialog.querySelector('.error')?.replaceChildren();
+    dialog.showModal();
+    return;
+  }
+  const closer = event.target.closest('[data-close]');
+  if (closer) {
+    closer.closest('dialog').close();
+    return;
+  }
+  const header = event.target.closest('th[data-sort]');
+  if (header) sortBy(header.closest('table'), header.cellIndex, true);
+});
+
+/** Sorts `table` by column `index`, flipping the order if asked again. */
+function sortBy(table, index, flip) {
+  const key = `sort:${location.pathname}:${table.id}`;
+  const last = JSON.parse(sessionStorage.getItem(key) || 'null');
+  let descending = false;
+  if (flip && last && last.index === index) descending = !last.descending;
+  if (!flip && last) descending = last.descending;
+  sessionStorage.setItem(key, JSON.stringify({ index, descending }));
+  const body = table.tBodies[0];
+  const value = (row) => {
+    const cell = row.cells[index];
+    return cell.dataset.value ?? cell.textContent.trim();
+  };
+  const rows = [...body.rows].sort((a, b) => {
+    const [x, y] = [value(a), value(b)];
+    const numeric = x !== '' && y !== '' && !Number.isNaN(Number(x)) && !Number.isNaN(Number(y));
+    const order = numeric ? Number(x) - Number(y) : x.localeCompare(y);
+    return descending ? -order : order;
+  });
+  body.append(...rows);
+  for (const th of table.tHead.rows[0].cells) th.removeAttribute('aria-sort');
+  table.tHead.rows[0].cells[index].setAttribute('aria-sort', descending ? 'descending' : 'ascending');
+}
+
+function restoreSorting() {
+  for (const table of document.querySelectorAll('table[id]')) {
+    const last = JSON.parse(sessionStorage.getItem(`sort:${location.pathname}:${table.id}`) || 'null');
+    if (last) sortBy(table, last.index, false);
+  }
+}
+
+let pending = false;
+
+/** Renders the page's content again, unless the person is in a dialog. */
+async function refresh() {
+  if (document.querySelector('dialog[open]')) {
+    pending = true;
+    return;
+  }
+  pending = false;
+  const response = await fetch(location.href, {
+    credentials: 'same-origin',
+    headers: { 'X-Oxhorn-Part': 'main' },
+  });
+  if (response.status === 401 || response.redirected) {
+    location.assign('/ui/signin');
+    return;
+  }
+  if (!response.ok) return;
+  const main = document.querySelector('main');
+  main.innerHTML = await response.text();
+  restoreSorting();
+}
+
+document.addEventListener('close', () => { if (pending) refresh(); }, true);
+
+function live() {
+  const status = document.getElementById('live');
+  const events = new EventSource('/ui/live');
+  let timer = null;
+  events.addEventListener('changed', () => {
+    // Changes come in bursts: one render for each.
+    clearTimeout(timer);
+    timer = setTimeout(refresh, 250);
+  });
+  events.onopen = () => { if (status) { status.textContent = 'Live'; status.className = 'live on'; } };
+  events.onerror = () => { if (status) { status.textContent = 'Reconnecting…'; status.className = 'live off'; } };
+}
+
+restoreSorting();
+if (document.querySelector('main[data-live]')) live();

@@ -1,0 +1,68 @@
+//! Live pages: a server-sent event stream telling an open page that what
+//! it shows may have changed, so its script renders it again. It says
+//! only that: what the page then shows is authorized as any page is.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::stream::{BoxStream, Stream, StreamExt, select_all};
+
+use super::Viewer;
+use crate::api::ApiState;
+
+/// Changes closer together than this are told as one...
+const BURST: Duration = Duration::from_millis(300);
+/// ...up to this long after the first, however often they come.
+const BURST_MAX: Duration = Duration::from_secs(2);
+
+/// Every change of what the pages show.
+fn changes(state: &ApiState) -> BoxStream<'static, ()> {
+    let ds = &state.ds;
+    select_all([
+        ds.volumes.subscribe().map(|_| ()).boxed(),
+        ds.engines.subscribe().map(|_| ()).boxed(),
+        ds.replicas.subscribe().map(|_| ()).boxed(),
+        ds.snapshots.subscribe().map(|_| ()).boxed(),
+        ds.backups.subscribe().map(|_| ()).boxed(),
+        ds.backup_targets.subscribe().map(|_| ()).boxed(),
+        ds.nodes.subscribe().map(|_| ()).boxed(),
+        ds.settings.subscribe().map(|_| ()).boxed(),
+    ])
+    .boxed()
+}
+
+/// Waits out a burst of changes: until none came for [`BURST`], or for
+/// [`BURST_MAX`] in all.
+async fn settle(changes: &mut BoxStream<'static, ()>) -> Option<()> {
+    let end = tokio::time::Instant::now() + BURST_MAX;
+    loop {
+        let wait = BURST.min(end.saturating_duration_since(tokio::time::Instant::now()));
+        match tokio::time::timeout(wait, changes.next()).await {
+            Ok(Some(())) => continue,
+            Ok(None) => return None,
+            Err(_) => return Some(()),
+        }
+    }
+}
+
+pub async fn stream(
+    State(state): State<Arc<ApiState>>,
+    _viewer: Viewer,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let changes = changes(&state);
+    // A subscription starts with every object there is: the page shows
+    // those already.
+    let first = futures::stream::unfold((changes, true), |(mut changes, first)| async move {
+        if first {
+            settle(&mut changes).await?;
+        }
+        changes.next().await?;
+        settle(&mut changes).await?;
+        let event = Event::default().event("changed").data("");
+        Some((Ok(event), (changes, false)))
+    });
+    Sse::new(first).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,202 @@
+//! The overview: volumes by robustness, storage, nodes, and the latest
+//! warnings.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::Response;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::ListParams;
+use maud::{Markup, html};
+
+use super::Viewer;
+use super::format::{ago, bytes};
+use super::layout::{self, Section};
+use crate::api::ApiState;
+use crate::api::auth::Access;
+use crate::api::volumes::{VolumeView, view};
+use crate::types::{Condition, ReplicaMode, engine_name};
+
+/// How many warnings the overview lists.
+const WARNINGS: usize = 8;
+
+/// What a volume is, as the overview counts them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Health {
+    Healthy,
+    Degraded,
+    Rebuilding,
+    Faulted,
+    Detached,
+}
+
+impl Health {
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Degraded => "degraded",
+            Self::Rebuilding => "rebuilding",
+            Self::Faulted => "faulted",
+            Self::Detached => "detached",
+        }
+    }
+}
+
+/// A volume's health: faulted whatever else; detached; rebuilding while a
+/// replica is being rebuilt; else its robustness.
+pub fn health(state: &ApiState, volume: &VolumeView) -> Health {
+    let rebuilding = || {
+        let engine = state.ds.engines.get(&engine_name(&volume.name));
+        let modes = engine.as_ref().and_then(|e| e.status.as_ref());
+        modes.is_some_and(|s| {
+            s.replica_mode_map
+                .values()
+                .any(|m| *m == ReplicaMode::WriteOnly)
+        })
+    };
+    match (volume.robustness.as_str(), volume.state.as_str()) {
+        ("faulted", _) => Health::Faulted,
+        (_, "detached") => Health::Detached,
+        _ if rebuilding() => Health::Rebuilding,
+        ("healthy", _) => Health::Healthy,
+        _ => Health::Degraded,
+    }
+}
+
+pub async fn page(State(state): State<Arc<ApiState>>, viewer: Viewer) -> Response {
+    let list_volumes = Access::oxhorn("list", "volumes", None);
+    if let Err(error) = state.auth.authorize(&viewer.caller, &list_volumes).await {
+        return layout::refused(&viewer, &error);
+    }
+    let nodes_visible = state
+        .auth
+        .allows(&viewer.caller, &Access::oxhorn("list", "nodes", None))
+        .await;
+    let events = Access::core("list", "events", crate::api::auth::Scope::Oxhorn, None);
+    let warnings = if state.auth.allows(&viewer.caller, &events).await {
+        Some(warnings(&state).await)
+    } else {
+        None
+    };
+    let content = html! {
+        (layout::heading("Overview", html! {}, html! {}))
+        (volume_cards(&state))
+        @if nodes_visible {
+            (storage_and_nodes(&state))
+        }
+        @if let Some(warnings) = warnings {
+            (warnings)
+        }
+    };
+    layout::page(&viewer, Section::Overview, "Overview", content)
+}
+
+fn volume_cards(state: &ApiState) -> Markup {
+    let volumes = state.ds.volumes.store.state();
+    let mut counts = [0usize; 5];
+    for volume in &volumes {
+        counts[health(state, &view(state, volume)) as usize] += 1;
+    }
+    let kinds = [
+        Health::Healthy,
+        Health::Degraded,
+        Health::Rebuilding,
+        Health::Faulted,
+        Health::Detached,
+    ];
+    html! {
+        section.panel aria-labelledby="volumes-heading" {
+            h2 #volumes-heading { "Volumes " span.muted { (volumes.len()) " in all" } }
+            div.cards {
+                @for kind in kinds {
+                    a.card href=(format!("/ui/volumes?health={}", kind.word())) {
+                        div.what { (kind.word()) }
+                        div.n data-health=(kind.word()) { (counts[kind as usize]) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn storage_and_nodes(state: &ApiState) -> Markup {
+    let nodes = state.ds.nodes.store.state();
+    let (mut maximum, mut available, mut scheduled, mut reserved) = (0i64, 0i64, 0i64, 0i64);
+    let (mut ready, mut unschedulable, mut down) = (0, 0, 0);
+    for node in &nodes {
+        let status = node.status.clone().unwrap_or_default();
+        for (name, disk) in &node.spec.disks {
+            let measured = status.disk_status.get(name).cloned().unwrap_or_default();
+            maximum += measured.storage_maximum;
+            available += measured.storage_available;
+            scheduled += measured.storage_scheduled;
+            reserved += disk.storage_reserved;
+        }
+        if !Condition::is_true(&status.conditions, "Ready") {
+            down += 1;
+        } else if !node.spec.allow_scheduling
+            || !Condition::is_true(&status.conditions, "Schedulable")
+        {
+            unschedulable += 1;
+        } else {
+            ready += 1;
+        }
+    }
+    html! {
+        section.panel aria-labelledby="storage-heading" {
+            h2 #storage-heading { "Storage" }
+            dl.facts {
+                div { dt { "Size of the disks" } dd { (bytes(maximum)) } }
+                div { dt { "Free" } dd { (bytes(available)) } }
+                div { dt { "Promised to replicas" } dd { (bytes(scheduled)) } }
+                div { dt { "Reserved" } dd { (bytes(reserved)) } }
+            }
+        }
+        section.panel aria-labelledby="nodes-heading" {
+            h2 #nodes-heading { "Nodes" }
+            dl.facts {
+                div { dt { "Ready" } dd { (ready) } }
+                div { dt { "Not schedulable" } dd { (unschedulable) } }
+                div { dt { "Down" } dd { (down) } }
+            }
+        }
+    }
+}
+
+/// The latest warning Events in oxhorn's namespace.
+async fn warnings(state: &ApiState) -> Markup {
+    let events = state.api::<Event>();
+    let listed = events
+        .list(&ListParams::default().fields("type=Warning"))
+        .await;
+    let mut events = listed.map(|l| l.items).unwrap_or_default();
+    let when = |e: &Event| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+    };
+    events.sort_by_key(|e| std::cmp::Reverse(when(e)));
+    html! {
+        section.panel aria-labelledby="warnings-heading" {
+            h2 #warnings-heading { "Recent warnings" }
+            @if events.is_empty() {
+                p.empty { "None." }
+            } @else {
+                div.scroll { table {
+                    thead { tr { th { "When" } th { "Object" } th { "Reason" } th { "Message" } } }
+                    tbody {
+                        @for event in events.iter().take(WARNINGS) {
+                            tr {
+                                td { (when(event).map(|t| ago(&t.to_string())).unwrap_or_default()) }
+                                td { (event.involved_object.kind.clone().unwrap_or_default()) " " (event.involved_object.name.clone().unwrap_or_default()) }
+                                td { (event.reason.clone().unwrap_or_default()) }
+                                td.wrap { (event.message.clone().unwrap_or_default()) }
+                            }
+                        }
+                    }
+                } }
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The dashboard as a person uses it, in a real browser (Debian's
+//! headless chromium over WebDriver): signing in with a token, making a
+//! volume and seeing it healthy, a replica killed and the volume seen
+//! degraded, rebuilding with its progress and healthy again without a
+//! reload, a snapshot and a backup taken and restored, a volume deleted
+//! only once its name is typed; a read-only user offered nothing to
+//! destroy, and a request forged without the session's CSRF token
+//! refused. Screenshots of each step are kept in the test's target
+//! directory (`dashboard/`), to look at.
+
+mod webdriver;
+
+use std::cell::{Cell, RefCell};
+use std::path::PathBuf;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use oxhorn::types::{DEFAULT_BACKUP_TARGET, Volume};
+use serde_json::json;
+
+use crate::backup::{create_target, until_target};
+use crate::common::{Cluster, require_root, write_pattern};
+use crate::metrics::replica_process;
+use crate::rest_api::{READ, Rule, account_with, oxhorn};
+use webdriver::Browser;
+
+const KINDS: &[&str] = &[
+    "volumes",
+    "snapshots",
+    "replicas",
+    "backups",
+    "backuptargets",
+    "backupvolumes",
+    "nodes",
+    "settings",
+];
+const WRITE: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+
+fn shots() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard")
+}
+
+/// Reading the namespace's events, as `kubectl get events` does.
+fn events<'a>() -> Rule<'a> {
+    Rule {
+        group: "",
+        resources: &["events"],
+        verbs: &["list"],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_as_a_person_uses_it() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start("ui", 2).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    let url = format!("file://{}", dir.path().display());
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "", "300s").await;
+    until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    let admin = account_with(&cluster, "admin", &[oxhorn(KINDS, WRITE), events()]).await;
+    let reader = account_with(&cluster, "reader", &[oxhorn(KINDS, READ), events()]).await;
+    let base = format!("http://{}", cluster.nodes[0].api_address().unwrap());
+    let browser = Browser::start(1280, 800, &shots()).await;
+    let step = Cell::new(0);
+    let shot = async |name: &str| {
+        step.set(step.get() + 1);
+        let path = browser
+            .screenshot(&format!("{:02}-{name}", step.get()))
+            .await;
+        eprintln!("screenshot: {}", path.display());
+    };
+
+    // Signing in: a page of the dashboard asks for a token first.
+    browser.goto(&format!("{base}/ui/volumes")).await;
+    assert!(browser.url().await.ends_with("/ui/signin"));
+    shot("sign-in").await;
+    browser.type_into("#token", "not a token").await;
+    browser.click("button[type=submit]").await;
+    let error = browser.text("p.error").await;
+    assert!(error.contains("not a Kubernetes token"), "{error}");
+    browser.type_into("#token", &admin).await;
+    browser.click("button[type=submit]").await;
+    assert!(browser.url().await.ends_with("/ui/"));
+    let who = browser.text(".who strong").await;
+    assert!(who.ends_with(":admin"), "{who}");
+    shot("overview").await;
+
+    // A volume made from the dashboard.
+    browser.goto(&format!("{base}/ui/volumes")).await;
+    browser.click("[data-open=create-volume]").await;
+    browser
+        .type_into("#create-volume [data-field=name]", "web")
+        .await;
+    browser
+        .type_into("#create-volume [data-field=size]", "16")
+        .await;
+    browser
+        .click("#create-volume select[data-unit-for=size] option[value='1048576']")
+        .await;
+    browser
+        .type_into("#create-volume [data-field=numberOfReplicas]", "2")
+        .await;
+    shot("create-volume").await;
+    browser.click("#create-volume button[type=submit]").await;
+    cluster
+        .until("the volume's page", || async {
+            browser
+                .url()
+                .await
+                .ends_with("/ui/volumes/web")
+                .then_some(())
+        })
+        .await;
+    let made = cluster.volume("web").await.unwrap();
+    assert_eq!(
+        (made.spec.size, made.spec.number_of_replicas),
+        (16 << 20, 2)
+    );
+    // From here on, the page is never loaded again: what changes, changes
+    // live.
+    browser
+        .run("window.kept = true; arguments[arguments.length - 1](true);")
+        .await;
+
+    // Attached from the dashboard: healthy.
+    browser.click("[data-open=attach]").await;
+    browser.type_into("#attach [data-field=node]", &node).await;
+    browser.click("#attach button[type=submit]").await;
+    let badge = "header.page .badge";
+    cluster
+        .until("the volume shown healthy", || async {
+            (browser.text(badge).await == "healthy").then_some(())
+        })
+        .await;
+    shot("volume-healthy").await;
+
+    // A replica killed: degraded, then rebuilding with progress, then
+    // healthy again, as it happens. The rebuild is slowed to be seen.
+    let engine = cluster.engine_of("web").await.unwrap();
+    let device = engine.status.as_ref().unwrap().endpoint.clone();
+    write_pattern(&device, 12 << 20, 5);
+    cluster.set("replica-rebuild-bandwidth-limit", "2").await;
+    let victim = cluster
+        .replicas_of("web")
+        .await
+        .into_iter()
+        .find(|r| r.spec.instance.node_id != node)
+        .unwrap();
+    let address = &engine.spec.replica_address_map[&kube::ResourceExt::name_any(&victim)];
+    let pid = replica_process(address).unwrap_or_else(|| panic!("no replica serves {address}"));
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let seen = RefCell::new(Vec::<String>::new());
+    let progress_seen = Cell::new(false);
+    cluster
+        .until("the volume shown degraded, rebuilding, healthy", || async {
+            let now = browser.text(badge).await;
+            if seen.borrow().last() != Some(&now) {
+                seen.borrow_mut().push(now.clone());
+                shot(&format!("volume-{now}")).await;
+            }
+            if browser.count("[data-progress]").await > 0 {
+                progress_seen.set(true);
+            }
+            let rebuilt = seen.borrow().iter().any(|s| s == "rebuilding");
+            (rebuilt && now == "healthy").then_some(())
+        })
+        .await;
+    assert!(progress_seen.get(), "no rebuild progress shown: {seen:?}");
+    cluster.set("replica-rebuild-bandwidth-limit", "0").await;
+
+    // A snapshot, seen in the chain; a backup of it, restored.
+    browser.click("[data-open=take-snapshot]").await;
+    browser
+        .type_into("#take-snapshot [data-field=name]", "before-upgrade")
+        .await;
+    browser.click("#take-snapshot button[type=submit]").await;
+    cluster
+        .until("the snapshot in the chain", || async {
+            let taken = browser.count("li[data-snapshot=before-upgrade]").await == 1;
+            let ready = browser
+                .count("li[data-snapshot=before-upgrade] .badge.rebuilding")
+                .await
+                == 0;
+            (taken && ready).then_some(())
+        })
+        .await;
+    shot("snapshot").await;
+    browser.click("[data-open=back-up]").await;
+    browser
+        .click("#back-up select[data-field=snapshot] option[value=before-upgrade]")
+        .await;
+    browser.click("#back-up button[type=submit]").await;
+    let backup = cluster
+        .until("the backup completed", || async {
+            browser
+                .find("tr[data-backup][data-state=completed]")
+                .await?;
+            Some(browser.text("tr[data-backup] td").await)
+        })
+        .await;
+    shot("backup").await;
+    let kept = browser
+        .run("arguments[arguments.length - 1](window.kept === true);")
+        .await;
+    assert_eq!(kept, json!(true), "the page was loaded again");
+    browser
+        .click(&format!("[data-open='restore-{backup}']"))
+        .await;
+    browser
+        .type_into(
+            &format!("#restore-{backup} [data-field=name]"),
+            "web-restored",
+        )
+        .await;
+    browser
+        .click(&format!("#restore-{backup} button[type=submit]"))
+        .await;
+    cluster
+        .until("the restored volume's page", || async {
+            browser
+                .url()
+                .await
+                .ends_with("/ui/volumes/web-restored")
+                .then_some(())
+        })
+        .await;
+    let restored = cluster.volume("web-restored").await.unwrap();
+    assert_eq!(restored.spec.from_backup, backup);
+    shot("restored").await;
+
+    // A request forged without the session's CSRF token is refused, cookie
+    // or not.
+    let forged = browser
+        .run(
+            "const done = arguments[arguments.length - 1];
+             fetch('/v1/volumes/web-restored', {method: 'DELETE', credentials: 'same-origin'})
+               .then((r) => done(r.status));",
+        )
+        .await;
+    assert_eq!(forged, json!(403));
+    assert!(cluster.volume("web-restored").await.is_some());
+
+    // Deleting asks for the volume's name.
+    browser.click("[data-open=delete-volume]").await;
+    let delete = "#delete-volume button[type=submit]";
+    assert!(!browser.enabled(delete).await);
+    browser
+        .type_into("#delete-volume [data-confirm]", "web-restore")
+        .await;
+    assert!(!browser.enabled(delete).await);
+    browser
+        .type_into("#delete-volume [data-confirm]", "web-restored")
+        .await;
+    assert!(browser.enabled(delete).await);
+    shot("delete-confirm").await;
+    browser.click(delete).await;
+    cluster
+        .until("the restored volume deleted", || async {
+            let gone = cluster
+                .api::<Volume>()
+                .get_opt("web-restored")
+                .await
+                .unwrap();
+            gone.is_none().then_some(())
+        })
+        .await;
+
+    // A narrow window: the same pages, one column.
+    browser.resize(420, 800).await;
+    browser.goto(&format!("{base}/ui/volumes")).await;
+    shot("volumes-narrow").await;
+    browser.resize(1280, 800).await;
+
+    // A read-only user sees no destructive buttons.
+    browser.delete_cookies().await;
+    browser.goto(&format!("{base}/ui/signin")).await;
+    browser.type_into("#token", &reader).await;
+    browser.click("button[type=submit]").await;
+    browser.goto(&format!("{base}/ui/volumes/web")).await;
+    assert_eq!(browser.text(badge).await, "healthy");
+    for destructive in [
+        "[data-open=delete-volume]",
+        "form[data-method=DELETE]",
+        "[data-open=attach]",
+        "form[data-path$='/detach']",
+        "[data-open=take-snapshot]",
+    ] {
+        assert_eq!(browser.count(destructive).await, 0, "{destructive}");
+    }
+    assert_eq!(browser.count("[data-open=create-volume]").await, 0);
+    shot("read-only").await;
+    browser.quit().await;
+
+    cluster.detach("web").await;
+    cluster.delete_volume("web").await;
+}
