@@ -74,7 +74,7 @@ mod tests {
         let second = page(all(), name, first.r#continue.as_deref(), 2);
         assert_eq!(names(&second), ["c", "d"]);
         let last = page(all(), name, second.r#continue.as_deref(), 2);
-        assert_eq!((names(&last), last.r#continue), (vec!["e"], None));
+        assert_eq!((names(&last), last.r#continue.clone()), (vec!["e"], None));
         // A page that ends with the last item says so.
         assert_eq!(page(all(), name, None, 5).r#continue, None);
         // A continue naming an item since deleted still goes on after it.
