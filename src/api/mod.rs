@@ -14,6 +14,12 @@ mod page;
 mod query;
 pub mod volumes;
 
+// Nodes, settings, events and workloads.
+pub mod events;
+pub mod nodes;
+pub mod settings;
+pub mod workload;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -73,6 +79,15 @@ fn routes() -> OpenApiRouter<Arc<ApiState>> {
     OpenApiRouter::new()
         .routes(routes!(volumes::list))
         .routes(routes!(volumes::get, volumes::delete))
+        // Nodes, settings, events and workloads.
+        .routes(routes!(nodes::list))
+        .routes(routes!(nodes::get, nodes::update))
+        .routes(routes!(nodes::add_disk))
+        .routes(routes!(nodes::update_disk, nodes::remove_disk))
+        .routes(routes!(settings::list))
+        .routes(routes!(settings::get, settings::put))
+        .routes(routes!(events::list))
+        .routes(routes!(workload::get))
 }
 
 /// The API's OpenAPI document.
