@@ -183,8 +183,11 @@ pub async fn list(
     Query(query): Query<EventQuery>,
 ) -> Result<Json<EventList>, ApiError> {
     let auth = &state.auth;
-    auth.authorize(&caller, &Access::core("list", "events", Scope::Oxhorn, None))
-        .await?;
+    auth.authorize(
+        &caller,
+        &Access::core("list", "events", Scope::Oxhorn, None),
+    )
+    .await?;
     let kind = required(&query.kind, "object's kind (kind=Volume, …)")?;
     let name = required(&query.name, "object's name (name=…)")?;
     let Some(resource) = resource_of(kind) else {
@@ -286,7 +289,11 @@ mod tests {
         let order: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!(
             order,
-            ["2026-03-01T00:00:00Z", "2026-02-01T00:00:00Z", "2026-01-01T00:00:00Z"]
+            [
+                "2026-03-01T00:00:00Z",
+                "2026-02-01T00:00:00Z",
+                "2026-01-01T00:00:00Z"
+            ]
         );
     }
 
@@ -294,7 +301,11 @@ mod tests {
     fn every_oxhorn_kind_has_its_resource() {
         for crd in crate::types::crds() {
             let kind = crd.spec.names.kind.as_str();
-            assert_eq!(resource_of(kind), Some(crd.spec.names.plural.as_str()), "{kind}");
+            assert_eq!(
+                resource_of(kind),
+                Some(crd.spec.names.plural.as_str()),
+                "{kind}"
+            );
         }
         assert_eq!(resource_of("Pod"), None);
     }

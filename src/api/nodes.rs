@@ -31,6 +31,9 @@ const TAG_LEN_MAX: usize = 63;
 const PATH_MAX: usize = 4096;
 /// How many replicas a refusal names before counting the rest.
 const NAMED_MAX: usize = 10;
+/// The Ready reason of a disk on a filesystem another disk of its node has
+/// (see `controller::node`).
+const DUPLICATE_FILESYSTEM: &str = "DuplicateFilesystem";
 
 /// One condition of a node or disk.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -168,11 +171,17 @@ fn conditions(conditions: &[Condition]) -> Vec<ConditionView> {
         .collect()
 }
 
-/// Whether `replica`'s data is on `node`'s disk `spec`: by the disk's
-/// filesystem id (the scheduler's diskID) or, before it was measured, by
-/// its path.
+/// Whether `replica`'s data is on `node`'s disk `spec`: by its path, or by
+/// the disk's filesystem id (the scheduler's diskID), unless the disk only
+/// repeats another's filesystem (then that id is the other disk's).
 fn on_disk(replica: &Replica, node: &str, spec: &DiskSpec, status: Option<&DiskStatus>) -> bool {
-    let fsid = status.map_or("", |s| s.fsid.as_str());
+    let fsid = status
+        .filter(|s| {
+            !s.conditions
+                .iter()
+                .any(|c| c.reason == DUPLICATE_FILESYSTEM)
+        })
+        .map_or("", |s| s.fsid.as_str());
     replica.spec.instance.node_id == node
         && ((!fsid.is_empty() && replica.spec.disk_id == fsid)
             || (!replica.spec.disk_path.is_empty()
@@ -350,7 +359,11 @@ async fn patch_spec(state: &ApiState, node: &Node, spec: Value) -> Result<Node, 
     });
     let patched = state
         .api::<Node>()
-        .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await?;
     Ok(patched)
 }
@@ -542,7 +555,13 @@ pub async fn add_disk(
     };
     let spec = json!({"disks": {&new.name: disk}});
     let patched = patch_spec(&state, &node, spec).await?;
-    info!(user = caller.name(), node = name, disk = new.name, path = new.path, "disk added through the API");
+    info!(
+        user = caller.name(),
+        node = name,
+        disk = new.name,
+        path = new.path,
+        "disk added through the API"
+    );
     Ok((StatusCode::CREATED, Json(view(&state, &patched))))
 }
 
@@ -629,7 +648,12 @@ pub async fn remove_disk(
         return Err(ApiError::Conflict(why));
     }
     let patched = patch_spec(&state, &node, json!({"disks": {&disk_name: null}})).await?;
-    info!(user = caller.name(), node = name, disk = disk_name, "disk removed through the API");
+    info!(
+        user = caller.name(),
+        node = name,
+        disk = disk_name,
+        "disk removed through the API"
+    );
     Ok(Json(view(&state, &patched)))
 }
 
@@ -666,7 +690,12 @@ mod tests {
             checked_tags(&tags(&["ssd", "fast", "ssd"])).unwrap(),
             tags(&["fast", "ssd"])
         );
-        for bad in [tags(&[""]), tags(&["a b"]), tags(&["x/y"]), vec!["t".repeat(64)]] {
+        for bad in [
+            tags(&[""]),
+            tags(&["a b"]),
+            tags(&["x/y"]),
+            vec!["t".repeat(64)],
+        ] {
             assert!(checked_tags(&bad).is_err(), "{bad:?}");
         }
         let many: Vec<String> = (0..=TAGS_MAX).map(|i| format!("t{i}")).collect();
@@ -700,10 +729,45 @@ mod tests {
             fsid: "803".into(),
             ..DiskStatus::default()
         };
-        assert!(on_disk(&replica("r", "n1", "803", "/x"), "n1", &disk, Some(&measured)));
-        assert!(on_disk(&replica("r", "n1", "", "/mnt/ssd/"), "n1", &disk, None));
-        assert!(!on_disk(&replica("r", "n2", "803", "/mnt/ssd"), "n1", &disk, Some(&measured)));
-        assert!(!on_disk(&replica("r", "n1", "804", "/mnt/hdd"), "n1", &disk, Some(&measured)));
+        assert!(on_disk(
+            &replica("r", "n1", "803", "/x"),
+            "n1",
+            &disk,
+            Some(&measured)
+        ));
+        assert!(on_disk(
+            &replica("r", "n1", "", "/mnt/ssd/"),
+            "n1",
+            &disk,
+            None
+        ));
+        assert!(!on_disk(
+            &replica("r", "n2", "803", "/mnt/ssd"),
+            "n1",
+            &disk,
+            Some(&measured)
+        ));
+        assert!(!on_disk(
+            &replica("r", "n1", "804", "/mnt/hdd"),
+            "n1",
+            &disk,
+            Some(&measured)
+        ));
+        // A disk repeating another's filesystem has its id, not its replicas.
+        let mut duplicate = measured.clone();
+        Condition::set(
+            &mut duplicate.conditions,
+            "Ready",
+            ConditionStatus::False,
+            DUPLICATE_FILESYSTEM,
+            "",
+        );
+        assert!(!on_disk(
+            &replica("r", "n1", "803", "/x"),
+            "n1",
+            &disk,
+            Some(&duplicate)
+        ));
         // Not yet scheduled: on no disk.
         assert!(!on_disk(&replica("r", "n1", "", ""), "n1", &disk, None));
     }
@@ -722,7 +786,10 @@ mod tests {
         assert_eq!(removal_refused("n1", "ssd", &disk, &[]), None);
         let replicas: Vec<String> = (0..12).map(|i| format!("r{i:02}")).collect();
         let why = removal_refused("n1", "ssd", &disk, &replicas).unwrap();
-        assert!(why.contains("r00, r01") && why.contains("and 2 more"), "{why}");
+        assert!(
+            why.contains("r00, r01") && why.contains("and 2 more"),
+            "{why}"
+        );
         assert!(!why.contains("r11"), "{why}");
     }
 
@@ -731,6 +798,9 @@ mod tests {
         let mut list = Vec::new();
         Condition::set(&mut list, "Ready", ConditionStatus::True, "NodeUp", "up");
         let shown = conditions(&list);
-        assert_eq!((shown[0].r#type.as_str(), shown[0].status.as_str()), ("Ready", "True"));
+        assert_eq!(
+            (shown[0].r#type.as_str(), shown[0].status.as_str()),
+            ("Ready", "True")
+        );
     }
 }

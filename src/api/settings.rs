@@ -212,7 +212,12 @@ pub async fn put(
         );
         api.create(&PostParams::default(), &setting).await?
     };
-    info!(user = caller.name(), setting = key, value = new.value, "setting set through the API");
+    info!(
+        user = caller.name(),
+        setting = key,
+        value = new.value,
+        "setting set through the API"
+    );
     let mut shown = view(described, Some(&written));
     // What the status says is of the value before.
     shown.applied = None;
@@ -234,12 +239,7 @@ mod tests {
             ("3", false, Some(true))
         );
         assert_eq!((shown.minimum, shown.maximum), (Some(1), Some(20)));
-        let mut setting = Setting::new(
-            "default-replica-count",
-            SettingSpec {
-                value: "0".into(),
-            },
-        );
+        let mut setting = Setting::new("default-replica-count", SettingSpec { value: "0".into() });
         assert_eq!(view(count.clone(), Some(&setting)).applied, None);
         setting.status = Some(SettingStatus {
             applied: false,
@@ -255,9 +255,7 @@ mod tests {
 
     #[test]
     fn every_setting_is_listed_once() {
-        let keys: Vec<String> = settings::described()
-            .map(|d| view(d, None).key)
-            .collect();
+        let keys: Vec<String> = settings::described().map(|d| view(d, None).key).collect();
         let mut unique = keys.clone();
         unique.sort();
         unique.dedup();

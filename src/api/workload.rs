@@ -9,8 +9,8 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, ListParams};
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 

@@ -13,6 +13,8 @@ use serde_json::Value;
 
 use crate::common::{Cluster, MIB};
 
+mod nodes;
+
 /// What an account may do: `verbs` on `resources` of the API `group`
 /// (`""`: the core group), in the test's namespace.
 pub struct Rule<'a> {
