@@ -1,16 +1,18 @@
 //! `/v1/nodes`: oxhorn's Nodes (a Kubernetes node's disks and scheduling
-//! switches), and changes to them. Every change is a JSON merge patch of
-//! the Node's spec at the resourceVersion the manager's cache holds, so a
-//! change made meanwhile by anyone else fails (409) instead of being
-//! overwritten. What a Node's manager measured (its status) is read only.
+//! switches), and changes to them. Every change is a JSON Patch of the
+//! Node's spec applied only while its generation is the one the manager's
+//! cache holds, so a change made meanwhile by anyone else fails (409)
+//! instead of being overwritten, while its manager's frequent status
+//! writes do not get in the way. What a Node's manager measured (its
+//! status) is read only.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
+use axum::http::header::CONTENT_TYPE;
+use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::info;
@@ -351,21 +353,55 @@ fn removal_refused(node: &str, disk: &str, spec: &DiskSpec, replicas: &[String])
     None
 }
 
-/// Merge-patches `node`'s spec with `spec`, at the version the cache holds.
-async fn patch_spec(state: &ApiState, node: &Node, spec: Value) -> Result<Node, ApiError> {
-    let patch = json!({
-        "metadata": {"resourceVersion": node.resource_version()},
-        "spec": spec,
-    });
-    let patched = state
-        .api::<Node>()
-        .patch(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-    Ok(patched)
+/// Applies `ops` (JSON Patch operations on the spec) to `node`, only if
+/// its spec is still the one the cache holds: the patch first tests the
+/// Node's generation, which its spec alone moves. A version newer only by
+/// its status (its manager writes that every 30 s or so, and after each
+/// change of its spec) is patched all the same; one whose spec changed
+/// fails with 409, to be looked at again.
+async fn patch_spec(state: &ApiState, node: &Node, ops: Vec<Value>) -> Result<Node, ApiError> {
+    let name = node.name_any();
+    let generation = node.metadata.generation;
+    let mut patch =
+        vec![json!({"op": "test", "path": "/metadata/generation", "value": generation})];
+    patch.extend(ops);
+    let url = format!("{}/{name}", Node::url_path(&(), Some(&state.ds.namespace)));
+    let body = serde_json::to_vec(&patch)
+        .map_err(|e| ApiError::Unavailable(format!("the patch could not be written: {e}")))?;
+    let request = axum::http::Request::patch(url)
+        .header(CONTENT_TYPE, "application/json-patch+json")
+        .body(body)
+        .map_err(|e| ApiError::Unavailable(format!("the patch could not be sent: {e}")))?;
+    match state.client.request::<Node>(request).await {
+        Ok(patched) => Ok(patched),
+        // A failed test is 422, as an invalid spec is: which one it was
+        // is told by the generation now.
+        Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => {
+            let now = state.api::<Node>().get_opt(&name).await?;
+            if now.is_some_and(|n| n.metadata.generation != generation) {
+                return Err(ApiError::Conflict(format!(
+                    "node {name} changed meanwhile: look at it again, then retry"
+                )));
+            }
+            Err(kube::Error::Api(status).into())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// `key` as one step of a JSON Pointer.
+fn pointer(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// The operation that sets disk `name` of `node` to `disk`.
+fn set_disk(node: &Node, name: &str, disk: &DiskSpec) -> Value {
+    if node.spec.disks.is_empty() {
+        // The map itself may be absent.
+        json!({"op": "add", "path": "/spec/disks", "value": {name: disk}})
+    } else {
+        json!({"op": "add", "path": format!("/spec/disks/{}", pointer(name)), "value": disk})
+    }
 }
 
 fn node(state: &ApiState, name: &str) -> Result<Arc<Node>, ApiError> {
@@ -485,14 +521,15 @@ pub async fn update(
     may_patch(&state, &caller, &name).await?;
     let update: NodeUpdate = body.parse()?;
     let node = node(&state, &name)?;
-    let mut spec = json!({});
+    let mut ops = Vec::new();
     if let Some(allow) = update.allow_scheduling {
-        spec["allowScheduling"] = json!(allow);
+        ops.push(json!({"op": "add", "path": "/spec/allowScheduling", "value": allow}));
     }
     if let Some(tags) = &update.tags {
-        spec["tags"] = json!(checked_tags(tags)?);
+        let tags = checked_tags(tags)?;
+        ops.push(json!({"op": "add", "path": "/spec/tags", "value": tags}));
     }
-    let patched = patch_spec(&state, &node, spec).await?;
+    let patched = patch_spec(&state, &node, ops).await?;
     info!(user = caller.name(), node = name, change = ?update, "node changed through the API");
     Ok(Json(view(&state, &patched)))
 }
@@ -553,8 +590,7 @@ pub async fn add_disk(
         storage_reserved: new.storage_reserved.unwrap_or(0),
         tags,
     };
-    let spec = json!({"disks": {&new.name: disk}});
-    let patched = patch_spec(&state, &node, spec).await?;
+    let patched = patch_spec(&state, &node, vec![set_disk(&node, &new.name, &disk)]).await?;
     info!(
         user = caller.name(),
         node = name,
@@ -607,9 +643,7 @@ pub async fn update_disk(
     if let Some(tags) = &update.tags {
         changed.tags = checked_tags(tags)?;
     }
-    // The whole disk: a merge patch replaces its tags whole anyway.
-    let spec = json!({"disks": {&disk_name: changed}});
-    let patched = patch_spec(&state, &node, spec).await?;
+    let patched = patch_spec(&state, &node, vec![set_disk(&node, &disk_name, &changed)]).await?;
     info!(user = caller.name(), node = name, disk = disk_name, change = ?update, "disk changed through the API");
     Ok(Json(view(&state, &patched)))
 }
@@ -647,7 +681,8 @@ pub async fn remove_disk(
     if let Some(why) = removal_refused(&name, &disk_name, spec, &replicas) {
         return Err(ApiError::Conflict(why));
     }
-    let patched = patch_spec(&state, &node, json!({"disks": {&disk_name: null}})).await?;
+    let remove = json!({"op": "remove", "path": format!("/spec/disks/{}", pointer(&disk_name))});
+    let patched = patch_spec(&state, &node, vec![remove]).await?;
     info!(
         user = caller.name(),
         node = name,
