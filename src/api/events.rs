@@ -1,7 +1,7 @@
 //! `/v1/events`: the Kubernetes Events of one of oxhorn's objects, newest
 //! first. Events are not cached (they are many, and short-lived): each
 //! call reads them from the API server, selected by the object's kind and
-//! name, at most [`FETCH_MAX`] of them.
+//! name, at most `FETCH_MAX` (500) of them.
 
 use std::sync::Arc;
 
