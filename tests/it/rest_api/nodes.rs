@@ -209,6 +209,11 @@ async fn nodes_and_disks_are_changed_as_rbac_allows_and_a_used_disk_stays() {
     .await;
     let (status, body) = api.call(Method::DELETE, &extra, Some(&reader)).await;
     assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    let (status, body) = api.patch(&extra, &reader, &json!({"tags": []})).await;
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    let nope = format!("{disks_path}/nope");
+    let (status, body) = api.call(Method::DELETE, &nope, Some(&writer)).await;
+    assert_eq!((status, code(&body)), (404, "not_found"), "{body}");
     let (status, body) = api.call(Method::DELETE, &extra, Some(&writer)).await;
     assert_eq!(status, 200, "{body}");
     assert!(!node_cr(&cluster).await.spec.disks.contains_key("extra"));
