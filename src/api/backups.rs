@@ -161,6 +161,7 @@ fn backup_view(backup: &Backup) -> BackupView {
 
 /// The backup targets, by name.
 #[utoipa::path(
+    operation_id = "list_backup_targets",
     get,
     path = "/v1/backup-targets",
     tag = "backups",
@@ -193,6 +194,7 @@ pub async fn targets(
 
 /// Syncs a target now: what its store holds is read again.
 #[utoipa::path(
+    operation_id = "sync_backup_target",
     post,
     path = "/v1/backup-targets/{name}/sync",
     tag = "backups",
@@ -234,6 +236,7 @@ pub async fn sync(
 
 /// The volumes the targets hold backups of.
 #[utoipa::path(
+    operation_id = "list_backup_volumes",
     get,
     path = "/v1/backup-volumes",
     tag = "backups",
@@ -277,6 +280,7 @@ pub async fn volumes(
 
 /// The backups, newest first.
 #[utoipa::path(
+    operation_id = "list_backups",
     get,
     path = "/v1/backups",
     tag = "backups",
@@ -324,6 +328,7 @@ pub fn newest_first(state: &ApiState, volume: Option<&str>) -> Vec<BackupView> {
 /// Backs a volume up, from a snapshot of it (one is taken if none is
 /// named), to a target.
 #[utoipa::path(
+    operation_id = "create_backup",
     post,
     path = "/v1/volumes/{name}/backups",
     tag = "backups",
@@ -398,6 +403,7 @@ pub async fn create(
 
 /// Deletes a backup, from its store too.
 #[utoipa::path(
+    operation_id = "delete_backup",
     delete,
     path = "/v1/backups/{name}",
     tag = "backups",

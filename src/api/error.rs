@@ -29,6 +29,9 @@ pub enum ApiError {
     TooLarge(usize),
     #[error("this path takes other methods (see /v1/openapi.json)")]
     MethodNotAllowed,
+    /// What the API itself refuses to do in the object's present state.
+    #[error("{0}")]
+    Conflict(String),
     #[error("the Kubernetes API server refused: {0}")]
     Refused(String),
     #[error("{0}")]
@@ -55,7 +58,7 @@ impl ApiError {
             Self::Invalid(_) => "invalid",
             Self::TooLarge(_) => "too_large",
             Self::MethodNotAllowed => "method_not_allowed",
-            Self::Refused(_) => "conflict",
+            Self::Conflict(_) | Self::Refused(_) => "conflict",
             Self::Unavailable(_) => "unavailable",
         }
     }
@@ -68,7 +71,7 @@ impl ApiError {
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Refused(_) => StatusCode::CONFLICT,
+            Self::Conflict(_) | Self::Refused(_) => StatusCode::CONFLICT,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -18,6 +18,12 @@ pub mod session;
 pub mod snapshots;
 pub mod volumes;
 
+// Nodes, settings, events and workloads.
+pub mod events;
+pub mod nodes;
+pub mod settings;
+pub mod workload;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -81,6 +87,18 @@ fn only(object: &impl kube::Resource) -> kube::api::DeleteParams {
     }
 }
 
+/// The cached `kind` named `name`, or not found: for kinds users do not
+/// make (nodes).
+fn cached<K>(cache: &Cache<K>, kind: &'static str, name: &str) -> Result<Arc<K>, ApiError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    cache.get(name).ok_or_else(|| ApiError::NotFound {
+        kind,
+        name: name.to_owned(),
+    })
+}
+
 /// The `kind` named `name`: as cached, or if the cache has not seen it yet
 /// (it was just made), as the API server has it; else not found.
 async fn found<K>(
@@ -133,6 +151,15 @@ fn routes() -> OpenApiRouter<Arc<ApiState>> {
         .routes(routes!(backups::list))
         .routes(routes!(backups::create))
         .routes(routes!(backups::delete))
+        // Nodes, settings, events and workloads.
+        .routes(routes!(nodes::list))
+        .routes(routes!(nodes::get, nodes::update))
+        .routes(routes!(nodes::add_disk))
+        .routes(routes!(nodes::update_disk, nodes::remove_disk))
+        .routes(routes!(settings::list))
+        .routes(routes!(settings::get, settings::put))
+        .routes(routes!(events::list))
+        .routes(routes!(workload::get))
 }
 
 /// The API's OpenAPI document.

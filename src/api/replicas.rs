@@ -86,6 +86,7 @@ fn replicas_of(state: &ApiState, volume: &str) -> Vec<Arc<Replica>> {
 
 /// A volume's replicas.
 #[utoipa::path(
+    operation_id = "list_replicas",
     get,
     path = "/v1/volumes/{name}/replicas",
     tag = "replicas",
@@ -123,6 +124,7 @@ pub fn of_volume(state: &ApiState, volume: &str) -> Vec<ReplicaView> {
 /// Deletes a replica; the volume controller makes another and rebuilds it
 /// from the healthy ones. Refused for the volume's last healthy replica.
 #[utoipa::path(
+    operation_id = "delete_replica",
     delete,
     path = "/v1/replicas/{name}",
     tag = "replicas",
@@ -150,7 +152,7 @@ pub async fn delete(
     let engine = state.ds.engines.get(&engine_name(volume));
     let siblings = replicas_of(&state, volume);
     if holds_the_last_data(&replica, &siblings, engine.as_deref()) {
-        return Err(ApiError::Refused(format!(
+        return Err(ApiError::Conflict(format!(
             "replica {name} is the last of volume {volume} known to hold its data; add a replica and let it rebuild first"
         )));
     }

@@ -78,6 +78,7 @@ fn view(snapshot: &Snapshot, parent: Option<String>) -> SnapshotView {
 
 /// A volume's snapshots, oldest first.
 #[utoipa::path(
+    operation_id = "list_snapshots",
     get,
     path = "/v1/volumes/{name}/snapshots",
     tag = "snapshots",
@@ -132,7 +133,7 @@ pub fn chain(state: &ApiState, name: &str) -> Vec<SnapshotView> {
     });
     let listed: BTreeSet<String> = snapshots.iter().map(|s| s.name_any()).collect();
     let mut before: Option<String> = None;
-    let views = snapshots
+    snapshots
         .iter()
         .map(|snapshot| {
             let own = snapshot.name_any();
@@ -140,8 +141,7 @@ pub fn chain(state: &ApiState, name: &str) -> Vec<SnapshotView> {
             before = Some(own);
             view(snapshot, parent)
         })
-        .collect();
-    views
+        .collect()
 }
 
 /// How many snapshots are before `name` in the engine's chain; `None` if
@@ -192,6 +192,7 @@ fn taken(snapshot: &Snapshot) -> Option<jiff::Timestamp> {
 
 /// Takes a snapshot of a volume.
 #[utoipa::path(
+    operation_id = "create_snapshot",
     post,
     path = "/v1/volumes/{name}/snapshots",
     tag = "snapshots",
@@ -256,6 +257,7 @@ pub fn timed_name(volume: &str, now: jiff::Timestamp) -> String {
 
 /// One snapshot.
 #[utoipa::path(
+    operation_id = "get_snapshot",
     get,
     path = "/v1/snapshots/{name}",
     tag = "snapshots",
@@ -284,6 +286,7 @@ pub async fn get(
 /// Deletes a snapshot: its data merges into the layer after it, so what
 /// the volume reads is unchanged.
 #[utoipa::path(
+    operation_id = "delete_snapshot",
     delete,
     path = "/v1/snapshots/{name}",
     tag = "snapshots",

@@ -285,6 +285,69 @@ impl Settings {
     }
 }
 
+/// One setting as users see it: what its value may be, its default and
+/// what it does (the REST API lists these).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    pub key: &'static str,
+    /// `integer`, `boolean`, `choice` or `text`.
+    pub kind: &'static str,
+    /// What the value may be, in words.
+    pub allowed: String,
+    /// The range of an integer.
+    pub range: Option<(i64, i64)>,
+    /// The words a choice takes.
+    pub choices: &'static [&'static str],
+    pub default: &'static str,
+    pub description: &'static str,
+}
+
+impl Definition {
+    fn described(&self) -> Described {
+        let (kind, range, choices) = match self.kind {
+            Kind::Integer { min, max } => ("integer", Some((min, max)), &[][..]),
+            Kind::Boolean => ("boolean", None, &["true", "false"][..]),
+            Kind::Choice(words) => ("choice", None, words),
+            Kind::Text { .. } => ("text", None, &[][..]),
+        };
+        Described {
+            key: self.key,
+            kind,
+            allowed: allowed(&self.kind),
+            range,
+            choices,
+            default: self.default,
+            description: self.description,
+        }
+    }
+}
+
+/// What a value of `kind` may be, in words (Markdown).
+fn allowed(kind: &Kind) -> String {
+    match kind {
+        Kind::Integer { min, max } => format!("whole number, {min} to {max}"),
+        Kind::Boolean => "`true` or `false`".to_owned(),
+        Kind::Choice(words) => {
+            let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
+            format!("one of {}", words.join(", "))
+        }
+        Kind::Text { what, .. } => (*what).to_owned(),
+    }
+}
+
+/// Every setting, in the order docs/settings.md lists them.
+pub fn described() -> impl Iterator<Item = Described> {
+    DEFINITIONS.iter().map(Definition::described)
+}
+
+/// The setting `key`, if there is one.
+pub fn describe(key: &str) -> Option<Described> {
+    DEFINITIONS
+        .iter()
+        .find(|d| d.key == key)
+        .map(Definition::described)
+}
+
 fn default_of(key: &str) -> &'static str {
     DEFINITIONS
         .iter()
@@ -351,15 +414,7 @@ kubectl -n oxhorn-system get settings.oxhorn.io   # or: kubectl -n oxhorn-system
 pub fn markdown() -> String {
     let mut page = String::from(SETTINGS_PAGE_INTRO);
     for definition in DEFINITIONS {
-        let value = match definition.kind {
-            Kind::Integer { min, max } => format!("whole number, {min} to {max}"),
-            Kind::Boolean => "`true` or `false`".to_owned(),
-            Kind::Choice(words) => {
-                let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
-                format!("one of {}", words.join(", "))
-            }
-            Kind::Text { what, .. } => what.to_owned(),
-        };
+        let value = allowed(&definition.kind);
         let default = match definition.default {
             "" => "(empty)".to_owned(),
             default => format!("`{default}`"),
@@ -428,6 +483,23 @@ mod tests {
                 definition.key
             );
         }
+    }
+
+    #[test]
+    fn every_setting_is_described_with_its_range_or_words() {
+        let all: Vec<Described> = described().collect();
+        assert_eq!(all.len(), DEFINITIONS.len());
+        let count = describe(DEFAULT_REPLICA_COUNT).unwrap();
+        assert_eq!(
+            (count.kind, count.range, count.default),
+            ("integer", Some((1, 20)), "3")
+        );
+        assert_eq!(count.allowed, "whole number, 1 to 20");
+        let codec = describe(BACKUP_COMPRESSION).unwrap();
+        assert_eq!((codec.kind, codec.choices), ("choice", Compression::NAMES));
+        assert_eq!(describe(AUTO_SALVAGE).unwrap().choices, ["true", "false"]);
+        assert_eq!(describe(BACKUP_TARGET).unwrap().kind, "text");
+        assert_eq!(describe("replica-count"), None);
     }
 
     #[test]

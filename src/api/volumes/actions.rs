@@ -58,6 +58,7 @@ pub struct VolumeChange {
 /// Attaches a detached volume to a node, for maintenance or to read it
 /// there; a workload's volume is attached by Kubernetes.
 #[utoipa::path(
+    operation_id = "attach_volume",
     post,
     path = "/v1/volumes/{name}/attach",
     tag = "volumes",
@@ -86,7 +87,7 @@ pub async fn attach(
         return Err(ApiError::Invalid(format!("{node} is not an oxhorn node")));
     }
     if volume.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError::Refused(format!(
+        return Err(ApiError::Conflict(format!(
             "volume {name} is being deleted; it takes no new attachment"
         )));
     }
@@ -102,7 +103,7 @@ pub async fn attach(
         }
         current if current == node => {}
         current => {
-            return Err(ApiError::Refused(format!(
+            return Err(ApiError::Conflict(format!(
                 "volume {name} is attached to {current}; detach it first"
             )));
         }
@@ -113,6 +114,7 @@ pub async fn attach(
 /// Detaches a volume attached through the API. One Kubernetes attached for
 /// a pod is refused: its pod would lose its disk.
 #[utoipa::path(
+    operation_id = "detach_volume",
     post,
     path = "/v1/volumes/{name}/detach",
     tag = "volumes",
@@ -134,7 +136,7 @@ pub async fn detach(
     authorize_patch(&state, &caller, &name).await?;
     let volume = volume(&state, &name).await?;
     if volume.annotations().contains_key(PUBLISHED_READONLY) {
-        return Err(ApiError::Refused(format!(
+        return Err(ApiError::Conflict(format!(
             "Kubernetes attached volume {name} to {} for a pod; it detaches when no pod there uses it",
             volume.spec.node_id
         )));
@@ -154,6 +156,7 @@ pub async fn detach(
 /// `kubectl` would: the caller must be allowed to patch the claim), so the
 /// claim, its PersistentVolume and the filesystem on it follow.
 #[utoipa::path(
+    operation_id = "expand_volume",
     post,
     path = "/v1/volumes/{name}/expand",
     tag = "volumes",
@@ -211,6 +214,7 @@ pub async fn expand(
 
 /// Changes how a volume is replicated.
 #[utoipa::path(
+    operation_id = "update_volume",
     patch,
     path = "/v1/volumes/{name}",
     tag = "volumes",
@@ -262,6 +266,7 @@ pub async fn update(
 /// when replicas holding newer acknowledged writes cannot be: those writes
 /// are lost. Acted on at its next attach.
 #[utoipa::path(
+    operation_id = "salvage_volume",
     post,
     path = "/v1/volumes/{name}/salvage",
     tag = "volumes",

@@ -68,6 +68,7 @@ pub struct NewClone {
 
 /// Makes a volume, empty or restored from a backup or a snapshot.
 #[utoipa::path(
+    operation_id = "create_volume",
     post,
     path = "/v1/volumes",
     tag = "volumes",
@@ -139,6 +140,7 @@ pub async fn create(
 /// Makes a clone of a volume: a snapshot of it is taken for the clone,
 /// which is filled from it (and then deletes it).
 #[utoipa::path(
+    operation_id = "clone_volume",
     post,
     path = "/v1/volumes/{name}/clone",
     tag = "volumes",
@@ -171,7 +173,9 @@ pub async fn clone(
     validate_dns_subdomain("the clone's name", &new.name).map_err(ApiError::Invalid)?;
     let source = volume(&state, &name).await?;
     if source.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError::Refused(format!("volume {name} is being deleted")));
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is being deleted"
+        )));
     }
     let size = size_for(new.size, source.spec.size)?;
     let snapshot = clone_source(&new.name, &name);

@@ -121,6 +121,7 @@ fn matches(query: &ListQuery, volume: &VolumeView) -> bool {
 
 /// The volumes, by name, a page at a time.
 #[utoipa::path(
+    operation_id = "list_volumes",
     get,
     path = "/v1/volumes",
     tag = "volumes",
@@ -163,6 +164,7 @@ pub async fn list(
 
 /// One volume.
 #[utoipa::path(
+    operation_id = "get_volume",
     get,
     path = "/v1/volumes/{name}",
     tag = "volumes",
@@ -192,6 +194,7 @@ pub async fn get(
 /// backups). A volume a PersistentVolume uses is better deleted through
 /// its claim.
 #[utoipa::path(
+    operation_id = "delete_volume",
     delete,
     path = "/v1/volumes/{name}",
     tag = "volumes",

@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::common::{Cluster, MIB};
 
 mod backups;
+mod nodes;
 mod volumes;
 
 /// What an account may do: `verbs` on `resources` of the API `group`
