@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::FutureExt;
 use futures::stream::{BoxStream, Stream, StreamExt, select_all};
 
 use super::Viewer;
@@ -52,17 +53,16 @@ pub async fn stream(
     State(state): State<Arc<ApiState>>,
     _viewer: Viewer,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let changes = changes(&state);
-    // A subscription starts with every object there is: the page shows
-    // those already.
-    let first = futures::stream::unfold((changes, true), |(mut changes, first)| async move {
-        if first {
-            settle(&mut changes).await?;
-        }
+    let mut changes = changes(&state);
+    // A subscription starts with every object there is, at once: the page
+    // shows those already.
+    while let Some(Some(())) = changes.next().now_or_never() {}
+    let told = futures::stream::unfold(changes, |mut changes| async move {
         changes.next().await?;
         settle(&mut changes).await?;
-        let event = Event::default().event("changed").data("");
-        Some((Ok(event), (changes, false)))
+        // Browsers drop an event without data.
+        let event = Event::default().event("changed").data("1");
+        Some((Ok(event), changes))
     });
-    Sse::new(first).keep_alive(KeepAlive::default())
+    Sse::new(told).keep_alive(KeepAlive::default())
 }

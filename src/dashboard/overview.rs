@@ -28,6 +28,8 @@ pub enum Health {
     Rebuilding,
     Faulted,
     Detached,
+    /// Not known yet (being made).
+    Unknown,
 }
 
 impl Health {
@@ -38,28 +40,33 @@ impl Health {
             Self::Rebuilding => "rebuilding",
             Self::Faulted => "faulted",
             Self::Detached => "detached",
+            Self::Unknown => "unknown",
         }
     }
 }
 
-/// A volume's health: faulted whatever else; detached; rebuilding while a
-/// replica is being rebuilt; else its robustness.
+/// A volume's health, from what the caches hold of it.
 pub fn health(state: &ApiState, volume: &VolumeView) -> Health {
-    let rebuilding = || {
-        let engine = state.ds.engines.get(&engine_name(&volume.name));
-        let modes = engine.as_ref().and_then(|e| e.status.as_ref());
-        modes.is_some_and(|s| {
-            s.replica_mode_map
-                .values()
-                .any(|m| *m == ReplicaMode::WriteOnly)
-        })
-    };
-    match (volume.robustness.as_str(), volume.state.as_str()) {
+    let engine = state.ds.engines.get(&engine_name(&volume.name));
+    let status = engine.as_ref().and_then(|e| e.status.as_ref());
+    let rebuilding = status.is_some_and(|s| {
+        s.replica_mode_map
+            .values()
+            .any(|m| *m == ReplicaMode::WriteOnly)
+    });
+    health_of(&volume.robustness, &volume.state, rebuilding)
+}
+
+/// Faulted whatever else; detached; rebuilding while a replica is being
+/// rebuilt; else its robustness.
+fn health_of(robustness: &str, state: &str, rebuilding: bool) -> Health {
+    match (robustness, state) {
         ("faulted", _) => Health::Faulted,
         (_, "detached") => Health::Detached,
-        _ if rebuilding() => Health::Rebuilding,
+        _ if rebuilding => Health::Rebuilding,
         ("healthy", _) => Health::Healthy,
-        _ => Health::Degraded,
+        ("degraded", _) => Health::Degraded,
+        _ => Health::Unknown,
     }
 }
 
@@ -93,7 +100,7 @@ pub async fn page(State(state): State<Arc<ApiState>>, viewer: Viewer) -> Respons
 
 fn volume_cards(state: &ApiState) -> Markup {
     let volumes = state.ds.volumes.store.state();
-    let mut counts = [0usize; 5];
+    let mut counts = [0usize; 6];
     for volume in &volumes {
         counts[health(state, &view(state, volume)) as usize] += 1;
     }
@@ -103,6 +110,7 @@ fn volume_cards(state: &ApiState) -> Markup {
         Health::Rebuilding,
         Health::Faulted,
         Health::Detached,
+        Health::Unknown,
     ];
     html! {
         section.panel aria-labelledby="volumes-heading" {
@@ -198,5 +206,20 @@ async fn warnings(state: &ApiState) -> Markup {
                 } }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volume_reads_as_its_worst_news() {
+        assert_eq!(health_of("faulted", "detached", false), Health::Faulted);
+        assert_eq!(health_of("healthy", "detached", false), Health::Detached);
+        assert_eq!(health_of("degraded", "attached", true), Health::Rebuilding);
+        assert_eq!(health_of("degraded", "attached", false), Health::Degraded);
+        assert_eq!(health_of("healthy", "attached", false), Health::Healthy);
+        assert_eq!(health_of("unknown", "creating", false), Health::Unknown);
     }
 }

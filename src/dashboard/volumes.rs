@@ -24,7 +24,14 @@ pub struct Filters {
     health: String,
 }
 
-const HEALTHS: [&str; 5] = ["healthy", "degraded", "rebuilding", "faulted", "detached"];
+const HEALTHS: [&str; 6] = [
+    "healthy",
+    "degraded",
+    "rebuilding",
+    "faulted",
+    "detached",
+    "unknown",
+];
 
 pub async fn page(
     State(state): State<Arc<ApiState>>,

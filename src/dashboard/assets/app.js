@@ -159,13 +159,23 @@ async function refresh() {
   if (!response.ok) return;
   const main = document.querySelector('main');
   main.innerHTML = await response.text();
+  showLive();
   restoreSorting();
+}
+
+/** Whether the live stream is connected, shown on the page. */
+let connected = null;
+
+function showLive() {
+  const status = document.getElementById('live');
+  if (!status || connected === null) return;
+  status.textContent = connected ? 'Live' : 'Reconnecting…';
+  status.className = connected ? 'live on' : 'live off';
 }
 
 document.addEventListener('close', () => { if (pending) refresh(); }, true);
 
 function live() {
-  const status = document.getElementById('live');
   const events = new EventSource('/ui/live');
   let timer = null;
   events.addEventListener('changed', () => {
@@ -173,8 +183,8 @@ function live() {
     clearTimeout(timer);
     timer = setTimeout(refresh, 250);
   });
-  events.onopen = () => { if (status) { status.textContent = 'Live'; status.className = 'live on'; } };
-  events.onerror = () => { if (status) { status.textContent = 'Reconnecting…'; status.className = 'live off'; } };
+  events.onopen = () => { connected = true; showLive(); };
+  events.onerror = () => { connected = false; showLive(); };
 }
 
 restoreSorting();

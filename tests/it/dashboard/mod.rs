@@ -49,6 +49,15 @@ fn events<'a>() -> Rule<'a> {
     }
 }
 
+/// Waits until the browser shows the page at `path`.
+async fn until_at(cluster: &Cluster, browser: &Browser, path: &str) {
+    cluster
+        .until(&format!("the browser at {path}"), || async {
+            browser.url().await.ends_with(path).then_some(())
+        })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_as_a_person_uses_it() {
     require_root();
@@ -81,7 +90,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
     assert!(error.contains("not a Kubernetes token"), "{error}");
     browser.type_into("#token", &admin).await;
     browser.click("button[type=submit]").await;
-    assert!(browser.url().await.ends_with("/ui/"));
+    until_at(&cluster, &browser, "/ui/").await;
     let who = browser.text(".who strong").await;
     assert!(who.ends_with(":admin"), "{who}");
     shot("overview").await;
@@ -277,6 +286,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
     browser.goto(&format!("{base}/ui/signin")).await;
     browser.type_into("#token", &reader).await;
     browser.click("button[type=submit]").await;
+    until_at(&cluster, &browser, "/ui/").await;
     browser.goto(&format!("{base}/ui/volumes/web")).await;
     assert_eq!(browser.text(badge).await, "healthy");
     for destructive in [

@@ -11,6 +11,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
+/// How long an element may take to appear.
+const PATIENCE: Duration = Duration::from_secs(30);
+
 /// The key a W3C element reference is under.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
@@ -142,35 +145,67 @@ impl Browser {
     }
 
     pub async fn click(&self, css: &str) {
-        let element = self.get(css).await;
-        self.post(&format!("/element/{}/click", element.0), json!({}))
-            .await;
+        self.on_element(css, "click", json!({})).await;
     }
 
     /// Types `text` into the element `css` selects, after clearing it.
     pub async fn type_into(&self, css: &str, text: &str) {
-        let element = self.get(css).await;
-        self.post(&format!("/element/{}/clear", element.0), json!({}))
-            .await;
-        self.post(
-            &format!("/element/{}/value", element.0),
-            json!({"text": text}),
-        )
-        .await;
+        self.on_element(css, "clear", json!({})).await;
+        self.on_element(css, "value", json!({"text": text})).await;
     }
 
-    /// The text of the element `css` selects.
+    /// `action` on the element `css` selects, found again if the page was
+    /// rendered again meanwhile.
+    async fn on_element(&self, css: &str, action: &str, body: Value) {
+        for _ in 0..10 {
+            let element = self.get(css).await;
+            let url = format!(
+                "{}/session/{}/element/{}/{action}",
+                self.base, self.session, element.0
+            );
+            let answer = json(self.http.post(url), Some(&body))
+                .await
+                .expect("chromedriver answers");
+            match answer["value"]["error"].as_str() {
+                None => return,
+                Some("stale element reference") => continue,
+                Some(_) => panic!("WebDriver {action} on {css}: {}", answer["value"]),
+            }
+        }
+        panic!("{css} kept changing under {action}");
+    }
+
+    /// The text of the element `css` selects, once there is one. Read in
+    /// one step: a live page may be rendered again at any time.
     pub async fn text(&self, css: &str) -> String {
-        let element = self.get(css).await;
-        let path = format!("/element/{}/text", element.0);
-        let text = self.command(reqwest::Method::GET, &path, None).await;
+        let script =
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;";
+        let text = self.poll(css, script).await;
         text.as_str().unwrap_or_default().to_owned()
     }
 
+    /// Whether the element `css` selects is enabled, once there is one.
     pub async fn enabled(&self, css: &str) -> bool {
-        let element = self.get(css).await;
-        let path = format!("/element/{}/enabled", element.0);
-        self.command(reqwest::Method::GET, &path, None).await == json!(true)
+        let script =
+            "const e = document.querySelector(arguments[0]); return e ? !e.disabled : null;";
+        self.poll(css, script).await == json!(true)
+    }
+
+    /// What `script` returns for `css`, once not null.
+    async fn poll(&self, css: &str, script: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let value = self
+                .post("/execute/sync", json!({"script": script, "args": [css]}))
+                .await;
+            if !value.is_null() {
+                return value;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("no element {css} on {}", self.url().await);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Runs `script` in the page; its return value.
