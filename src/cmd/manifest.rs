@@ -16,10 +16,11 @@ const IMAGES: &str = include_str!("../../deploy/images.env");
 const NAMESPACE: &str = include_str!("../../deploy/parts/00-namespace.yaml");
 const UNINSTALL: &str = include_str!("../../deploy/parts/90-uninstall.yaml");
 /// After the CRDs, in this order.
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 8] = [
     include_str!("../../deploy/parts/10-rbac-manager.yaml"),
     include_str!("../../deploy/parts/11-rbac-csi-controller.yaml"),
     include_str!("../../deploy/parts/12-rbac-snapshot-controller.yaml"),
+    include_str!("../../deploy/parts/13-rbac-users.yaml"),
     include_str!("../../deploy/parts/20-instance-manager.yaml"),
     include_str!("../../deploy/parts/21-manager.yaml"),
     include_str!("../../deploy/parts/30-csi-controller.yaml"),

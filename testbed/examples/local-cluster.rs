@@ -36,10 +36,11 @@ const USER_NAMESPACE: &str = "default";
 const SIZE: &str = "256Mi";
 const MOUNT: &str = "/data";
 const READER: &str = "demo-reader";
-/// Long enough for a cold start of every pod on a busy machine.
-/// Where every node's manager serves /metrics: the DaemonSet's as
-/// deploy/oxhorn.yaml says, node-3's as started here.
+/// Where every node's manager serves /metrics, and the API and dashboard:
+/// the DaemonSet's as deploy/oxhorn.yaml says, node-3's as started here.
 const METRICS_PORT: u16 = 9811;
+const API_PORT: u16 = 9500;
+/// Long enough for a cold start of every pod on a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
 
 #[derive(Parser)]
@@ -122,6 +123,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         options.ip = address(i);
         options.instance_manager = true;
         options.metrics_port = Some(METRICS_PORT);
+        options.api_port = Some(API_PORT);
         managers.push(ManagerProcess::start(&args.oxhorn, options)?);
     }
     until_installed(&client).await?;
@@ -170,12 +172,17 @@ async fn run(args: Args) -> Result<(), Failure> {
         let mut interrupt = signal(SignalKind::interrupt())?;
         println!(
             "\nexport KUBECONFIG={}\nPrometheus metrics: {} (deploy/monitoring/ has \
-             the alert rules, a ServiceMonitor and a Grafana dashboard)\nCtrl-C stops the cluster.",
+             the alert rules, a ServiceMonitor and a Grafana dashboard)\n\
+             Dashboard: http://{}:{API_PORT}/ui/ (on a cluster elsewhere: \
+             kubectl -n oxhorn-system port-forward svc/oxhorn-api {API_PORT}, then \
+             http://127.0.0.1:{API_PORT}/ui/); sign in with the token of\n  \
+             kubectl -n oxhorn-system create token oxhorn-operator\nCtrl-C stops the cluster.",
             control_plane.kubeconfig().display(),
             (1..=NODES)
                 .map(|i| format!("http://{}:{METRICS_PORT}/metrics", address(i)))
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(" "),
+            address(1),
         );
         interrupt.recv().await;
     }

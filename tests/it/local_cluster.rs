@@ -124,6 +124,7 @@ fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
     // cluster down in order.
     let mut debugging = debugging_problems(Path::new(&kubeconfig));
     debugging.extend(metrics_problems(&output));
+    debugging.extend(dashboard_problems(&output, Path::new(&kubeconfig)));
     // What a terminal does on Ctrl-C.
     killpg(group, Signal::SIGINT).unwrap();
     let status = child.wait().unwrap();
@@ -184,6 +185,70 @@ fn metrics_problems(output: &[String]) -> Vec<String> {
         problems.push("the demo volume not shown healthy in the printed metrics".into());
     }
     problems
+}
+
+/// What a user following the printed dashboard URL and token command would
+/// find wrong: the sign-in page must answer, the token sign in, and the
+/// API list the demo volume for it.
+fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
+    let Some(url) = output
+        .iter()
+        .find_map(|l| l.strip_prefix("Dashboard: "))
+        .and_then(|l| l.split_whitespace().next())
+    else {
+        return vec!["no dashboard URL printed".into()];
+    };
+    let Some(base) = url.strip_suffix("/ui/") else {
+        return vec![format!("not a dashboard URL: {url}")];
+    };
+    let command = output
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("kubectl -n oxhorn-system create token"));
+    let Some(command) = command else {
+        return vec!["no token command printed".into()];
+    };
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let issued = Command::new(oxhorn_testbed::tools_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(&args)
+        .output()
+        .unwrap();
+    if !issued.status.success() {
+        return vec![format!("{command}: {}", String::from_utf8_lossy(&issued.stderr))];
+    }
+    let token = String::from_utf8_lossy(&issued.stdout).trim().to_owned();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut problems = Vec::new();
+        let http = reqwest::Client::new();
+        match http.get(format!("{base}/ui/signin")).send().await {
+            Ok(page) if page.status() == 200 => {}
+            Ok(page) => problems.push(format!("{base}/ui/signin: {}", page.status())),
+            Err(error) => problems.push(format!("{base}/ui/signin: {error}")),
+        }
+        let listed = http
+            .get(format!("{base}/v1/volumes"))
+            .bearer_auth(&token)
+            .send()
+            .await;
+        match listed {
+            Ok(answer) => {
+                let status = answer.status();
+                let body = answer.text().await.unwrap_or_default();
+                if status != 200 || !body.contains(r#""pvc":"default/demo""#) {
+                    problems.push(format!("{base}/v1/volumes as the operator: {status} {body}"));
+                }
+            }
+            Err(error) => problems.push(format!("{base}/v1/volumes: {error}")),
+        }
+        problems
+    })
 }
 
 /// What a user debugging the held cluster with kubectl would find wrong.

@@ -92,10 +92,15 @@ pub struct ManagerConfig {
     /// when not given.
     #[arg(long)]
     pub metrics_port: Option<u16>,
-    /// Serve the REST API (`/v1`, docs/api.md) on this port of `--ip`; none
-    /// when not given.
+    /// Serve the REST API (`/v1`, docs/api.md) and the dashboard (`/ui/`)
+    /// on this port of `--ip`; none when not given.
     #[arg(long)]
     pub api_port: Option<u16>,
+    /// Serve them on the loopback's port too, for `kubectl port-forward`
+    /// (which connects to the pod's loopback: the host's, for a manager on
+    /// the host's network). Taken only if the port is free there.
+    #[arg(long, requires = "api_port")]
+    pub api_loopback: bool,
     /// The socket of the node's `oxhorn instance-manager`, which then holds
     /// the engine and replica processes (in a pod of its own, they outlive
     /// the manager's container); without it the manager holds them itself
@@ -230,7 +235,21 @@ async fn serve_api(
             let state = Arc::new(crate::api::ApiState::new(datastore, client));
             let routes =
                 crate::api::router(Arc::clone(&state)).merge(crate::dashboard::router(state));
-            crate::api::serve(address, routes).await
+            let loopback = async {
+                if !config.api_loopback {
+                    return std::future::pending().await;
+                }
+                let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                if let Err(error) = crate::api::serve(at, routes.clone()).await {
+                    // Another process has it: the node's address still serves.
+                    tracing::warn!(%error, "the API is not served on the loopback");
+                }
+                std::future::pending().await
+            };
+            tokio::select! {
+                served = crate::api::serve(address, routes.clone()) => served,
+                never = loopback => never,
+            }
         }
         None => std::future::pending().await,
     }
