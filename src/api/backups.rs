@@ -21,9 +21,8 @@ use super::auth::{Access, Caller};
 use super::body::Body;
 use super::error::{ApiError, ErrorBody};
 use super::query::Query;
-use super::snapshots::timed_name;
+use super::snapshots::{check_name, timed_name};
 use super::{ApiState, found, only};
-use crate::names::validate_dns_subdomain;
 use crate::types::{
     Backup, BackupSpec, BackupState, BackupTarget, BackupVolume, Condition, DEFAULT_BACKUP_TARGET,
 };
@@ -378,7 +377,7 @@ pub async fn create(
     let name = new
         .name
         .unwrap_or_else(|| timed_name(&volume, jiff::Timestamp::now()));
-    validate_dns_subdomain("the backup's name", &name).map_err(ApiError::Invalid)?;
+    check_name("backup", &name)?;
     let backup = Backup::new(
         &name,
         BackupSpec {

@@ -51,12 +51,19 @@ pub struct ApiState {
     pub ds: Arc<Datastore>,
     pub client: Client,
     pub auth: auth::Auth,
+    /// Held while a replica is judged and deleted (`replicas.rs`).
+    replica_deletes: tokio::sync::Mutex<()>,
 }
 
 impl ApiState {
     pub fn new(ds: Arc<Datastore>, client: Client) -> Self {
         let auth = auth::Auth::new(client.clone(), &ds.namespace);
-        Self { ds, client, auth }
+        Self {
+            ds,
+            client,
+            auth,
+            replica_deletes: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// The API server's `K`s in the managers' namespace, to write them.

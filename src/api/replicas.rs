@@ -17,6 +17,7 @@ use super::auth::{Access, Caller};
 use super::error::{ApiError, ErrorBody};
 use super::{ApiState, found, lower, only};
 use crate::types::{Engine, Replica, ReplicaMode, engine_name};
+use kube::api::ListParams;
 
 /// A replica as the API shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -147,13 +148,22 @@ pub async fn delete(
         .auth
         .authorize(&caller, &Access::oxhorn("delete", "replicas", Some(&name)))
         .await?;
+    // One deletion at a time here, judged on what the API server holds now:
+    // two deletions at once must not each leave the other the last copy.
+    let _one_at_a_time = state.replica_deletes.lock().await;
     let replica = found(&state, &state.ds.replicas, "replica", &name).await?;
     let volume = &replica.spec.instance.volume_name;
-    let engine = state.ds.engines.get(&engine_name(volume));
-    let siblings = replicas_of(&state, volume);
-    if holds_the_last_data(&replica, &siblings, engine.as_deref()) {
+    let engine = state.api::<Engine>().get_opt(&engine_name(volume)).await?;
+    let listed = state.api::<Replica>().list(&ListParams::default()).await?;
+    let siblings: Vec<Arc<Replica>> = listed
+        .items
+        .into_iter()
+        .filter(|r| r.spec.instance.volume_name == *volume)
+        .map(Arc::new)
+        .collect();
+    if !another_holds_the_data(&replica, &siblings, engine.as_ref()) {
         return Err(ApiError::Conflict(format!(
-            "replica {name} is the last of volume {volume} known to hold its data; add a replica and let it rebuild first"
+            "no replica of volume {volume} but {name} is known to hold its data; add a replica and let it rebuild first"
         )));
     }
     state
@@ -166,29 +176,31 @@ pub async fn delete(
         replica = name,
         "replica deleted through the API"
     );
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(view(&replica, engine.as_deref())),
-    ))
+    Ok((StatusCode::ACCEPTED, Json(view(&replica, engine.as_ref()))))
 }
 
-/// Whether no replica but `replica` is known to hold the volume's data:
-/// while the volume is attached, none other is RW in its engine; while it
-/// is detached, none other ever became healthy and has not failed since.
-fn holds_the_last_data(replica: &Replica, all: &[Arc<Replica>], engine: Option<&Engine>) -> bool {
+/// Whether a replica other than `replica`, not being deleted, is known to
+/// hold the volume's data: while the volume is attached, one RW in its
+/// engine; while it is detached, one that became healthy and has not
+/// failed since. When none does (a faulted volume), no replica may go:
+/// each may hold what a salvage would bring back.
+fn another_holds_the_data(
+    replica: &Replica,
+    all: &[Arc<Replica>],
+    engine: Option<&Engine>,
+) -> bool {
     let modes = engine
         .and_then(|e| e.status.as_ref())
         .map(|s| &s.replica_mode_map)
         .filter(|m| !m.is_empty());
     let own = replica.name_any();
-    let others = all
-        .iter()
-        .filter(|r| r.name_any() != own && r.metadata.deletion_timestamp.is_none());
     let holds = |r: &Replica| match modes {
         Some(modes) => modes.get(&r.name_any()) == Some(&ReplicaMode::ReadWrite),
         None => r.spec.healthy_at.is_some() && r.spec.failed_at.is_none(),
     };
-    holds(replica) && !others.into_iter().any(|r| holds(r))
+    all.iter()
+        .filter(|r| r.name_any() != own && r.metadata.deletion_timestamp.is_none())
+        .any(|r| holds(r))
 }
 
 #[cfg(test)]
@@ -237,19 +249,25 @@ mod tests {
     }
 
     #[test]
-    fn the_last_replica_holding_data_is_kept() {
+    fn a_replica_goes_only_while_another_holds_the_data() {
         let all = [replica("a", true, false), replica("b", true, false)];
         // Attached: what the engine serves from counts.
         let both = engine(&[("a", ReplicaMode::ReadWrite), ("b", ReplicaMode::ReadWrite)]);
-        assert!(!holds_the_last_data(&all[0], &all, Some(&both)));
+        assert!(another_holds_the_data(&all[0], &all, Some(&both)));
         let one = engine(&[("a", ReplicaMode::ReadWrite), ("b", ReplicaMode::WriteOnly)]);
-        assert!(holds_the_last_data(&all[0], &all, Some(&one)));
+        assert!(!another_holds_the_data(&all[0], &all, Some(&one)));
         // A rebuilding replica may go: the healthy one stays.
-        assert!(!holds_the_last_data(&all[1], &all, Some(&one)));
+        assert!(another_holds_the_data(&all[1], &all, Some(&one)));
+        // Faulted: none holds the data for sure, so none goes.
+        let none = engine(&[("a", ReplicaMode::Error), ("b", ReplicaMode::Error)]);
+        assert!(!another_holds_the_data(&all[0], &all, Some(&none)));
+        assert!(!another_holds_the_data(&all[1], &all, Some(&none)));
         // Detached: replicas that were healthy and have not failed since.
-        assert!(!holds_the_last_data(&all[0], &all, None));
+        assert!(another_holds_the_data(&all[0], &all, None));
         let failed = [replica("a", true, false), replica("b", true, true)];
-        assert!(holds_the_last_data(&failed[0], &failed, None));
-        assert!(!holds_the_last_data(&failed[1], &failed, None));
+        assert!(!another_holds_the_data(&failed[0], &failed, None));
+        assert!(another_holds_the_data(&failed[1], &failed, None));
+        let both_failed = [replica("a", true, true), replica("b", true, true)];
+        assert!(!another_holds_the_data(&both_failed[0], &both_failed, None));
     }
 }

@@ -122,13 +122,17 @@ pub async fn list(
         .auth
         .authorize(&caller, &Access::oxhorn("list", "settings", None))
         .await?;
-    let items = settings::described()
+    Ok(Json(SettingList { items: all(&state) }))
+}
+
+/// Every setting, in the order docs/settings.md lists them.
+pub fn all(state: &ApiState) -> Vec<SettingView> {
+    settings::described()
         .map(|d| {
             let setting = state.ds.settings.get(d.key);
             view(d, setting.as_deref())
         })
-        .collect();
-    Ok(Json(SettingList { items }))
+        .collect()
 }
 
 /// One setting and its value.

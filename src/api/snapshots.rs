@@ -17,7 +17,7 @@ use super::auth::{Access, Caller};
 use super::body::Body;
 use super::error::{ApiError, ErrorBody};
 use super::{ApiState, found, only};
-use crate::names::validate_dns_subdomain;
+use crate::replica::{SNAPSHOT_NAME_MAX, validate_snapshot_name};
 use crate::types::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, engine_name};
 
 /// A snapshot as the API shows it.
@@ -223,7 +223,7 @@ pub async fn create(
     let name = new
         .name
         .unwrap_or_else(|| timed_name(&volume, jiff::Timestamp::now()));
-    validate_dns_subdomain("the snapshot's name", &name).map_err(ApiError::Invalid)?;
+    check_name("snapshot", &name)?;
     let snapshot = Snapshot::new(
         &name,
         SnapshotSpec {
@@ -244,15 +244,24 @@ pub async fn create(
 }
 
 /// `volume`'s name and the time to the second (`pg-20261128-153000`),
-/// shortened to stay a valid name.
+/// the name shortened to keep it a snapshot's name.
 pub fn timed_name(volume: &str, now: jiff::Timestamp) -> String {
     let stamp = now.strftime("%Y%m%d-%H%M%S").to_string();
-    let keep = 253 - stamp.len() - 1;
+    let keep = SNAPSHOT_NAME_MAX - stamp.len() - 1;
     let volume = volume
         .get(..keep)
         .unwrap_or(volume)
         .trim_end_matches(['-', '.']);
     format!("{volume}-{stamp}")
+}
+
+/// A snapshot's (or backup's) name, as the replicas take it.
+pub fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    validate_snapshot_name(name).map_err(|_| {
+        ApiError::Invalid(format!(
+            "a {what}'s name is 1 to {SNAPSHOT_NAME_MAX} characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit, not {name:?}"
+        ))
+    })
 }
 
 /// One snapshot.
@@ -347,6 +356,7 @@ mod tests {
         assert_eq!(timed_name("pg", now), "pg-20261128-153000");
         let long = format!("{}-x", "a".repeat(250));
         let name = timed_name(&long, now);
-        assert!(validate_dns_subdomain("name", &name).is_ok(), "{name}");
+        assert!(check_name("snapshot", &name).is_ok(), "{name}");
+        assert!(check_name("snapshot", &"a".repeat(64)).is_err());
     }
 }

@@ -13,11 +13,17 @@ use crate::api::ApiError;
 pub enum Section {
     Overview,
     Volumes,
+    Nodes,
+    Backups,
+    Settings,
 }
 
 const SECTIONS: &[(Section, &str, &str)] = &[
     (Section::Overview, "Overview", "/ui/"),
     (Section::Volumes, "Volumes", "/ui/volumes"),
+    (Section::Nodes, "Nodes", "/ui/nodes"),
+    (Section::Backups, "Backups", "/ui/backups"),
+    (Section::Settings, "Settings", "/ui/settings"),
 ];
 
 /// `content` in the frame, titled `title`, or alone for a live refresh.

@@ -19,7 +19,9 @@ const BURST: Duration = Duration::from_millis(300);
 /// ...up to this long after the first, however often they come.
 const BURST_MAX: Duration = Duration::from_secs(2);
 
-/// Every change of what the pages show.
+/// Every change of what the pages show. Not the Nodes': their managers
+/// write their status as often as a disk's free space moves, and a page
+/// showing nodes is current again with the next change of anything else.
 fn changes(state: &ApiState) -> BoxStream<'static, ()> {
     let ds = &state.ds;
     select_all([
@@ -29,7 +31,6 @@ fn changes(state: &ApiState) -> BoxStream<'static, ()> {
         ds.snapshots.subscribe().map(|_| ()).boxed(),
         ds.backups.subscribe().map(|_| ()).boxed(),
         ds.backup_targets.subscribe().map(|_| ()).boxed(),
-        ds.nodes.subscribe().map(|_| ()).boxed(),
         ds.settings.subscribe().map(|_| ()).boxed(),
     ])
     .boxed()

@@ -11,10 +11,13 @@
 //! as Rust and one short script, with no toolchain or dependency tree of
 //! its own to keep current, and pages that are fast on first render.
 
+mod backups;
 mod format;
 mod layout;
 mod live;
+mod nodes;
 mod overview;
+mod settings;
 mod signin;
 mod volume;
 mod volumes;
@@ -31,6 +34,9 @@ use axum::routing::{get, post};
 use crate::api::ApiState;
 use crate::api::auth::Caller;
 use crate::api::session;
+
+/// The most Events a page reads, of those the API server lists first.
+const EVENTS_READ: u32 = 200;
 
 /// A signed-in person looking at a page.
 pub struct Viewer {
@@ -74,6 +80,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/ui/signout", post(signin::sign_out))
         .route("/ui/volumes", get(volumes::page))
         .route("/ui/volumes/{name}", get(volume::page))
+        .route("/ui/nodes", get(nodes::page))
+        .route("/ui/backups", get(backups::page))
+        .route("/ui/settings", get(settings::page))
         .route("/ui/live", get(live::stream))
         .route("/ui/assets/app.js", get(script))
         .route("/ui/assets/app.css", get(style))

@@ -9,9 +9,9 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::ListParams;
 use maud::{Markup, html};
 
-use super::Viewer;
 use super::format::{ago, bytes};
 use super::layout::{self, Section};
+use super::{EVENTS_READ, Viewer};
 use crate::api::ApiState;
 use crate::api::auth::Access;
 use crate::api::volumes::{VolumeView, view};
@@ -175,7 +175,11 @@ fn storage_and_nodes(state: &ApiState) -> Markup {
 async fn warnings(state: &ApiState) -> Markup {
     let events = state.api::<Event>();
     let listed = events
-        .list(&ListParams::default().fields("type=Warning"))
+        .list(
+            &ListParams::default()
+                .fields("type=Warning")
+                .limit(EVENTS_READ),
+        )
         .await;
     let mut events = listed.map(|l| l.items).unwrap_or_default();
     let when = |e: &Event| {

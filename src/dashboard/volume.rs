@@ -11,10 +11,10 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::ListParams;
 use maud::{Markup, html};
 
-use super::Viewer;
 use super::format::{ago, bytes};
 use super::layout::{self, Section, badge};
 use super::overview::health;
+use super::{EVENTS_READ, Viewer};
 use crate::api::auth::{Access, Caller, Scope};
 use crate::api::backups::{BackupView, newest_first};
 use crate::api::replicas::{ReplicaView, of_volume};
@@ -262,7 +262,7 @@ fn backup_table(backups: &[BackupView], may: &Allowed) -> Markup {
     }
 }
 
-fn restore_dialog(backup: &BackupView) -> Markup {
+pub fn restore_dialog(backup: &BackupView) -> Markup {
     let id = format!("restore-{}", backup.name);
     html! {
         dialog id=(id) aria-labelledby=(format!("{id}-title")) {
@@ -284,7 +284,11 @@ fn restore_dialog(backup: &BackupView) -> Markup {
 async fn events(state: &ApiState, name: &str) -> Markup {
     let events = state.api::<Event>();
     let listed = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .list(
+            &ListParams::default()
+                .fields(&format!("involvedObject.name={name}"))
+                .limit(EVENTS_READ),
+        )
         .await;
     let mut events = listed.map(|l| l.items).unwrap_or_default();
     let when = |e: &Event| {

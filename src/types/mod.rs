@@ -34,8 +34,8 @@ pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus, clone_source};
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PUBLISHED_READONLY,
-    PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Robustness, Volume, VolumeFrontend, VolumeSpec,
-    VolumeState, VolumeStatus,
+    PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Robustness, VOLUME_NAME_MAX, Volume,
+    VolumeFrontend, VolumeSpec, VolumeState, VolumeStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -175,6 +175,10 @@ impl Volume {
     }
 }
 
+/// Longest volume name: replica names, labels and clone snapshot names add
+/// to it and must stay within 63 characters.
+pub const VOLUME_NAME_MAX: usize = 48;
+
 /// Annotations naming the claim a volume was provisioned for (from the
 /// external-provisioner's --extra-create-metadata), for the operator's eye
 /// and the metrics' `pvc` and `pvc_namespace` labels.

@@ -216,7 +216,10 @@ fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
         .output()
         .unwrap();
     if !issued.status.success() {
-        return vec![format!("{command}: {}", String::from_utf8_lossy(&issued.stderr))];
+        return vec![format!(
+            "{command}: {}",
+            String::from_utf8_lossy(&issued.stderr)
+        )];
     }
     let token = String::from_utf8_lossy(&issued.stdout).trim().to_owned();
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -242,7 +245,9 @@ fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
                 let status = answer.status();
                 let body = answer.text().await.unwrap_or_default();
                 if status != 200 || !body.contains(r#""pvc":"default/demo""#) {
-                    problems.push(format!("{base}/v1/volumes as the operator: {status} {body}"));
+                    problems.push(format!(
+                        "{base}/v1/volumes as the operator: {status} {body}"
+                    ));
                 }
             }
             Err(error) => problems.push(format!("{base}/v1/volumes: {error}")),

@@ -385,21 +385,27 @@ pub async fn list(
         .authorize(&caller, &Access::oxhorn("list", "nodes", None))
         .await?;
     let limit = page::limit(query.limit)?;
-    let all = state
+    let name: fn(&NodeView) -> &str = |n| &n.name;
+    Ok(Json(page::page(
+        all(&state),
+        name,
+        query.r#continue.as_deref(),
+        limit,
+    )))
+}
+
+/// Every node, by name.
+pub fn all(state: &ApiState) -> Vec<NodeView> {
+    let mut nodes: Vec<_> = state
         .ds
         .nodes
         .store
         .state()
         .iter()
-        .map(|n| view(&state, n))
+        .map(|n| view(state, n))
         .collect();
-    let name: fn(&NodeView) -> &str = |n| &n.name;
-    Ok(Json(page::page(
-        all,
-        name,
-        query.r#continue.as_deref(),
-        limit,
-    )))
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes
 }
 
 /// One node.

@@ -22,7 +22,8 @@ use crate::api::auth::{Access, Caller, Scope};
 use crate::api::body::Body;
 use crate::api::error::{ApiError, ErrorBody};
 use crate::types::{
-    DataLocality, PUBLISHED_READONLY, PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Volume,
+    DataLocality, PUBLISHED_READONLY, PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Robustness,
+    Volume,
 };
 
 /// Where to attach a volume.
@@ -262,9 +263,10 @@ pub async fn update(
     Ok(Json(view(&state, &changed)))
 }
 
-/// Brings a volume up from the replicas that can be reached now, even
-/// when replicas holding newer acknowledged writes cannot be: those writes
-/// are lost. Acted on at its next attach.
+/// Brings a faulted volume up from the replicas that can be reached now,
+/// even when replicas holding newer acknowledged writes cannot be: those
+/// writes are lost. Refused for a volume that is not faulted: salvaging
+/// restarts its engine.
 #[utoipa::path(
     operation_id = "salvage_volume",
     post,
@@ -276,7 +278,7 @@ pub async fn update(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not patch the volume", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "It changed meanwhile", body = ErrorBody),
+        (status = 409, description = "It is not faulted, or changed meanwhile", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -287,6 +289,12 @@ pub async fn salvage(
 ) -> Result<(StatusCode, Json<VolumeView>), ApiError> {
     authorize_patch(&state, &caller, &name).await?;
     let volume = volume(&state, &name).await?;
+    let robustness = volume.status.as_ref().map(|s| s.robustness);
+    if robustness != Some(Robustness::Faulted) {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is not faulted: salvage is for a volume none of whose replicas can serve"
+        )));
+    }
     let request = jiff::Timestamp::now().to_string();
     patch_spec(&state, &volume, json!({"salvageRequest": request})).await?;
     info!(

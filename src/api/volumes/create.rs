@@ -21,8 +21,8 @@ use crate::api::found;
 use crate::datastore::{Settings, create_if_absent};
 use crate::names::validate_dns_subdomain;
 use crate::types::{
-    AccessMode, DataLocality, DataSource, ReplicaAutoBalance, Snapshot, Volume, VolumeFrontend,
-    VolumeSpec, clone_source,
+    AccessMode, CLONE_FOR, DataLocality, DataSource, ReplicaAutoBalance, Snapshot, VOLUME_NAME_MAX,
+    Volume, VolumeFrontend, VolumeSpec, clone_source,
 };
 
 /// A new volume.
@@ -92,7 +92,7 @@ pub async fn create(
         .authorize(&caller, &Access::oxhorn("create", "volumes", None))
         .await?;
     let new: NewVolume = body.parse()?;
-    validate_dns_subdomain("the volume's name", &new.name).map_err(ApiError::Invalid)?;
+    check_name("the volume's name", &new.name)?;
     let (source, source_size) = match (&new.from_backup, &new.from_snapshot) {
         (Some(_), Some(_)) => {
             return Err(ApiError::Invalid(
@@ -170,7 +170,7 @@ pub async fn clone(
         state.auth.authorize(&caller, &access).await?;
     }
     let new: NewClone = body.parse()?;
-    validate_dns_subdomain("the clone's name", &new.name).map_err(ApiError::Invalid)?;
+    check_name("the clone's name", &new.name)?;
     let source = volume(&state, &name).await?;
     if source.metadata.deletion_timestamp.is_some() {
         return Err(ApiError::Conflict(format!(
@@ -200,8 +200,32 @@ pub async fn clone(
     };
     let volumes = state.api::<Volume>();
     volumes.create(&dry_run, &clone).await?;
-    create_if_absent(&state.api::<Snapshot>(), &snapshot).await?;
-    let made = volumes.create(&PostParams::default(), &clone).await?;
+    let snapshots = state.api::<Snapshot>();
+    if create_if_absent(&snapshots, &snapshot).await?.is_none() {
+        // Left by an earlier try: only if it is of this source, for this
+        // clone, is it the clone's.
+        let left = snapshots.get(&snapshot.name_any()).await?;
+        let for_clone = left.labels().get(CLONE_FOR) == Some(&new.name);
+        if left.spec.volume != name || !for_clone {
+            return Err(ApiError::Conflict(format!(
+                "snapshot {} exists and is not of volume {name} for this clone",
+                left.name_any()
+            )));
+        }
+    }
+    let made = match volumes.create(&PostParams::default(), &clone).await {
+        Ok(made) => made,
+        // A clone of that name made meanwhile fills from the snapshot.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            return Err(ApiError::Conflict(status.message));
+        }
+        Err(error) => {
+            let _ = snapshots
+                .delete(&snapshot.name_any(), &Default::default())
+                .await;
+            return Err(error.into());
+        }
+    };
     info!(
         user = caller.name(),
         volume = new.name,
@@ -209,6 +233,18 @@ pub async fn clone(
         "clone made through the API"
     );
     Ok((StatusCode::CREATED, Json(view(&state, &made))))
+}
+
+/// A volume's name: the names of its replicas, engine and clone snapshots
+/// are made from it, and must stay valid.
+fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    validate_dns_subdomain(what, name).map_err(ApiError::Invalid)?;
+    if name.len() > VOLUME_NAME_MAX || name.contains('.') {
+        return Err(ApiError::Invalid(format!(
+            "{what} must be at most {VOLUME_NAME_MAX} characters of a-z, 0-9 and -"
+        )));
+    }
+    Ok(())
 }
 
 /// What fills a new volume.
@@ -275,6 +311,18 @@ mod tests {
         for (asked, source) in [(None, 0), (Some(4096), 8192), (Some(4097), 0), (Some(0), 0)] {
             let error = size_for(asked, source).unwrap_err();
             assert_eq!(error.code(), "invalid", "{asked:?} {source}");
+        }
+    }
+
+    #[test]
+    fn a_volume_name_leaves_room_for_its_parts() {
+        assert!(check_name("name", &"a".repeat(48)).is_ok());
+        for bad in ["a".repeat(49), "a.b".into(), "A".into(), String::new()] {
+            assert_eq!(
+                check_name("name", &bad).unwrap_err().code(),
+                "invalid",
+                "{bad}"
+            );
         }
     }
 

@@ -20,7 +20,10 @@ use super::error::{ApiError, ErrorBody};
 use super::page::{self, Page};
 use super::query::Query;
 use super::{ApiState, found, lower, only};
-use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume, engine_name};
+use crate::types::{
+    BACKUP_FOR, CLONE_FOR, PUBLISHED_READONLY, PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume,
+    engine_name,
+};
 
 /// A volume as the API shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -204,7 +207,7 @@ pub async fn get(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not delete it", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "The API server refused (the volume changed)", body = ErrorBody),
+        (status = 409, description = "A pod uses it, it has snapshots or is being cloned, or it changed meanwhile", body = ErrorBody),
         (status = 503, description = "The API server did not answer", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -219,6 +222,9 @@ pub async fn delete(
         .authorize(&caller, &Access::oxhorn("delete", "volumes", Some(&name)))
         .await?;
     let volume = volume(&state, &name).await?;
+    if let Some(blocker) = deletion_blocker(&state, &volume) {
+        return Err(ApiError::Conflict(blocker));
+    }
     let volumes = state.api::<Volume>();
     volumes.delete(&name, &only(&*volume)).await?;
     info!(
@@ -227,6 +233,37 @@ pub async fn delete(
         "deleting the volume, as asked through the API"
     );
     Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
+}
+
+/// Why the volume may not be deleted now, as CSI's DeleteVolume refuses
+/// it: a pod uses it, a clone is being filled from it, or it has snapshots
+/// (which live in its replicas, and may back VolumeSnapshots).
+fn deletion_blocker(state: &ApiState, volume: &Volume) -> Option<String> {
+    let name = volume.name_any();
+    if volume.annotations().contains_key(PUBLISHED_READONLY) {
+        return Some(format!(
+            "Kubernetes attached volume {name} for a pod; delete its claim once no pod uses it"
+        ));
+    }
+    let snapshots = state.ds.snapshots.store.state();
+    let mut kept: Vec<_> = snapshots
+        .iter()
+        .filter(|s| s.spec.volume == name && s.metadata.deletion_timestamp.is_none())
+        .filter(|s| !s.labels().contains_key(BACKUP_FOR))
+        .collect();
+    kept.sort_by_key(|s| s.name_any());
+    if let Some(clone) = kept.iter().find_map(|s| s.labels().get(CLONE_FOR)) {
+        return Some(format!(
+            "volume {name} is being cloned into volume {clone}; retry once the clone is filled or deleted"
+        ));
+    }
+    let names: Vec<String> = kept.iter().map(|s| s.name_any()).collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "volume {name} has snapshots, which live in its replicas: delete {} first",
+            names.join(", ")
+        )
+    })
 }
 
 async fn volume(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {

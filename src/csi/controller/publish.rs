@@ -43,14 +43,17 @@ impl ControllerService {
                 )));
             }
             "" => self.set_attachment(&volume, node, Some(&readonly)).await?,
-            current if current == node => {
-                if published_readonly.is_some_and(|r| *r != readonly) {
+            current if current == node => match published_readonly {
+                Some(published) if *published != readonly => {
                     return Err(ControllerServiceError::AlreadyExists(format!(
-                        "volume {id} is published to {node} with readonly={}",
-                        published_readonly.map_or("", String::as_str)
+                        "volume {id} is published to {node} with readonly={published}"
                     )));
                 }
-            }
+                Some(_) => {}
+                // Attached there by a person (the REST API): from now on it
+                // is Kubernetes', and no one detaches it from under its pod.
+                None => self.set_attachment(&volume, node, Some(&readonly)).await?,
+            },
             other => {
                 return Err(ControllerServiceError::FailedPrecondition(format!(
                     "volume {id} is attached to node {other}; a single-node volume cannot also attach to {node}"

@@ -20,12 +20,8 @@ use crate::datastore::{Settings, create_if_absent, unless_gone};
 use crate::names::object_name;
 use crate::types::{
     AccessMode, Backup, Condition, ConditionStatus, DataSource, PVC_NAME, PVC_NAMESPACE,
-    Robustness, Volume, VolumeSpec, clone_source,
+    Robustness, VOLUME_NAME_MAX, Volume, VolumeSpec, clone_source,
 };
-
-/// Longest volume name: replica names, labels and clone snapshot names add
-/// to it and must stay within 63 characters.
-const VOLUME_NAME_MAX: usize = 48;
 
 const SCHEDULE_WAIT: Duration = Duration::from_secs(30);
 const DELETE_WAIT: Duration = Duration::from_secs(30);

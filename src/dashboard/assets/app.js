@@ -32,7 +32,8 @@ function fields(form) {
   const body = {};
   for (const input of form.querySelectorAll('[data-field]')) {
     const raw = input.value.trim();
-    if (raw === '') continue;
+    // An emptied list is a change too: no tags.
+    if (raw === '' && input.dataset.kind !== 'list') continue;
     const kind = input.dataset.kind || 'text';
     let value = raw;
     if (kind === 'int') value = Number.parseInt(raw, 10);
@@ -41,6 +42,7 @@ function fields(form) {
       value = Math.round(Number.parseFloat(raw) * Number(unit ? unit.value : 1));
     }
     if (kind === 'list') value = raw.split(',').map((s) => s.trim()).filter(Boolean);
+    if (kind === 'bool') value = raw === 'true';
     body[input.dataset.field] = value;
   }
   return body;
@@ -141,9 +143,11 @@ function restoreSorting() {
 
 let pending = false;
 
-/** Renders the page's content again, unless the person is in a dialog. */
+/** Renders the page's content again, unless the person is in a dialog or
+ * typing in a field of the page (it renders once they leave it). */
 async function refresh() {
-  if (document.querySelector('dialog[open]')) {
+  const typing = document.activeElement?.closest('main') && document.activeElement.matches('input, select, textarea');
+  if (document.querySelector('dialog[open]') || typing) {
     pending = true;
     return;
   }
@@ -174,6 +178,7 @@ function showLive() {
 }
 
 document.addEventListener('close', () => { if (pending) refresh(); }, true);
+document.addEventListener('focusout', () => { if (pending) setTimeout(refresh, 0); });
 
 function live() {
   const events = new EventSource('/ui/live');

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use oxhorn::types::{DEFAULT_BACKUP_TARGET, Volume};
+use oxhorn::types::{DEFAULT_BACKUP_TARGET, Node, Setting, Volume};
 use serde_json::json;
 
 use crate::backup::{create_target, until_target};
@@ -34,7 +34,9 @@ const KINDS: &[&str] = &[
     "nodes",
     "settings",
 ];
-const WRITE: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+const WRITE: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
 
 fn shots() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard")
@@ -275,6 +277,63 @@ async fn the_dashboard_works_as_a_person_uses_it() {
         })
         .await;
 
+    // Settings: a value out of range is refused with why, one in range set.
+    browser.goto(&format!("{base}/ui/settings")).await;
+    let row = "[data-setting=default-replica-count]";
+    browser.type_into(&format!("{row} input"), "0").await;
+    browser.click(&format!("{row} button[type=submit]")).await;
+    cluster
+        .until("the refusal shown", || async {
+            let error = browser.text(&format!("{row} .error")).await;
+            (!error.is_empty()).then_some(())
+        })
+        .await;
+    shot("settings-refused").await;
+    browser.type_into(&format!("{row} input"), "2").await;
+    browser.click(&format!("{row} button[type=submit]")).await;
+    cluster
+        .until("the setting set", || async {
+            let setting = cluster
+                .api::<Setting>()
+                .get_opt("default-replica-count")
+                .await
+                .unwrap()?;
+            (setting.spec.value == "2").then_some(())
+        })
+        .await;
+
+    // Nodes: scheduling stopped on one, and allowed again.
+    browser.goto(&format!("{base}/ui/nodes")).await;
+    let switch = format!("section[data-node='{node}'] header form[data-method=PATCH] button");
+    let scheduling = |allowed: bool| {
+        let cluster = &cluster;
+        let node = &node;
+        async move {
+            cluster
+                .until("the node's scheduling switched", || async {
+                    let got = cluster.api::<Node>().get(node).await.unwrap();
+                    (got.spec.allow_scheduling == allowed).then_some(())
+                })
+                .await;
+        }
+    };
+    browser.click(&switch).await;
+    scheduling(false).await;
+    cluster
+        .until("the node shown not schedulable", || async {
+            let badge = browser
+                .text(&format!("section[data-node='{node}'] .badge"))
+                .await;
+            (badge == "not schedulable").then_some(())
+        })
+        .await;
+    shot("nodes").await;
+    browser.click(&switch).await;
+    scheduling(true).await;
+    browser.goto(&format!("{base}/ui/backups")).await;
+    browser.get("tr[data-target=default]").await;
+    shot("backups").await;
+
     // A narrow window: the same pages, one column.
     browser.resize(420, 800).await;
     browser.goto(&format!("{base}/ui/volumes")).await;
@@ -300,6 +359,12 @@ async fn the_dashboard_works_as_a_person_uses_it() {
     }
     assert_eq!(browser.count("[data-open=create-volume]").await, 0);
     shot("read-only").await;
+    browser.goto(&format!("{base}/ui/settings")).await;
+    browser.get("[data-setting=default-replica-count]").await;
+    assert_eq!(browser.count("#settings form").await, 0);
+    browser.goto(&format!("{base}/ui/nodes")).await;
+    browser.get(&format!("section[data-node='{node}']")).await;
+    assert_eq!(browser.count("section[data-node] form").await, 0);
     browser.quit().await;
 
     cluster.detach("web").await;

@@ -4,7 +4,6 @@
 
 use oxhorn::api::replicas::ReplicaView;
 use oxhorn::api::snapshots::SnapshotView;
-use oxhorn::api::volumes::VolumeView;
 use oxhorn::types::{CLONE_FOR, Snapshot, Volume, VolumeState};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -73,7 +72,8 @@ async fn every_operation_refuses_callers_without_a_token_or_the_right() {
 }
 
 /// A volume made, changed, attached, snapshotted, cloned, detached and
-/// salvaged through the API is what the same changes with `kubectl` make;
+/// refused a salvage through the API is what the same changes with
+/// `kubectl` make;
 /// a read-only caller changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_is_made_and_changed_through_the_api_as_with_kubectl() {
@@ -307,7 +307,7 @@ async fn a_volume_is_made_and_changed_through_the_api_as_with_kubectl() {
     assert_eq!(snapshot.spec.volume, "by-api");
     assert_eq!(snapshot.metadata.labels.unwrap()[CLONE_FOR], "copy");
 
-    // Deleted snapshots go; detached and salvaged as asked.
+    // Deleted snapshots go; detached as asked.
     let (status, body) = call(
         &api,
         Method::DELETE,
@@ -351,10 +351,11 @@ async fn a_volume_is_made_and_changed_through_the_api_as_with_kubectl() {
             s.state == VolumeState::Detached
         })
         .await;
+    // Salvage is for a faulted volume only: it restarts the engine.
     let (status, body) = call(&api, post, "/v1/volumes/by-api/salvage", &admin, json!({})).await;
-    assert_eq!(status, 202, "{body}");
+    assert_eq!((status, code(&body)), (409, "conflict"), "{body}");
     assert!(
-        !cluster
+        cluster
             .volume("by-api")
             .await
             .unwrap()
@@ -362,8 +363,22 @@ async fn a_volume_is_made_and_changed_through_the_api_as_with_kubectl() {
             .salvage_request
             .is_empty()
     );
-    let view: VolumeView = serde_json::from_value(body).unwrap();
-    assert_eq!(view.name, "by-api");
+    // A volume with snapshots (which may back VolumeSnapshots), or being
+    // cloned, is not deleted, as CSI would not.
+    let (status, body) = call(
+        &api,
+        Method::DELETE,
+        "/v1/volumes/by-api",
+        &admin,
+        json!({}),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (409, "conflict"), "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("cloned") || message.contains("snapshots"),
+        "{message}"
+    );
 
     for name in ["copy", "by-api", "by-kubectl"] {
         cluster.delete_volume(name).await;

@@ -1,0 +1,139 @@
+//! Nodes and their disks: whether replicas may go there, tags, disks
+//! added, changed and removed.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::Response;
+use maud::{Markup, html};
+
+use super::Viewer;
+use super::format::bytes;
+use super::layout::{self, Section};
+use crate::api::ApiState;
+use crate::api::auth::Access;
+use crate::api::nodes::{DiskView, NodeView, all};
+
+pub async fn page(State(state): State<Arc<ApiState>>, viewer: Viewer) -> Response {
+    let list = Access::oxhorn("list", "nodes", None);
+    if let Err(error) = state.auth.authorize(&viewer.caller, &list).await {
+        return layout::refused(&viewer, &error);
+    }
+    let may_patch = state
+        .auth
+        .allows(&viewer.caller, &Access::oxhorn("patch", "nodes", None))
+        .await;
+    let nodes = all(&state);
+    let content = html! {
+        (layout::heading("Nodes", html! {}, html! {}))
+        @if nodes.is_empty() { section.panel { p.empty { "No nodes yet." } } }
+        @for node in &nodes { (node_panel(node, may_patch)) }
+    };
+    layout::page(&viewer, Section::Nodes, "Nodes", content)
+}
+
+fn node_panel(node: &NodeView, may_patch: bool) -> Markup {
+    let path = format!("/v1/nodes/{}", node.name);
+    let state = match (node.ready, node.schedulable && node.allow_scheduling) {
+        (false, _) => "faulted",
+        (true, false) => "degraded",
+        (true, true) => "healthy",
+    };
+    let word = match state {
+        "faulted" => "down",
+        "degraded" => "not schedulable",
+        _ => "ready",
+    };
+    let id = format!("node-{}", node.name);
+    html! {
+        section.panel data-node=(node.name) aria-labelledby=(format!("{id}-title")) {
+            header.page {
+                h2 id=(format!("{id}-title")) { (node.name) }
+                span class=(format!("badge {state}")) { (word) }
+                @if !node.zone.is_empty() { span.muted { "zone " (node.zone) } }
+                @if !node.tags.is_empty() { span.muted { "tags: " (node.tags.join(", ")) } }
+                div.actions {
+                    @if may_patch {
+                        form data-method="PATCH" data-path=(path) data-done="Scheduling changed" {
+                            input type="hidden" data-field="allowScheduling" data-kind="bool" value=(!node.allow_scheduling);
+                            button type="submit" { @if node.allow_scheduling { "Stop scheduling" } @else { "Allow scheduling" } }
+                        }
+                        button type="button" data-open=(format!("{id}-tags")) { "Tags" }
+                        button type="button" data-open=(format!("{id}-add-disk")) { "Add disk" }
+                    }
+                }
+            }
+            div.scroll { table id=(format!("{id}-disks")) {
+                thead { tr {
+                    th { "Disk" } th { "Path" } th.num { "Size" } th.num { "Free" }
+                    th.num { "Promised" } th.num { "Reserved" } th.num { "Replicas" } th { "Scheduling" } th {}
+                } }
+                tbody {
+                    @for disk in &node.disks { (disk_row(node, disk, may_patch)) }
+                }
+            } }
+            @if may_patch { (dialogs(node, &id)) }
+        }
+    }
+}
+
+fn disk_row(node: &NodeView, disk: &DiskView, may_patch: bool) -> Markup {
+    let path = format!("/v1/nodes/{}/disks/{}", node.name, disk.name);
+    html! {
+        tr data-disk=(disk.name) {
+            td { (disk.name) }
+            td { (disk.path) }
+            td.num { (bytes(disk.storage_maximum)) }
+            td.num { (bytes(disk.storage_available)) }
+            td.num { (bytes(disk.storage_scheduled)) }
+            td.num { (bytes(disk.storage_reserved)) }
+            td.num { (disk.replicas) }
+            td { @if disk.allow_scheduling && disk.schedulable { span.badge.healthy { "on" } } @else { span.muted { "off" } } }
+            td {
+                @if may_patch {
+                    form data-method="PATCH" data-path=(path) data-done="Disk changed" {
+                        input type="hidden" data-field="allowScheduling" data-kind="bool" value=(!disk.allow_scheduling);
+                        button type="submit" aria-label=(format!("Scheduling on disk {}", disk.name)) { @if disk.allow_scheduling { "Stop" } @else { "Allow" } }
+                    }
+                    @if !disk.allow_scheduling && disk.replicas == 0 {
+                        form data-method="DELETE" data-path=(path) data-done="Disk removed" {
+                            button.quiet.danger type="submit" aria-label=(format!("Remove disk {}", disk.name)) { "Remove" }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn dialogs(node: &NodeView, id: &str) -> Markup {
+    let path = format!("/v1/nodes/{}", node.name);
+    html! {
+        dialog id=(format!("{id}-tags")) aria-labelledby=(format!("{id}-tags-title")) {
+            form data-method="PATCH" data-path=(path) data-done="Tags changed" {
+                h2 id=(format!("{id}-tags-title")) { "Tags of " (node.name) }
+                label { "Tags, separated by commas" input data-field="tags" data-kind="list" value=(node.tags.join(", ")) autocomplete="off"; }
+                p.hint { "A volume's nodeSelector places its replicas only on nodes with all its tags." }
+                p.error role="alert" {}
+                div.buttons {
+                    button type="button" data-close { "Cancel" }
+                    button.primary type="submit" { "Save" }
+                }
+            }
+        }
+        dialog id=(format!("{id}-add-disk")) aria-labelledby=(format!("{id}-add-disk-title")) {
+            form data-path=(format!("{path}/disks")) data-done="Disk added" {
+                h2 id=(format!("{id}-add-disk-title")) { "Add a disk to " (node.name) }
+                label { "Name" input data-field="name" required autocomplete="off"; }
+                label { "Path on the node" input data-field="path" required placeholder="/var/lib/oxhorn-ssd" autocomplete="off"; }
+                label { "Reserved bytes" input data-field="storageReserved" data-kind="int" type="number" min="0" placeholder="0"; }
+                label { "Tags, separated by commas" input data-field="tags" data-kind="list" autocomplete="off"; }
+                p.error role="alert" {}
+                div.buttons {
+                    button type="button" data-close { "Cancel" }
+                    button.primary type="submit" { "Add" }
+                }
+            }
+        }
+    }
+}
