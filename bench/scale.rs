@@ -17,7 +17,14 @@
 //! bound printed for an attached one adds them, counted from
 //! src/metrics/families.rs.
 //!
+//! Then the dashboard's volumes page (`dashboard_page.rs`), with no volume
+//! and with the N: its weight, the manager's answer, and in a headless
+//! chromium the time to first paint.
+//!
 //!     cargo bench --bench scale [-- N]
+
+#[path = "dashboard_page.rs"]
+mod dashboard_page;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -43,8 +50,9 @@ const NODE: &str = "scale-node";
 /// The node's address, of its own so that the metrics port cannot clash:
 /// the tests' nodes take 127.0.x.y, the local-cluster example 127.1.0.x.
 const IP: [u8; 4] = [127, 2, 0, 1];
-/// The manifest's metrics port.
+/// The manifest's metrics and API ports.
 const METRICS_PORT: u16 = 9811;
+const API_PORT: u16 = 9500;
 const SCRAPES: usize = 5;
 /// The engine's I/O series of one attached volume (src/metrics/families.rs):
 /// 8 counters (ops of read, write, flush and unmap; bytes of read, write
@@ -100,6 +108,7 @@ async fn main() {
     let mut options = ManagerOptions::new(control_plane.kubeconfig(), NODE, &ns);
     options.ip = IpAddr::from(IP);
     options.metrics_port = Some(METRICS_PORT);
+    options.api_port = Some(API_PORT);
     let mut manager = ManagerProcess::start(oxhorn, options).expect("manager");
     manager
         .connect(Duration::from_secs(60))
@@ -114,6 +123,12 @@ async fn main() {
     })
     .await;
     let before = scrapes(metrics).await;
+    let base = format!("http://{}", manager.api_address().expect("an API port"));
+    let token = dashboard_page::viewer_token(&client, &ns).await;
+    let shots = tempfile::tempdir().expect("a screenshot directory");
+    let browser = testbed::webdriver::Browser::start(1280, 800, shots.path()).await;
+    dashboard_page::sign_in(&browser, &base, &token).await;
+    let page_before = dashboard_page::measure(&browser, &base, &token).await;
 
     let started = Instant::now();
     create_volumes(&client, &ns, count).await;
@@ -150,6 +165,8 @@ async fn main() {
     .await;
     let after = scrapes(metrics).await;
     let scraped = memory(manager.pid());
+    let page_after = dashboard_page::measure(&browser, &base, &token).await;
+    browser.quit().await;
 
     println!(
         "{count} volumes x {REPLICAS} replicas, one manager, 2 cores shared with the API server and etcd"
@@ -181,6 +198,7 @@ async fn main() {
         mib(scraped.1)
     );
     report_scrapes(count, &before, &after);
+    dashboard_page::report(count, &page_before, &page_after);
     manager.power_off();
 }
 

@@ -32,6 +32,7 @@ mod process;
 pub mod prometheus;
 pub mod sidecars;
 mod tgtd;
+pub mod webdriver;
 pub mod writer;
 
 pub use controlplane::ControlPlane;

@@ -8,8 +8,6 @@
 //! refused. Screenshots of each step are kept in the test's target
 //! directory (`dashboard/`), to look at.
 
-mod webdriver;
-
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 
@@ -22,7 +20,7 @@ use crate::backup::{create_target, until_target};
 use crate::common::{Cluster, require_root, write_pattern};
 use crate::metrics::replica_process;
 use crate::rest_api::{READ, Rule, account_with, oxhorn};
-use webdriver::Browser;
+use oxhorn_testbed::webdriver::Browser;
 
 const KINDS: &[&str] = &[
     "volumes",

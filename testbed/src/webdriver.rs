@@ -1,4 +1,5 @@
-//! A WebDriver client, just enough to use the dashboard as a person does:
+//! A WebDriver client, just enough to use oxhorn's dashboard as a person
+//! does (tests/it/dashboard, bench/scale.rs):
 //! Debian's chromium, headless, driven by its chromedriver over the W3C
 //! protocol on the loopback. Both processes end with the browser's drop.
 

@@ -1,0 +1,194 @@
+//! The dashboard's volumes page, as a person signed in gets it: its weight
+//! and how long the manager takes to answer it (plain GETs with the session
+//! cookie), and in Debian's headless chromium the time to the response's
+//! end, to the page's first paint and to DOMContentLoaded (the browser's
+//! Navigation Timing). For bench/scale.rs, with its N volumes and with
+//! none.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use oxhorn_testbed::webdriver::Browser;
+
+/// Loads of the page each side takes.
+const LOADS: usize = 5;
+
+/// What one side measured: medians over [`LOADS`] loads.
+pub struct PageLoad {
+    pub bytes: usize,
+    pub server: Duration,
+    pub response_end_ms: f64,
+    pub first_paint_ms: f64,
+    pub dom_ready_ms: f64,
+}
+
+/// A token of a ServiceAccount of `ns` that may read what the page shows.
+pub async fn viewer_token(client: &Client, ns: &str) -> String {
+    let name = "bench-viewer";
+    let meta = ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..ObjectMeta::default()
+    };
+    let post = PostParams::default();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let account = ServiceAccount {
+        metadata: meta.clone(),
+        ..ServiceAccount::default()
+    };
+    accounts.create(&post, &account).await.expect("account");
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["oxhorn.io".into()]),
+            resources: Some(vec!["*".into()]),
+            verbs: vec!["get".into(), "list".into()],
+            ..PolicyRule::default()
+        }]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&post, &role)
+        .await
+        .expect("role");
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(ns.into()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&post, &binding)
+        .await
+        .expect("role binding");
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued = accounts
+        .create_token_request(name, &post, &request)
+        .await
+        .expect("token");
+    issued.status.expect("a token").token
+}
+
+/// Signs `browser` in at `base` with `token`.
+pub async fn sign_in(browser: &Browser, base: &str, token: &str) {
+    browser.goto(&format!("{base}/ui/signin")).await;
+    browser.type_into("#token", token).await;
+    browser.click("button[type=submit]").await;
+    let waited = Instant::now();
+    while !browser.url().await.ends_with("/ui/") {
+        assert!(waited.elapsed() < Duration::from_secs(60), "not signed in");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The volumes page, loaded [`LOADS`] times each way.
+pub async fn measure(browser: &Browser, base: &str, token: &str) -> PageLoad {
+    let url = format!("{base}/ui/volumes");
+    let http = reqwest::Client::new();
+    let mut served = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..LOADS {
+        let started = Instant::now();
+        let answer = http
+            .get(&url)
+            .header("cookie", format!("oxhorn_session={token}"))
+            .send()
+            .await
+            .expect("the page");
+        assert_eq!(answer.status(), 200);
+        bytes = answer.bytes().await.expect("the page's body").len();
+        served.push(started.elapsed());
+    }
+    let (mut response_end, mut first_paint, mut dom_ready) = (vec![], vec![], vec![]);
+    for _ in 0..LOADS {
+        browser.goto(&url).await;
+        let timing = browser
+            .run(
+                "const done = arguments[arguments.length - 1];
+                 const n = performance.getEntriesByType('navigation')[0];
+                 const paint = performance.getEntriesByName('first-contentful-paint')[0];
+                 done({responseEnd: n.responseEnd, dom: n.domContentLoadedEventEnd,
+                       paint: paint ? paint.startTime : n.domContentLoadedEventEnd});",
+            )
+            .await;
+        let ms = |key: &str| timing[key].as_f64().unwrap_or(f64::NAN);
+        response_end.push(ms("responseEnd"));
+        first_paint.push(ms("paint"));
+        dom_ready.push(ms("dom"));
+    }
+    PageLoad {
+        bytes,
+        server: median(served),
+        response_end_ms: median_f(response_end),
+        first_paint_ms: median_f(first_paint),
+        dom_ready_ms: median_f(dom_ready),
+    }
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+fn median_f(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Prints both sides and their ratios.
+pub fn report(count: usize, none: &PageLoad, all: &PageLoad) {
+    let row = |what: &str, before: f64, after: f64, unit: &str| {
+        println!(
+            "    {what:<34} {before:>10.1} {after:>10.1} {unit:<3} ratio {:.1}",
+            after / before
+        );
+    };
+    println!("  the dashboard's volumes page, medians of {LOADS} loads (no volume | {count}):");
+    row("page weight (HTML)", kib(none.bytes), kib(all.bytes), "KiB");
+    row(
+        "manager's answer (GET, cookie)",
+        none.server.as_secs_f64() * 1e3,
+        all.server.as_secs_f64() * 1e3,
+        "ms",
+    );
+    row(
+        "browser: response end",
+        none.response_end_ms,
+        all.response_end_ms,
+        "ms",
+    );
+    row(
+        "browser: first contentful paint",
+        none.first_paint_ms,
+        all.first_paint_ms,
+        "ms",
+    );
+    row(
+        "browser: DOMContentLoaded",
+        none.dom_ready_ms,
+        all.dom_ready_ms,
+        "ms",
+    );
+}
+
+fn kib(bytes: usize) -> f64 {
+    bytes as f64 / 1024.0
+}
