@@ -2,6 +2,7 @@
 //! it shows may have changed, so its script renders it again. It says
 //! only that: what the page then shows is authorized as any page is.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,20 +12,34 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::FutureExt;
 use futures::stream::{BoxStream, Stream, StreamExt, select_all};
 
+use kube::ResourceExt;
+
 use super::Viewer;
 use crate::api::ApiState;
+use crate::types::Node;
 
 /// Changes closer together than this are told as one...
 const BURST: Duration = Duration::from_millis(300);
 /// ...up to this long after the first, however often they come.
 const BURST_MAX: Duration = Duration::from_secs(2);
 
-/// Every change of what the pages show. Not the Nodes': their managers
-/// write their status as often as a disk's free space moves, and a page
-/// showing nodes is current again with the next change of anything else.
+/// Every change of what the pages show. Of a Node, only a change of its
+/// spec or conditions: its manager writes its status as often as a disk's
+/// free space moves.
 fn changes(state: &ApiState) -> BoxStream<'static, ()> {
     let ds = &state.ds;
+    let nodes = ds
+        .nodes
+        .subscribe()
+        .scan(HashMap::new(), |seen, node| {
+            let key = (node.metadata.generation, conditions(&node));
+            let changed = seen.insert(node.name_any(), key.clone()) != Some(key);
+            futures::future::ready(Some(changed))
+        })
+        .filter(|changed| futures::future::ready(*changed))
+        .map(|_| ());
     select_all([
+        nodes.boxed(),
         ds.volumes.subscribe().map(|_| ()).boxed(),
         ds.engines.subscribe().map(|_| ()).boxed(),
         ds.replicas.subscribe().map(|_| ()).boxed(),
@@ -34,6 +49,20 @@ fn changes(state: &ApiState) -> BoxStream<'static, ()> {
         ds.settings.subscribe().map(|_| ()).boxed(),
     ])
     .boxed()
+}
+
+/// A node's conditions and its disks', as the pages show them.
+fn conditions(node: &Node) -> Vec<(String, String)> {
+    let Some(status) = node.status.as_ref() else {
+        return Vec::new();
+    };
+    let disks = status.disk_status.values().flat_map(|d| &d.conditions);
+    status
+        .conditions
+        .iter()
+        .chain(disks)
+        .map(|c| (c.type_.clone(), format!("{:?}", c.status)))
+        .collect()
 }
 
 /// Waits out a burst of changes: until none came for [`BURST`], or for

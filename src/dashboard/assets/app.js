@@ -180,17 +180,30 @@ function showLive() {
 document.addEventListener('close', () => { if (pending) refresh(); }, true);
 document.addEventListener('focusout', () => { if (pending) setTimeout(refresh, 0); });
 
+let source = null;
+
 function live() {
-  const events = new EventSource('/ui/live');
+  source = new EventSource('/ui/live');
   let timer = null;
-  events.addEventListener('changed', () => {
+  source.addEventListener('changed', () => {
     // Changes come in bursts: one render for each.
     clearTimeout(timer);
     timer = setTimeout(refresh, 250);
   });
-  events.onopen = () => { connected = true; showLive(); };
-  events.onerror = () => { connected = false; showLive(); };
+  source.onopen = () => { connected = true; showLive(); };
+  source.onerror = () => { connected = false; showLive(); };
 }
+
+// A page left holds no stream: browsers allow a few connections to a host,
+// and pages kept for going back would hold them all. One that comes back
+// streams again, and catches up.
+window.addEventListener('pagehide', () => source?.close());
+window.addEventListener('pageshow', (event) => {
+  if (event.persisted && document.querySelector('main[data-live]')) {
+    live();
+    refresh();
+  }
+});
 
 restoreSorting();
 if (document.querySelector('main[data-live]')) live();
