@@ -126,7 +126,7 @@ pub async fn measure(browser: &Browser, base: &str, token: &str) -> PageLoad {
                  const n = performance.getEntriesByType('navigation')[0];
                  const paint = performance.getEntriesByName('first-contentful-paint')[0];
                  done({responseEnd: n.responseEnd, dom: n.domContentLoadedEventEnd,
-                       paint: paint ? paint.startTime : n.domContentLoadedEventEnd});",
+                       paint: paint ? paint.startTime : NaN});",
             )
             .await;
         let ms = |key: &str| timing[key].as_f64().unwrap_or(f64::NAN);

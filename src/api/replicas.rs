@@ -16,8 +16,8 @@ use utoipa::ToSchema;
 use super::auth::{Access, Caller};
 use super::error::{ApiError, ErrorBody};
 use super::{ApiState, found, lower, only};
-use crate::types::{Engine, Replica, ReplicaMode, engine_name};
-use kube::api::ListParams;
+use crate::types::{Engine, Replica, ReplicaMode, Volume, engine_name};
+use kube::api::{ListParams, Patch, PatchParams};
 
 /// A replica as the API shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -153,6 +153,7 @@ pub async fn delete(
     let _one_at_a_time = state.replica_deletes.lock().await;
     let replica = found(&state, &state.ds.replicas, "replica", &name).await?;
     let volume = &replica.spec.instance.volume_name;
+    claim_deletion(&state, volume, &name).await?;
     let engine = state.api::<Engine>().get_opt(&engine_name(volume)).await?;
     let listed = state.api::<Replica>().list(&ListParams::default()).await?;
     let siblings: Vec<Arc<Replica>> = listed
@@ -162,6 +163,12 @@ pub async fn delete(
         .map(Arc::new)
         .collect();
     if !another_holds_the_data(&replica, &siblings, engine.as_ref()) {
+        // Not deleted: its claim must not hold others back.
+        let patch = serde_json::json!({"metadata": {"annotations": {DELETING_REPLICA: null}}});
+        let _ = state
+            .api::<Volume>()
+            .patch(volume, &PatchParams::default(), &Patch::Merge(patch))
+            .await;
         return Err(ApiError::Conflict(format!(
             "no replica of volume {volume} but {name} is known to hold its data; add a replica and let it rebuild first"
         )));
@@ -177,6 +184,48 @@ pub async fn delete(
         "replica deleted through the API"
     );
     Ok((StatusCode::ACCEPTED, Json(view(&replica, engine.as_ref()))))
+}
+
+/// The annotation on a Volume naming the replica of it being deleted
+/// through the API, and since when: `<replica> <RFC 3339 time>`.
+const DELETING_REPLICA: &str = "oxhorn.io/api-deleting-replica";
+
+/// How long a claim on a volume's replica deletion holds if its manager
+/// never finished it (it died between the claim and the delete).
+const CLAIM_HOLDS: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
+/// Claims the right to delete a replica of `volume` (`name`), on the
+/// Volume itself, so that across every manager serving the API one
+/// deletion at a time is judged: the claim is written only over the
+/// Volume as read (its resourceVersion), and only once the replica an
+/// earlier claim named is being deleted, gone, or its claim has expired.
+/// Whoever judges next then sees that replica as going.
+async fn claim_deletion(state: &ApiState, volume: &str, name: &str) -> Result<(), ApiError> {
+    let volumes = state.api::<Volume>();
+    let current = volumes.get(volume).await?;
+    if let Some(claim) = current.annotations().get(DELETING_REPLICA) {
+        let (earlier, since) = claim.split_once(' ').unwrap_or((claim, ""));
+        let fresh = since
+            .parse::<jiff::Timestamp>()
+            .is_ok_and(|at| jiff::Timestamp::now().duration_since(at) < CLAIM_HOLDS);
+        let earlier_going = match state.api::<Replica>().get_opt(earlier).await? {
+            Some(replica) => replica.metadata.deletion_timestamp.is_some(),
+            None => true,
+        };
+        if fresh && !earlier_going && earlier != name {
+            return Err(ApiError::Conflict(format!(
+                "replica {earlier} of volume {volume} is being deleted; try again in a moment"
+            )));
+        }
+    }
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": current.resource_version(),
+        "annotations": {DELETING_REPLICA: format!("{name} {}", jiff::Timestamp::now())},
+    }});
+    volumes
+        .patch(volume, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
 }
 
 /// Whether a replica other than `replica`, not being deleted, is known to

@@ -17,6 +17,7 @@ use super::auth::{Access, Caller};
 use super::body::Body;
 use super::error::{ApiError, ErrorBody};
 use super::{ApiState, found, only};
+use crate::names::validate_dns_subdomain;
 use crate::replica::{SNAPSHOT_NAME_MAX, validate_snapshot_name};
 use crate::types::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, engine_name};
 
@@ -257,6 +258,7 @@ pub fn timed_name(volume: &str, now: jiff::Timestamp) -> String {
 
 /// A snapshot's (or backup's) name, as the replicas take it.
 pub fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    validate_dns_subdomain(&format!("a {what}'s name"), name).map_err(ApiError::Invalid)?;
     validate_snapshot_name(name).map_err(|_| {
         ApiError::Invalid(format!(
             "a {what}'s name is 1 to {SNAPSHOT_NAME_MAX} characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit, not {name:?}"
@@ -357,6 +359,8 @@ mod tests {
         let long = format!("{}-x", "a".repeat(250));
         let name = timed_name(&long, now);
         assert!(check_name("snapshot", &name).is_ok(), "{name}");
-        assert!(check_name("snapshot", &"a".repeat(64)).is_err());
+        for bad in ["a".repeat(64), "a_b".into(), "a-".into()] {
+            assert!(check_name("snapshot", &bad).is_err(), "{bad}");
+        }
     }
 }

@@ -142,7 +142,7 @@ fn backup_row(backup: &BackupView, restore: bool, delete: bool) -> Markup {
                     button type="button" data-open=(format!("restore-{}", backup.name)) { "Restore" }
                 }
                 @if delete && !backup.deleting {
-                    form data-method="DELETE" data-path=(format!("/v1/backups/{}", backup.name)) data-done="Backup deleted" {
+                    form data-method="DELETE" data-path=(format!("/v1/backups/{}", backup.name)) data-done="Backup deleted" data-ask=(format!("Delete backup {} from its store? It cannot be undone.", backup.name)) {
                         button.quiet.danger type="submit" aria-label=(format!("Delete backup {}", backup.name)) { "Delete" }
                     }
                 }

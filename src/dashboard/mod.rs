@@ -30,13 +30,44 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::ListParams;
 
 use crate::api::ApiState;
 use crate::api::auth::Caller;
 use crate::api::session;
 
-/// The most Events a page reads, of those the API server lists first.
-const EVENTS_READ: u32 = 200;
+/// Events are listed this many at a time, and at most [`EVENT_PAGES`]
+/// pages: the API server lists them by name, not by time.
+const EVENT_PAGE: u32 = 250;
+const EVENT_PAGES: usize = 4;
+
+/// The Events of oxhorn's namespace that `fields` selects, newest first, at
+/// most `keep`.
+async fn recent_events(state: &ApiState, fields: &str, keep: usize) -> Vec<Event> {
+    let events = state.api::<Event>();
+    let mut all = Vec::new();
+    let mut params = ListParams::default().fields(fields).limit(EVENT_PAGE);
+    for _ in 0..EVENT_PAGES {
+        let Ok(page) = events.list(&params).await else {
+            break;
+        };
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(next) if !next.is_empty() => params = params.continue_token(&next),
+            _ => break,
+        }
+    }
+    all.sort_by_key(|e| std::cmp::Reverse(event_time(e)));
+    all.truncate(keep);
+    all
+}
+
+/// When an Event last happened.
+fn event_time(event: &Event) -> Option<jiff::Timestamp> {
+    let last = event.last_timestamp.as_ref().map(|t| t.0);
+    last.or(event.event_time.as_ref().map(|t| t.0))
+}
 
 /// A signed-in person looking at a page.
 pub struct Viewer {

@@ -5,13 +5,11 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::Response;
-use k8s_openapi::api::core::v1::Event;
-use kube::api::ListParams;
 use maud::{Markup, html};
 
 use super::format::{ago, bytes};
 use super::layout::{self, Section};
-use super::{EVENTS_READ, Viewer};
+use super::{Viewer, event_time, recent_events};
 use crate::api::ApiState;
 use crate::api::auth::Access;
 use crate::api::volumes::{VolumeView, view};
@@ -173,22 +171,8 @@ fn storage_and_nodes(state: &ApiState) -> Markup {
 
 /// The latest warning Events in oxhorn's namespace.
 async fn warnings(state: &ApiState) -> Markup {
-    let events = state.api::<Event>();
-    let listed = events
-        .list(
-            &ListParams::default()
-                .fields("type=Warning")
-                .limit(EVENTS_READ),
-        )
-        .await;
-    let mut events = listed.map(|l| l.items).unwrap_or_default();
-    let when = |e: &Event| {
-        e.last_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .or(e.event_time.as_ref().map(|t| t.0))
-    };
-    events.sort_by_key(|e| std::cmp::Reverse(when(e)));
+    let events = recent_events(state, "type=Warning", WARNINGS).await;
+    let when = event_time;
     html! {
         section.panel aria-labelledby="warnings-heading" {
             h2 #warnings-heading { "Recent warnings" }
@@ -198,7 +182,7 @@ async fn warnings(state: &ApiState) -> Markup {
                 div.scroll { table {
                     thead { tr { th { "When" } th { "Object" } th { "Reason" } th { "Message" } } }
                     tbody {
-                        @for event in events.iter().take(WARNINGS) {
+                        @for event in &events {
                             tr {
                                 td { (when(event).map(|t| ago(&t.to_string())).unwrap_or_default()) }
                                 td { (event.involved_object.kind.clone().unwrap_or_default()) " " (event.involved_object.name.clone().unwrap_or_default()) }

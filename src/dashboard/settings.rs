@@ -37,7 +37,7 @@ pub async fn page(State(state): State<Arc<ApiState>>, viewer: Viewer) -> Respons
                         div {
                             @if may_change {
                                 form.inline data-method="PUT" data-path=(format!("/v1/settings/{}", setting.key)) data-done=(format!("{} saved", setting.key)) {
-                                    input data-field="value" value=(setting.value) aria-label=(format!("Value of {}", setting.key)) autocomplete="off";
+                                    input data-field="value" data-empty value=(setting.value) aria-label=(format!("Value of {}", setting.key)) autocomplete="off";
                                     button type="submit" { "Save" }
                                     p.error role="alert" {}
                                 }

@@ -7,14 +7,12 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::response::Response;
-use k8s_openapi::api::core::v1::Event;
-use kube::api::ListParams;
 use maud::{Markup, html};
 
 use super::format::{ago, bytes};
 use super::layout::{self, Section, badge};
 use super::overview::health;
-use super::{EVENTS_READ, Viewer};
+use super::{Viewer, event_time, recent_events};
 use crate::api::auth::{Access, Caller, Scope};
 use crate::api::backups::{BackupView, newest_first};
 use crate::api::replicas::{ReplicaView, of_volume};
@@ -167,7 +165,7 @@ fn replica_table(replicas: &[ReplicaView], may: &Allowed) -> Markup {
                                 }
                                 td {
                                     @if may.delete_replica && !replica.deleting {
-                                        form data-method="DELETE" data-path=(format!("/v1/replicas/{}", replica.name)) data-done="Replica deleted" {
+                                        form data-method="DELETE" data-path=(format!("/v1/replicas/{}", replica.name)) data-done="Replica deleted" data-ask=(format!("Delete replica {}? Another is made and rebuilt.", replica.name)) {
                                             button.quiet.danger type="submit" aria-label=(format!("Delete replica {}", replica.name)) { "Delete" }
                                         }
                                     }
@@ -205,7 +203,7 @@ fn snapshot_chain(volume: &VolumeView, snapshots: &[SnapshotView], may: &Allowed
                             span.muted { (snapshot.created.as_deref().map(ago).unwrap_or_default()) " ago" }
                             span.actions {
                                 @if may.delete_snapshot && !snapshot.deleting {
-                                    form data-method="DELETE" data-path=(format!("/v1/snapshots/{}", snapshot.name)) data-done="Snapshot deleted" {
+                                    form data-method="DELETE" data-path=(format!("/v1/snapshots/{}", snapshot.name)) data-done="Snapshot deleted" data-ask=(format!("Delete snapshot {}? Its data merges into the next layer.", snapshot.name)) {
                                         button.quiet.danger type="submit" aria-label=(format!("Delete snapshot {}", snapshot.name)) { "Delete" }
                                     }
                                 }
@@ -243,7 +241,7 @@ fn backup_table(backups: &[BackupView], may: &Allowed) -> Markup {
                                         button type="button" data-open=(format!("restore-{}", backup.name)) { "Restore" }
                                     }
                                     @if may.delete_backup && !backup.deleting {
-                                        form data-method="DELETE" data-path=(format!("/v1/backups/{}", backup.name)) data-done="Backup deleted" {
+                                        form data-method="DELETE" data-path=(format!("/v1/backups/{}", backup.name)) data-done="Backup deleted" data-ask=(format!("Delete backup {} from its store? It cannot be undone.", backup.name)) {
                                             button.quiet.danger type="submit" aria-label=(format!("Delete backup {}", backup.name)) { "Delete" }
                                         }
                                     }
@@ -282,22 +280,9 @@ pub fn restore_dialog(backup: &BackupView) -> Markup {
 
 /// The Events of the volume and its engine and replicas, newest first.
 async fn events(state: &ApiState, name: &str) -> Markup {
-    let events = state.api::<Event>();
-    let listed = events
-        .list(
-            &ListParams::default()
-                .fields(&format!("involvedObject.name={name}"))
-                .limit(EVENTS_READ),
-        )
-        .await;
-    let mut events = listed.map(|l| l.items).unwrap_or_default();
-    let when = |e: &Event| {
-        e.last_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .or(e.event_time.as_ref().map(|t| t.0))
-    };
-    events.sort_by_key(|e| std::cmp::Reverse(when(e)));
+    let selected = format!("involvedObject.name={name}");
+    let events = recent_events(state, &selected, 20).await;
+    let when = event_time;
     html! {
         section.panel aria-labelledby="events-heading" {
             h2 #events-heading { "Events" }
@@ -305,7 +290,7 @@ async fn events(state: &ApiState, name: &str) -> Markup {
                 div.scroll { table {
                     thead { tr { th { "When" } th { "Type" } th { "Reason" } th { "Message" } } }
                     tbody {
-                        @for event in events.iter().take(20) {
+                        @for event in &events {
                             tr {
                                 td { (when(event).map(|t| ago(&t.to_string())).unwrap_or_default()) }
                                 td { (event.type_.clone().unwrap_or_default()) }

@@ -93,6 +93,17 @@ pub async fn create(
         .await?;
     let new: NewVolume = body.parse()?;
     check_name("the volume's name", &new.name)?;
+    // Restoring reads the source: the caller must be allowed to.
+    let sources = [
+        ("backups", &new.from_backup),
+        ("snapshots", &new.from_snapshot),
+    ];
+    for (resource, source) in sources {
+        if let Some(source) = source {
+            let access = Access::oxhorn("get", resource, Some(source));
+            state.auth.authorize(&caller, &access).await?;
+        }
+    }
     let (source, source_size) = match (&new.from_backup, &new.from_snapshot) {
         (Some(_), Some(_)) => {
             return Err(ApiError::Invalid(
@@ -206,7 +217,8 @@ pub async fn clone(
         // clone, is it the clone's.
         let left = snapshots.get(&snapshot.name_any()).await?;
         let for_clone = left.labels().get(CLONE_FOR) == Some(&new.name);
-        if left.spec.volume != name || !for_clone {
+        let going = left.metadata.deletion_timestamp.is_some();
+        if left.spec.volume != name || !for_clone || going {
             return Err(ApiError::Conflict(format!(
                 "snapshot {} exists and is not of volume {name} for this clone",
                 left.name_any()
@@ -219,12 +231,15 @@ pub async fn clone(
         Err(kube::Error::Api(status)) if status.code == 409 => {
             return Err(ApiError::Conflict(status.message));
         }
-        Err(error) => {
+        // Refused: the snapshot taken for it goes. (Not when unanswered:
+        // the clone may have been made, and would then need it.)
+        Err(kube::Error::Api(status)) => {
             let _ = snapshots
                 .delete(&snapshot.name_any(), &Default::default())
                 .await;
-            return Err(error.into());
+            return Err(kube::Error::Api(status).into());
         }
+        Err(error) => return Err(error.into()),
     };
     info!(
         user = caller.name(),

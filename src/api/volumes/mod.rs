@@ -11,6 +11,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Preconditions};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 use utoipa::{IntoParams, ToSchema};
@@ -19,10 +20,9 @@ use super::auth::{Access, Caller};
 use super::error::{ApiError, ErrorBody};
 use super::page::{self, Page};
 use super::query::Query;
-use super::{ApiState, found, lower, only};
+use super::{ApiState, found, lower};
 use crate::types::{
-    BACKUP_FOR, CLONE_FOR, PUBLISHED_READONLY, PVC_NAME, PVC_NAMESPACE, ReplicaMode, Volume,
-    engine_name,
+    BACKUP_FOR, CLONE_FOR, PVC_NAME, PVC_NAMESPACE, ReplicaMode, Snapshot, Volume, engine_name,
 };
 
 /// A volume as the API shows it.
@@ -207,7 +207,7 @@ pub async fn get(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not delete it", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "A pod uses it, it has snapshots or is being cloned, or it changed meanwhile", body = ErrorBody),
+        (status = 409, description = "It is attached, a claim uses it, it has snapshots or is being cloned, or it changed meanwhile", body = ErrorBody),
         (status = 503, description = "The API server did not answer", body = ErrorBody),
     ),
     security(("bearer" = []))
@@ -221,12 +221,27 @@ pub async fn delete(
         .auth
         .authorize(&caller, &Access::oxhorn("delete", "volumes", Some(&name)))
         .await?;
-    let volume = volume(&state, &name).await?;
-    if let Some(blocker) = deletion_blocker(&state, &volume) {
+    // Judged on the volume and snapshots as the API server holds them now,
+    // and deleted only as judged (its resourceVersion).
+    let volumes = state.api::<Volume>();
+    let Some(volume) = volumes.get_opt(&name).await? else {
+        return Err(ApiError::NotFound {
+            kind: "volume",
+            name,
+        });
+    };
+    let snapshots = state.api::<Snapshot>().list(&ListParams::default()).await?;
+    if let Some(blocker) = deletion_blocker(&volume, &snapshots.items) {
         return Err(ApiError::Conflict(blocker));
     }
-    let volumes = state.api::<Volume>();
-    volumes.delete(&name, &only(&*volume)).await?;
+    let as_judged = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: volume.uid(),
+            resource_version: volume.resource_version(),
+        }),
+        ..DeleteParams::default()
+    };
+    volumes.delete(&name, &as_judged).await?;
     info!(
         user = caller.name(),
         volume = name,
@@ -236,16 +251,25 @@ pub async fn delete(
 }
 
 /// Why the volume may not be deleted now, as CSI's DeleteVolume refuses
-/// it: a pod uses it, a clone is being filled from it, or it has snapshots
-/// (which live in its replicas, and may back VolumeSnapshots).
-fn deletion_blocker(state: &ApiState, volume: &Volume) -> Option<String> {
+/// it and more: it is attached, a claim uses it (delete the claim), a
+/// clone is being filled from it, or it has snapshots (which live in its
+/// replicas, and may back VolumeSnapshots).
+fn deletion_blocker(volume: &Volume, snapshots: &[Snapshot]) -> Option<String> {
     let name = volume.name_any();
-    if volume.annotations().contains_key(PUBLISHED_READONLY) {
+    if !volume.spec.node_id.is_empty() {
         return Some(format!(
-            "Kubernetes attached volume {name} for a pod; delete its claim once no pod uses it"
+            "volume {name} is attached to {}; detach it first",
+            volume.spec.node_id
         ));
     }
-    let snapshots = state.ds.snapshots.store.state();
+    let annotations = volume.annotations();
+    if let (Some(namespace), Some(claim)) =
+        (annotations.get(PVC_NAMESPACE), annotations.get(PVC_NAME))
+    {
+        return Some(format!(
+            "volume {name} was made for the claim {namespace}/{claim}: delete the claim, and its PersistentVolume deletes the volume"
+        ));
+    }
     let mut kept: Vec<_> = snapshots
         .iter()
         .filter(|s| s.spec.volume == name && s.metadata.deletion_timestamp.is_none())

@@ -50,8 +50,15 @@ impl ControllerService {
                     )));
                 }
                 Some(_) => {}
-                // Attached there by a person (the REST API): from now on it
-                // is Kubernetes', and no one detaches it from under its pod.
+                // Attached there by a person (the REST API) and since
+                // deleted: no pod may start to use it.
+                None if volume.metadata.deletion_timestamp.is_some() => {
+                    return Err(ControllerServiceError::FailedPrecondition(format!(
+                        "volume {id} is being deleted; it cannot be published to {node}"
+                    )));
+                }
+                // Attached there by a person: from now on it is
+                // Kubernetes', and no one detaches it from under its pod.
                 None => self.set_attachment(&volume, node, Some(&readonly)).await?,
             },
             other => {

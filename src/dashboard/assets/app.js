@@ -32,8 +32,9 @@ function fields(form) {
   const body = {};
   for (const input of form.querySelectorAll('[data-field]')) {
     const raw = input.value.trim();
-    // An emptied list is a change too: no tags.
-    if (raw === '' && input.dataset.kind !== 'list') continue;
+    // An emptied list is a change too (no tags), and so is a field that
+    // may be empty (a setting's value).
+    if (raw === '' && input.dataset.kind !== 'list' && input.dataset.empty === undefined) continue;
     const kind = input.dataset.kind || 'text';
     let value = raw;
     if (kind === 'int') value = Number.parseInt(raw, 10);
@@ -62,6 +63,8 @@ document.addEventListener('submit', async (event) => {
   const form = event.target.closest('form[data-path]');
   if (!form) return;
   event.preventDefault();
+  // What cannot be undone is asked for again.
+  if (form.dataset.ask && !window.confirm(form.dataset.ask)) return;
   const error = form.querySelector('.error');
   const button = form.querySelector('button[type=submit]');
   if (error) error.textContent = '';
@@ -69,8 +72,11 @@ document.addEventListener('submit', async (event) => {
   button.setAttribute('aria-busy', 'true');
   try {
     const answer = await call(form.dataset.method || 'POST', form.dataset.path, fields(form));
-    form.closest('dialog')?.close();
-    form.reset();
+    const dialog = form.closest('dialog');
+    if (dialog) {
+      dialog.close();
+      form.reset();
+    }
     if (form.dataset.then) {
       location.assign(form.dataset.then.replace('{name}', encodeURIComponent(answer.name || '')));
       return;
