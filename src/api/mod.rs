@@ -94,6 +94,58 @@ fn only(object: &impl kube::Resource) -> kube::api::DeleteParams {
     }
 }
 
+/// Applies `ops` (JSON Patch operations on the spec) to `object` (a
+/// `kind`) only if its spec is still the one that was read: the patch
+/// first tests the object's generation, which its spec alone moves. A
+/// version newer only by its status (which its controllers write often)
+/// is patched all the same; one whose spec changed fails with 409, to be
+/// looked at again.
+async fn at_generation<K>(
+    state: &ApiState,
+    object: &K,
+    kind: &str,
+    ops: Vec<serde_json::Value>,
+) -> Result<K, ApiError>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    use kube::ResourceExt;
+    let name = object.name_any();
+    let generation = object.meta().generation;
+    let mut patch = vec![serde_json::json!({
+        "op": "test", "path": "/metadata/generation", "value": generation
+    })];
+    patch.extend(ops);
+    let url = format!("{}/{name}", K::url_path(&(), Some(&state.ds.namespace)));
+    let body = serde_json::to_vec(&patch)
+        .map_err(|e| ApiError::Unavailable(format!("the patch could not be written: {e}")))?;
+    let request = axum::http::Request::patch(url)
+        .header(
+            axum::http::header::CONTENT_TYPE,
+            "application/json-patch+json",
+        )
+        .body(body)
+        .map_err(|e| ApiError::Unavailable(format!("the patch could not be sent: {e}")))?;
+    match state.client.request::<K>(request).await {
+        Ok(patched) => Ok(patched),
+        // A failed test is 422, as an invalid spec is: which one it was
+        // is told by the generation now.
+        Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => {
+            let now = state.api::<K>().get_opt(&name).await?;
+            if now.is_some_and(|n| n.meta().generation != generation) {
+                return Err(ApiError::Conflict(format!(
+                    "{kind} {name} changed meanwhile: look at it again, then retry"
+                )));
+            }
+            Err(kube::Error::Api(status).into())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// The cached `kind` named `name`, or not found: for kinds users do not
 /// make (nodes).
 fn cached<K>(cache: &Cache<K>, kind: &'static str, name: &str) -> Result<Arc<K>, ApiError>

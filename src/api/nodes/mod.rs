@@ -11,8 +11,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::info;
@@ -291,40 +290,10 @@ fn removal_refused(node: &str, disk: &str, spec: &DiskSpec, replicas: &[String])
     None
 }
 
-/// Applies `ops` (JSON Patch operations on the spec) to `node`, only if
-/// its spec is still the one the cache holds: the patch first tests the
-/// Node's generation, which its spec alone moves. A version newer only by
-/// its status (its manager writes that every 30 s or so, and after each
-/// change of its spec) is patched all the same; one whose spec changed
-/// fails with 409, to be looked at again.
+/// Applies `ops` to `node` while its spec is the one the cache holds
+/// ([`at_generation`](super::at_generation)).
 async fn patch_spec(state: &ApiState, node: &Node, ops: Vec<Value>) -> Result<Node, ApiError> {
-    let name = node.name_any();
-    let generation = node.metadata.generation;
-    let mut patch =
-        vec![json!({"op": "test", "path": "/metadata/generation", "value": generation})];
-    patch.extend(ops);
-    let url = format!("{}/{name}", Node::url_path(&(), Some(&state.ds.namespace)));
-    let body = serde_json::to_vec(&patch)
-        .map_err(|e| ApiError::Unavailable(format!("the patch could not be written: {e}")))?;
-    let request = axum::http::Request::patch(url)
-        .header(CONTENT_TYPE, "application/json-patch+json")
-        .body(body)
-        .map_err(|e| ApiError::Unavailable(format!("the patch could not be sent: {e}")))?;
-    match state.client.request::<Node>(request).await {
-        Ok(patched) => Ok(patched),
-        // A failed test is 422, as an invalid spec is: which one it was
-        // is told by the generation now.
-        Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => {
-            let now = state.api::<Node>().get_opt(&name).await?;
-            if now.is_some_and(|n| n.metadata.generation != generation) {
-                return Err(ApiError::Conflict(format!(
-                    "node {name} changed meanwhile: look at it again, then retry"
-                )));
-            }
-            Err(kube::Error::Api(status).into())
-        }
-        Err(error) => Err(error.into()),
-    }
+    super::at_generation(state, node, "node", ops).await
 }
 
 /// `key` as one step of a JSON Pointer.

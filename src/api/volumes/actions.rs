@@ -1,7 +1,7 @@
 //! What may be done to a volume: attach it to a node or detach it, grow
 //! it, change how it is replicated, salvage it. Each is a change to the
 //! volume's spec (or, to grow a volume a claim uses, to the claim), made
-//! only to the volume the manager saw (its resourceVersion): if it changed
+//! only to the spec the manager saw (its generation): if it changed
 //! meanwhile, the caller hears 409 and may look again.
 
 use std::sync::Arc;
@@ -324,17 +324,17 @@ fn check_growth(now: i64, asked: i64) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Merges `spec` into the volume's, if it is still the one `volume` was.
+/// Sets the fields of `spec` in the volume's spec, if its spec is still
+/// the one `volume` had.
 async fn patch_spec(state: &ApiState, volume: &Volume, spec: Value) -> Result<Volume, ApiError> {
-    let patch = json!({
-        "metadata": {"resourceVersion": volume.resource_version()},
-        "spec": spec,
-    });
-    let name = volume.name_any();
-    Ok(state
-        .api::<Volume>()
-        .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-        .await?)
+    let ops = match spec {
+        Value::Object(fields) => fields
+            .into_iter()
+            .map(|(field, value)| json!({"op": "add", "path": format!("/spec/{field}"), "value": value}))
+            .collect(),
+        _ => Vec::new(),
+    };
+    crate::api::at_generation(state, volume, "volume", ops).await
 }
 
 #[cfg(test)]
