@@ -19,7 +19,7 @@
 //!
 //! Then the dashboard's volumes page (`dashboard_page.rs`), with no volume
 //! and with the N: its weight, the manager's answer, and in a headless
-//! chromium the time to first paint.
+//! chromium the time until it is rendered.
 //!
 //!     cargo bench --bench scale [-- N]
 
