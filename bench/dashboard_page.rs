@@ -8,11 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
 use oxhorn_testbed::webdriver::Browser;
 
 /// Loads of the page each side takes.
@@ -28,63 +25,15 @@ pub struct PageLoad {
 
 /// A token of a ServiceAccount of `ns` that may read what the page shows.
 pub async fn viewer_token(client: &Client, ns: &str) -> String {
-    let name = "bench-viewer";
-    let meta = ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(ns.into()),
-        ..ObjectMeta::default()
+    let read = PolicyRule {
+        api_groups: Some(vec!["oxhorn.io".into()]),
+        resources: Some(vec!["*".into()]),
+        verbs: vec!["get".into(), "list".into()],
+        ..PolicyRule::default()
     };
-    let post = PostParams::default();
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let account = ServiceAccount {
-        metadata: meta.clone(),
-        ..ServiceAccount::default()
-    };
-    accounts.create(&post, &account).await.expect("account");
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["oxhorn.io".into()]),
-            resources: Some(vec!["*".into()]),
-            verbs: vec!["get".into(), "list".into()],
-            ..PolicyRule::default()
-        }]),
-    };
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&post, &role)
+    oxhorn_testbed::account_token(client, ns, "bench-viewer", vec![read])
         .await
-        .expect("role");
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: name.into(),
-            namespace: Some(ns.into()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&post, &binding)
-        .await
-        .expect("role binding");
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let issued = accounts
-        .create_token_request(name, &post, &request)
-        .await
-        .expect("token");
-    issued.status.expect("a token").token
+        .expect("a token")
 }
 
 /// Signs `browser` in at `base` with `token`.

@@ -1,14 +1,14 @@
 //! `/v1/events`: the Kubernetes Events of one of oxhorn's objects, newest
 //! first. Events are not cached (they are many, and short-lived): each
 //! call reads them from the API server, selected by the object's kind and
-//! name, at most `FETCH_MAX` (500) of them.
+//! name, at most `FETCH_MAX` (500) of them. The dashboard reads them with
+//! [`read`] and [`newest_first`] too.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
 use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -22,6 +22,8 @@ use crate::datastore::{Cache, Datastore};
 /// The most events one call reads from the API server; the newest of them
 /// are answered.
 const FETCH_MAX: u32 = 500;
+/// Events are read this many at a time.
+const FETCH_PAGE: u32 = 250;
 /// How many are answered unless asked, and the most.
 const LIMIT_DEFAULT: usize = 100;
 const LIMIT_MAX: usize = 500;
@@ -114,25 +116,30 @@ fn required<'a>(value: &'a Option<String>, what: &str) -> Result<&'a str, ApiErr
     }
 }
 
-fn time(time: Option<&Time>) -> Option<String> {
-    time.map(|t| t.0.to_string())
+/// When an event last happened, whichever API wrote it: events.k8s.io's
+/// (as oxhorn's managers write them) keep it in `series`, or `eventTime`;
+/// core's in `lastTimestamp`.
+pub fn last_happened(event: &Event) -> Option<jiff::Timestamp> {
+    let series = event.series.as_ref();
+    let observed = series.and_then(|s| s.last_observed_time.as_ref());
+    observed
+        .map(|t| t.0)
+        .or(event.last_timestamp.as_ref().map(|t| t.0))
+        .or(event.event_time.as_ref().map(|t| t.0))
+}
+
+/// When an event first happened.
+fn first_happened(event: &Event) -> Option<jiff::Timestamp> {
+    let first = event.first_timestamp.as_ref().map(|t| t.0);
+    first.or(event.event_time.as_ref().map(|t| t.0))
 }
 
 /// An event as the API shows it, whichever API wrote it: events.k8s.io's
-/// (as oxhorn's managers do) keep their times and count in `eventTime` and
-/// `series`; core's in `firstTimestamp`, `lastTimestamp` and `count`.
+/// keep their count in `series`; core's in `count`.
 fn view(event: Event) -> EventView {
+    let first = first_happened(&event).map(|t| t.to_string());
+    let last = last_happened(&event).map(|t| t.to_string());
     let series = event.series.as_ref();
-    let event_time = event.event_time.as_ref().map(|t| Time(t.0));
-    let first = time(event.first_timestamp.as_ref().or(event_time.as_ref()));
-    let last = time(
-        series
-            .and_then(|s| s.last_observed_time.as_ref())
-            .map(|t| Time(t.0))
-            .as_ref()
-            .or(event.last_timestamp.as_ref())
-            .or(event_time.as_ref()),
-    );
     let count = series
         .and_then(|s| s.count)
         .or(event.count)
@@ -154,10 +161,30 @@ fn view(event: Event) -> EventView {
     }
 }
 
-/// Newest first, by when they last happened (RFC 3339 in UTC sorts as
-/// text).
-fn newest_first(events: &mut [EventView]) {
-    events.sort_by(|a, b| b.last.cmp(&a.last).then_with(|| b.first.cmp(&a.first)));
+/// Newest first, by when they last happened, then first happened.
+pub fn newest_first(events: &mut [Event]) {
+    events.sort_by_key(|e| std::cmp::Reverse((last_happened(e), first_happened(e))));
+}
+
+/// The Events of oxhorn's namespace that `fields` selects, read a page at
+/// a time, at most `most` of them, in the order the API server lists them
+/// (by name, not by time).
+pub async fn read(state: &ApiState, fields: &str, most: u32) -> kube::Result<Vec<Event>> {
+    let events = state.api::<Event>();
+    let mut all = Vec::new();
+    let mut params = ListParams::default().fields(fields);
+    loop {
+        let left = most.saturating_sub(u32::try_from(all.len()).unwrap_or(u32::MAX));
+        params = params.limit(left.min(FETCH_PAGE));
+        let page = events.list(&params).await?;
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(next) if !next.is_empty() && all.len() < most as usize => {
+                params = params.continue_token(&next);
+            }
+            _ => return Ok(all),
+        }
+    }
 }
 
 /// The events of one of oxhorn's objects, newest first.
@@ -215,18 +242,17 @@ pub async fn list(
     let selector = format!(
         "involvedObject.apiVersion={api_version},involvedObject.kind={kind},involvedObject.name={name}"
     );
-    let params = ListParams::default().fields(&selector).limit(FETCH_MAX);
-    let events = state.api::<Event>().list(&params).await?;
-    let mut items: Vec<EventView> = events.items.into_iter().map(view).collect();
-    newest_first(&mut items);
-    items.truncate(limit);
+    let mut events = read(&state, &selector, FETCH_MAX).await?;
+    newest_first(&mut events);
+    events.truncate(limit);
+    let items = events.into_iter().map(view).collect();
     Ok(Json(EventList { items }))
 }
 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{EventSeries, EventSource};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
     use super::*;
 
@@ -271,14 +297,11 @@ mod tests {
 
     #[test]
     fn the_newest_come_first() {
-        let event = |last: &str| EventView {
-            r#type: "Normal".into(),
-            reason: last.into(),
-            message: String::new(),
-            count: 1,
-            first: None,
-            last: Some(last.into()),
-            source: String::new(),
+        let event = |last: &str| Event {
+            type_: Some("Normal".into()),
+            reason: Some(last.into()),
+            last_timestamp: Some(Time(at(last))),
+            ..Event::default()
         };
         let mut events = vec![
             event("2026-01-01T00:00:00Z"),
@@ -286,7 +309,7 @@ mod tests {
             event("2026-02-01T00:00:00Z"),
         ];
         newest_first(&mut events);
-        let order: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+        let order: Vec<&str> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
         assert_eq!(
             order,
             [

@@ -31,42 +31,24 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Event;
-use kube::api::ListParams;
 
-use crate::api::ApiState;
 use crate::api::auth::Caller;
 use crate::api::session;
+use crate::api::{ApiState, events};
 
-/// Events are listed this many at a time, and at most [`EVENT_PAGES`]
-/// pages: the API server lists them by name, not by time.
-const EVENT_PAGE: u32 = 250;
-const EVENT_PAGES: usize = 4;
+/// The most Events a page reads (the API server lists them by name, not
+/// by time: the newest of these are shown).
+const EVENTS_READ: u32 = 1000;
 
 /// The Events of oxhorn's namespace that `fields` selects, newest first, at
-/// most `keep`.
+/// most `keep`; none if they cannot be read.
 async fn recent_events(state: &ApiState, fields: &str, keep: usize) -> Vec<Event> {
-    let events = state.api::<Event>();
-    let mut all = Vec::new();
-    let mut params = ListParams::default().fields(fields).limit(EVENT_PAGE);
-    for _ in 0..EVENT_PAGES {
-        let Ok(page) = events.list(&params).await else {
-            break;
-        };
-        all.extend(page.items);
-        match page.metadata.continue_ {
-            Some(next) if !next.is_empty() => params = params.continue_token(&next),
-            _ => break,
-        }
-    }
-    all.sort_by_key(|e| std::cmp::Reverse(event_time(e)));
-    all.truncate(keep);
-    all
-}
-
-/// When an Event last happened.
-fn event_time(event: &Event) -> Option<jiff::Timestamp> {
-    let last = event.last_timestamp.as_ref().map(|t| t.0);
-    last.or(event.event_time.as_ref().map(|t| t.0))
+    let mut events = events::read(state, fields, EVENTS_READ)
+        .await
+        .unwrap_or_default();
+    events::newest_first(&mut events);
+    events.truncate(keep);
+    events
 }
 
 /// A signed-in person looking at a page.

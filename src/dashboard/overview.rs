@@ -9,9 +9,10 @@ use maud::{Markup, html};
 
 use super::format::{ago, bytes};
 use super::layout::{self, Section};
-use super::{Viewer, event_time, recent_events};
+use super::{Viewer, recent_events};
 use crate::api::ApiState;
 use crate::api::auth::Access;
+use crate::api::events::last_happened;
 use crate::api::volumes::{VolumeView, view};
 use crate::types::{Condition, ReplicaMode, engine_name};
 
@@ -172,7 +173,7 @@ fn storage_and_nodes(state: &ApiState) -> Markup {
 /// The latest warning Events in oxhorn's namespace.
 async fn warnings(state: &ApiState) -> Markup {
     let events = recent_events(state, "type=Warning", WARNINGS).await;
-    let when = event_time;
+    let when = last_happened;
     html! {
         section.panel aria-labelledby="warnings-heading" {
             h2 #warnings-heading { "Recent warnings" }

@@ -12,9 +12,10 @@ use maud::{Markup, html};
 use super::format::{ago, bytes};
 use super::layout::{self, Section, badge};
 use super::overview::health;
-use super::{Viewer, event_time, recent_events};
+use super::{Viewer, recent_events};
 use crate::api::auth::{Access, Caller, Scope};
 use crate::api::backups::{BackupView, newest_first};
+use crate::api::events::last_happened;
 use crate::api::replicas::{ReplicaView, of_volume};
 use crate::api::snapshots::{SnapshotView, chain};
 use crate::api::volumes::{VolumeView, view};
@@ -282,7 +283,7 @@ pub fn restore_dialog(backup: &BackupView) -> Markup {
 async fn events(state: &ApiState, name: &str) -> Markup {
     let selected = format!("involvedObject.name={name}");
     let events = recent_events(state, &selected, 20).await;
-    let when = event_time;
+    let when = last_happened;
     html! {
         section.panel aria-labelledby="events-heading" {
             h2 #events-heading { "Events" }

@@ -31,7 +31,9 @@ pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
 pub use node::{DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
-pub use snapshot::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus, clone_source};
+pub use snapshot::{
+    BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus, clone_source, deletion_blocker,
+};
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PUBLISHED_READONLY,
     PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Robustness, VOLUME_NAME_MAX, Volume,

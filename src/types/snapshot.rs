@@ -31,6 +31,36 @@ pub fn clone_source(clone: &str, source: &str) -> Snapshot {
     snapshot
 }
 
+/// Why `volume` cannot be deleted, if its `snapshots` (any, of any
+/// volume) say so: they live in its replicas, and a clone may be filling
+/// from one. Snapshots being deleted, and those taken for a backup, do
+/// not count. For CSI's DeleteVolume and the REST API alike.
+pub fn deletion_blocker<'a>(
+    volume: &str,
+    snapshots: impl IntoIterator<Item = &'a Snapshot>,
+) -> Option<String> {
+    use kube::ResourceExt;
+    let mut kept: Vec<&Snapshot> = snapshots
+        .into_iter()
+        .filter(|s| s.spec.volume == volume && s.metadata.deletion_timestamp.is_none())
+        .filter(|s| !s.labels().contains_key(BACKUP_FOR))
+        .collect();
+    kept.sort_by_key(|s| s.name_any());
+    if let Some(target) = kept.iter().find_map(|s| s.labels().get(CLONE_FOR)) {
+        return Some(format!(
+            "volume {volume} is being cloned into volume {target}; retry once the clone is \
+             filled or deleted"
+        ));
+    }
+    let names: Vec<String> = kept.iter().map(|s| s.name_any()).collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "volume {volume} has snapshots, which live in its replicas: delete {} first",
+            names.join(", ")
+        )
+    })
+}
+
 /// Label on a Snapshot taken for a Backup: the Backup. It is no CSI
 /// snapshot and does not keep its volume from being deleted; once a newer
 /// backup of the volume completes it goes, as the next backup builds on

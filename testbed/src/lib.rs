@@ -9,6 +9,7 @@
 //! Not part of the product: a dev-dependency of `oxhorn`, used by its
 //! integration tests, benchmarks and the local-cluster example.
 
+mod account;
 pub mod apirelay;
 mod certs;
 mod cgroup;
@@ -35,6 +36,7 @@ mod tgtd;
 pub mod webdriver;
 pub mod writer;
 
+pub use account::account_token;
 pub use controlplane::ControlPlane;
 pub use dataplane::{EngineProcess, ReplicaProcess, engine_client};
 pub use error::{Error, Result};

@@ -21,9 +21,7 @@ use super::error::{ApiError, ErrorBody};
 use super::page::{self, Page};
 use super::query::Query;
 use super::{ApiState, found, lower};
-use crate::types::{
-    BACKUP_FOR, CLONE_FOR, PVC_NAME, PVC_NAMESPACE, ReplicaMode, Snapshot, Volume, engine_name,
-};
+use crate::types::{PVC_NAME, PVC_NAMESPACE, ReplicaMode, Snapshot, Volume, engine_name};
 
 /// A volume as the API shows it.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -270,24 +268,7 @@ fn deletion_blocker(volume: &Volume, snapshots: &[Snapshot]) -> Option<String> {
             "volume {name} was made for the claim {namespace}/{claim}: delete the claim, and its PersistentVolume deletes the volume"
         ));
     }
-    let mut kept: Vec<_> = snapshots
-        .iter()
-        .filter(|s| s.spec.volume == name && s.metadata.deletion_timestamp.is_none())
-        .filter(|s| !s.labels().contains_key(BACKUP_FOR))
-        .collect();
-    kept.sort_by_key(|s| s.name_any());
-    if let Some(clone) = kept.iter().find_map(|s| s.labels().get(CLONE_FOR)) {
-        return Some(format!(
-            "volume {name} is being cloned into volume {clone}; retry once the clone is filled or deleted"
-        ));
-    }
-    let names: Vec<String> = kept.iter().map(|s| s.name_any()).collect();
-    (!names.is_empty()).then(|| {
-        format!(
-            "volume {name} has snapshots, which live in its replicas: delete {} first",
-            names.join(", ")
-        )
-    })
+    crate::types::deletion_blocker(&name, snapshots)
 }
 
 async fn volume(state: &ApiState, name: &str) -> Result<Arc<Volume>, ApiError> {

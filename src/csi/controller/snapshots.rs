@@ -52,22 +52,9 @@ pub async fn deletion_blocker(
             .get_opt(&name)
             .await
             .map_err(|e| ControllerServiceError::api(format!("snapshot {name}"), e))?;
-        kept.extend(current.filter(|s| s.metadata.deletion_timestamp.is_none()));
+        kept.extend(current);
     }
-    kept.sort_by_key(|s| s.name_any());
-    if let Some(target) = kept.iter().find_map(|s| s.labels().get(CLONE_FOR)) {
-        return Ok(Some(format!(
-            "volume {volume} is being cloned into volume {target}; retry once the clone is \
-             filled or deleted"
-        )));
-    }
-    let names: Vec<String> = kept.iter().map(|s| s.name_any()).collect();
-    Ok((!names.is_empty()).then(|| {
-        format!(
-            "volume {volume} has snapshots, which live in its replicas: delete {} first",
-            names.join(", ")
-        )
-    }))
+    Ok(crate::types::deletion_blocker(volume, &kept))
 }
 
 pub async fn create(

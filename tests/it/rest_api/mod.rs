@@ -3,10 +3,8 @@
 //! ServiceAccount's, as `kubectl create token` gives), and bad requests get
 //! the API's error body.
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use oxhorn::api::volumes::{VolumeList, VolumeView};
 use oxhorn::types::Volume;
 use serde_json::Value;
@@ -49,63 +47,17 @@ async fn account(cluster: &Cluster, name: &str, verbs: &[&str]) -> String {
 /// A ServiceAccount of the test's namespace allowed what `rules` say (none:
 /// not bound to anything), and a token of it.
 pub async fn account_with(cluster: &Cluster, name: &str, rules: &[Rule<'_>]) -> String {
-    let meta = |name: &str| ObjectMeta {
-        name: Some(name.into()),
-        ..ObjectMeta::default()
-    };
-    let post = PostParams::default();
-    let accounts = cluster.api::<ServiceAccount>();
-    let account = ServiceAccount {
-        metadata: meta(name),
-        ..ServiceAccount::default()
-    };
-    accounts.create(&post, &account).await.unwrap();
     let strings = |s: &[&str]| s.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
-    if !rules.is_empty() {
-        let rules = rules.iter().map(|rule| PolicyRule {
-            api_groups: Some(vec![rule.group.into()]),
-            resources: Some(strings(rule.resources)),
-            verbs: strings(rule.verbs),
-            ..PolicyRule::default()
-        });
-        let role = Role {
-            metadata: meta(name),
-            rules: Some(rules.collect()),
-        };
-        cluster.api::<Role>().create(&post, &role).await.unwrap();
-        let binding = RoleBinding {
-            metadata: meta(name),
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "Role".into(),
-                name: name.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: name.into(),
-                namespace: Some(cluster.ns.name().into()),
-                ..Subject::default()
-            }]),
-        };
-        cluster
-            .api::<RoleBinding>()
-            .create(&post, &binding)
-            .await
-            .unwrap();
-    }
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let issued = accounts
-        .create_token_request(name, &post, &request)
+    let rules = rules.iter().map(|rule| PolicyRule {
+        api_groups: Some(vec![rule.group.into()]),
+        resources: Some(strings(rule.resources)),
+        verbs: strings(rule.verbs),
+        ..PolicyRule::default()
+    });
+    let client = cluster.api::<ServiceAccount>().into_client();
+    oxhorn_testbed::account_token(&client, cluster.ns.name(), name, rules.collect())
         .await
-        .unwrap();
-    issued.status.unwrap().token
+        .unwrap()
 }
 
 /// The API of the cluster's first node.
