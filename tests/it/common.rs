@@ -6,6 +6,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -230,9 +231,14 @@ pub fn sample_sum(scraped: &str, name: &str, labels: &[&str]) -> Option<f64> {
 }
 
 /// A subnet no other cluster of this test binary uses: nodes take
-/// 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x.
+/// 127.0.<subnet>.<i>; the local-cluster example 127.1.0.x. Two test
+/// processes run side by side (a developer's while CI runs) keep apart by
+/// starting one at `OXHORN_IT_SUBNET` (1 unless set).
 pub fn next_subnet() -> u8 {
-    static SUBNET: AtomicU8 = AtomicU8::new(1);
+    static SUBNET: LazyLock<AtomicU8> = LazyLock::new(|| {
+        let first = std::env::var("OXHORN_IT_SUBNET").ok();
+        AtomicU8::new(first.and_then(|s| s.parse().ok()).unwrap_or(1))
+    });
     SUBNET.fetch_add(1, Ordering::Relaxed)
 }
 
