@@ -16,6 +16,7 @@ mod query;
 pub mod replicas;
 pub mod session;
 pub mod snapshots;
+pub mod tls;
 pub mod volumes;
 
 // Nodes, settings, events and workloads.
@@ -266,14 +267,24 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
 
 /// Serves `routes` (the API's, and the dashboard's) on `address` until
 /// the future is dropped.
-pub async fn serve(address: SocketAddr, routes: axum::Router) -> Result<()> {
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|e| Error::io(address.to_string(), e))?;
-    info!(%address, "serving the API");
-    axum::serve(listener, routes)
-        .await
-        .map_err(|e| Error::io(address.to_string(), e))
+pub async fn serve(
+    address: SocketAddr,
+    routes: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<()> {
+    let failed = |e| Error::io(address.to_string(), e);
+    let listener = TcpListener::bind(address).await.map_err(failed)?;
+    match tls {
+        Some(config) => {
+            info!(%address, "serving the API over TLS");
+            let listener = tls::TlsListener::new(listener, config).map_err(failed)?;
+            axum::serve(listener, routes).await.map_err(failed)
+        }
+        None => {
+            info!(%address, "serving the API");
+            axum::serve(listener, routes).await.map_err(failed)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,10 @@ const READER: &str = "demo-reader";
 /// the DaemonSet's as deploy/oxhorn.yaml says, node-3's as started here.
 const METRICS_PORT: u16 = 9811;
 const API_PORT: u16 = 9500;
+/// The local port of the printed `kubectl port-forward`: on this host,
+/// one manager already has the loopback's API_PORT (the manifest's
+/// `--api-loopback`, where the forward arrives).
+const FORWARDED: u16 = 8500;
 /// Long enough for a cold start of every pod on a busy machine.
 const PATIENCE: Duration = Duration::from_secs(180);
 
@@ -173,9 +177,10 @@ async fn run(args: Args) -> Result<(), Failure> {
         println!(
             "\nexport KUBECONFIG={}\nPrometheus metrics: {} (deploy/monitoring/ has \
              the alert rules, a ServiceMonitor and a Grafana dashboard)\n\
-             Dashboard: http://{}:{API_PORT}/ui/ (on a cluster elsewhere: \
-             kubectl -n oxhorn-system port-forward svc/oxhorn-api {API_PORT}, then \
-             http://127.0.0.1:{API_PORT}/ui/); sign in with the token of\n  \
+             Dashboard: http://{}:{API_PORT}/ui/ from this host, or through the \
+             API's Service, as on any cluster:\n  \
+             kubectl -n oxhorn-system port-forward svc/oxhorn-api {FORWARDED}:{API_PORT}\n\
+             then http://127.0.0.1:{FORWARDED}/ui/; sign in with the token of\n  \
              kubectl -n oxhorn-system create token oxhorn-operator\nCtrl-C stops the cluster.",
             control_plane.kubeconfig().display(),
             (1..=NODES)

@@ -91,6 +91,48 @@ impl Ca {
     }
 }
 
+/// `GET path` over HTTP/1.1 and TLS to `address`, trusting only the CA
+/// `ca_pem` and checking the certificate names `host`: the whole answer
+/// (status line, headers and body), or why there is none.
+pub async fn https_get(
+    address: std::net::SocketAddr,
+    ca_pem: &str,
+    host: &str,
+    path: &str,
+) -> std::result::Result<String, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let failed = |e: &dyn std::fmt::Display| e.to_string();
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| failed(&e))?;
+    roots.add(ca).map_err(|e| failed(&e))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| failed(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| failed(&e))?;
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|e| failed(&e))?;
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| failed(&e))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| failed(&e))?;
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer)
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok(answer)
+}
+
 /// A service-account signing key: (private, public), PEM.
 pub fn service_account_key() -> Result<(String, String)> {
     let key = KeyPair::generate()?;

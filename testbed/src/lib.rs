@@ -11,7 +11,7 @@
 
 mod account;
 pub mod apirelay;
-mod certs;
+pub mod certs;
 mod cgroup;
 mod controlplane;
 pub mod csi_client;

@@ -44,7 +44,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -54,8 +54,11 @@ use oxhorn_testbed::install::{Installation, NAMESPACE};
 use oxhorn_testbed::sidecars::Sidecars;
 use oxhorn_testbed::{self as testbed, KubeletNode, TestNamespace, delete_kube_node};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::common::{Cluster, Steps, next_subnet, one_shot_pod, require_root, run_to_completion};
+use crate::common::{
+    API_PORT, Cluster, Steps, next_subnet, one_shot_pod, require_root, run_to_completion,
+};
 use crate::install::OXHORN_SYSTEM;
 
 pub(crate) const PATIENCE: Duration = Duration::from_secs(240);
@@ -73,6 +76,8 @@ pub(crate) struct Installed {
     pub(crate) installation: Installation,
     controllers: Sidecars,
     pub(crate) kubelets: Vec<KubeletNode>,
+    /// Each kubelet node's manager address, in order.
+    addresses: Vec<IpAddr>,
     steps: Steps,
 }
 
@@ -117,6 +122,7 @@ impl Installed {
             .zip(&kubelets)
             .map(|(i, node)| (node, IpAddr::from([127, 0, subnet, i])))
             .collect();
+        let addresses = nodes.iter().map(|(_, address)| *address).collect();
         // (install::every_object_is_accepted_by_the_api_server dry-runs it.)
         let installation = Installation::apply(control_plane, &nodes).await.unwrap();
         steps.report("manifest applied");
@@ -137,6 +143,7 @@ impl Installed {
             installation,
             controllers,
             kubelets,
+            addresses,
             steps,
         }
     }
@@ -259,6 +266,50 @@ impl Installed {
         self.steps
             .until(what, PATIENCE, check, || self.logs())
             .await
+    }
+
+    /// The Secret `oxhorn-api-tls` the manifest mounts, with a certificate
+    /// from `ca` for the first node's manager address.
+    async fn create_api_certificate(&self, ca: &testbed::certs::Ca) {
+        let address = self.addresses[0].to_string();
+        let issued = ca.serving(&address, &[&address]).unwrap();
+        let secret = serde_json::from_value(json!({
+            "metadata": {"name": "oxhorn-api-tls"},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": issued.cert_pem, "tls.key": issued.key_pem},
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(self.client(), NAMESPACE)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the first node's manager answers its API over TLS with
+    /// a certificate from `ca`; plain HTTP then gets no answer.
+    async fn until_api_over_tls(&self, ca: &testbed::certs::Ca) {
+        let at = std::net::SocketAddr::new(self.addresses[0], API_PORT);
+        let host = self.addresses[0].to_string();
+        let answer = self
+            .until("the manager's API over TLS", || async {
+                let answer = testbed::certs::https_get(at, ca.pem(), &host, "/v1/openapi.json");
+                answer.await.ok()
+            })
+            .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let mut plain = tokio::net::TcpStream::connect(at).await.unwrap();
+        plain
+            .write_all(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = plain.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            !answer.contains("HTTP/1.1"),
+            "plain HTTP answered: {answer}"
+        );
+        self.report("the new manager serves its API over TLS");
     }
 
     pub(crate) fn pods(&self) -> Api<Pod> {
@@ -586,6 +637,9 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
         installed.ready_pod("oxhorn-manager").await.is_none(),
         "a manager came back before its DaemonSet"
     );
+    // Given a certificate, the new manager serves its API over TLS.
+    let ca = testbed::certs::Ca::generate().unwrap();
+    installed.create_api_certificate(&ca).await;
     installed.installation.apply_again().unwrap();
     let new = installed
         .until("a new manager pod Ready", || async {
@@ -595,6 +649,7 @@ async fn installed_from_the_manifest_a_pod_keeps_writing_while_the_manager_is_re
                 .filter(|p| p.uid() != old.uid())
         })
         .await;
+    installed.until_api_over_tls(&ca).await;
     let at_ready = progress(&mount);
     installed
         .until("more rounds after the new manager", || async {

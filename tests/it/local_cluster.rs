@@ -187,9 +187,10 @@ fn metrics_problems(output: &[String]) -> Vec<String> {
     problems
 }
 
-/// What a user following the printed dashboard URL and token command would
-/// find wrong: the sign-in page must answer, the token sign in, and the
-/// API list the demo volume for it.
+/// What a user following the printed dashboard URL, the port-forward
+/// through the API's Service and the token command would find wrong: at
+/// the URL and through the forward, the sign-in page must answer and the
+/// API list the demo volume for the token.
 fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
     let Some(url) = output
         .iter()
@@ -201,20 +202,17 @@ fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
     let Some(base) = url.strip_suffix("/ui/") else {
         return vec![format!("not a dashboard URL: {url}")];
     };
-    let command = output
-        .iter()
-        .map(|l| l.trim())
-        .find(|l| l.starts_with("kubectl -n oxhorn-system create token"));
-    let Some(command) = command else {
+    let printed = |start: &str| {
+        output
+            .iter()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with(start))
+    };
+    let Some(command) = printed("kubectl -n oxhorn-system create token") else {
         return vec!["no token command printed".into()];
     };
     let args: Vec<&str> = command.split_whitespace().skip(1).collect();
-    let issued = Command::new(oxhorn_testbed::tools_dir().join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(&args)
-        .output()
-        .unwrap();
+    let issued = kubectl(kubeconfig).args(&args).output().unwrap();
     if !issued.status.success() {
         return vec![format!(
             "{command}: {}",
@@ -222,6 +220,87 @@ fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
         )];
     }
     let token = String::from_utf8_lossy(&issued.stdout).trim().to_owned();
+    let mut problems = served_problems(base, &token);
+
+    let Some(forward) = printed("kubectl -n oxhorn-system port-forward") else {
+        problems.push("no port-forward command printed".into());
+        return problems;
+    };
+    let forwarded = printed("then http://")
+        .and_then(|l| l.strip_prefix("then "))
+        .and_then(|l| l.split(['/', ';']).nth(2));
+    let Some(forwarded) = forwarded else {
+        problems.push("no forwarded dashboard URL printed".into());
+        return problems;
+    };
+    // The forward reaches the loopback's manager, which tests installing
+    // the manifest also start: not while one of them runs.
+    let _turn = crate::install::OXHORN_SYSTEM.blocking_lock();
+    match PortForward::start(kubeconfig, forward) {
+        Ok(_forward) => problems.extend(served_problems(&format!("http://{forwarded}"), &token)),
+        Err(error) => problems.push(format!("{forward}: {error}")),
+    }
+    problems
+}
+
+/// `kubectl` with the held cluster's kubeconfig.
+fn kubectl(kubeconfig: &Path) -> Command {
+    let mut command = Command::new(oxhorn_testbed::tools_dir().join("kubectl"));
+    command.arg("--kubeconfig").arg(kubeconfig);
+    command
+}
+
+/// A printed `kubectl port-forward`, running until dropped.
+struct PortForward(std::process::Child);
+
+impl PortForward {
+    /// Starts `command` and waits until it says it forwards. Its output is
+    /// read to the end (it reports each connection there, and a closed
+    /// pipe would end it).
+    fn start(kubeconfig: &Path, command: &str) -> Result<Self, String> {
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let mut child = kubectl(kubeconfig)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let (said, forwarding) = mpsc::channel();
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if line.starts_with("Forwarding from") {
+                    let _ = said.send(());
+                }
+            }
+        });
+        let stderr = child.stderr.take().expect("piped");
+        let errors =
+            std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        let forward = Self(child);
+        // It forwards, or exits and closes the channel.
+        match forwarding.recv_timeout(Duration::from_secs(60)) {
+            Ok(()) => Ok(forward),
+            Err(_) => {
+                drop(forward);
+                Err(format!(
+                    "never forwarded: {}",
+                    errors.join().unwrap_or_default()
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What a user of the dashboard and API at `base` would find wrong.
+fn served_problems(base: &str, token: &str) -> Vec<String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -237,7 +316,7 @@ fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
         }
         let listed = http
             .get(format!("{base}/v1/volumes"))
-            .bearer_auth(&token)
+            .bearer_auth(token)
             .send()
             .await;
         match listed {

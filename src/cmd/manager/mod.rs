@@ -101,6 +101,11 @@ pub struct ManagerConfig {
     /// the host's network). Taken only if the port is free there.
     #[arg(long, requires = "api_port")]
     pub api_loopback: bool,
+    /// Serve them over TLS with the `tls.crt` and `tls.key` in this
+    /// directory (a `kubernetes.io/tls` Secret's volume), read again when
+    /// they change; plain HTTP while it holds neither.
+    #[arg(long, requires = "api_port")]
+    pub api_tls_dir: Option<PathBuf>,
     /// The socket of the node's `oxhorn instance-manager`, which then holds
     /// the engine and replica processes (in a pod of its own, they outlive
     /// the manager's container); without it the manager holds them itself
@@ -235,24 +240,44 @@ async fn serve_api(
             let state = Arc::new(crate::api::ApiState::new(datastore, client));
             let routes =
                 crate::api::router(Arc::clone(&state)).merge(crate::dashboard::router(state));
+            let Ok(tls) = api_tls(config) else {
+                return std::future::pending().await;
+            };
             let loopback = async {
                 if !config.api_loopback {
                     return std::future::pending().await;
                 }
                 let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-                if let Err(error) = crate::api::serve(at, routes.clone()).await {
+                if let Err(error) = crate::api::serve(at, routes.clone(), tls.clone()).await {
                     // Another process has it: the node's address still serves.
                     tracing::warn!(%error, "the API is not served on the loopback");
                 }
                 std::future::pending().await
             };
             tokio::select! {
-                served = crate::api::serve(address, routes.clone()) => served,
+                served = crate::api::serve(address, routes.clone(), tls.clone()) => served,
                 never = loopback => never,
             }
         }
         None => std::future::pending().await,
     }
+}
+
+/// The API's TLS configuration: none for plain HTTP, an error (logged:
+/// the API is then not served, while the rest of the manager is) for a
+/// certificate that cannot be used.
+fn api_tls(config: &ManagerConfig) -> std::result::Result<Option<Arc<rustls::ServerConfig>>, ()> {
+    use crate::api::tls;
+    let Some(dir) = &config.api_tls_dir else {
+        return Ok(None);
+    };
+    let Some(files) = tls::TlsFiles::in_dir(dir) else {
+        info!(dir = %dir.display(), "no certificate: the API is served over plain HTTP");
+        return Ok(None);
+    };
+    tls::config(files).map(Some).map_err(|error| {
+        error!(%error, "the API is not served: its certificate cannot be used");
+    })
 }
 
 /// Once the caches have synced: adopts the engine and replica processes a
