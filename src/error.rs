@@ -70,6 +70,14 @@ impl Error {
             source,
         }
     }
+
+    /// The kind of an I/O error; none for the others.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

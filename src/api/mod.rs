@@ -265,8 +265,8 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .with_state(state)
 }
 
-/// Serves `routes` (the API's, and the dashboard's) on `address` until
-/// the future is dropped.
+/// Serves `routes` (the API's, and the dashboard's) on `address`, over
+/// TLS with `tls` (`tls.rs`), until the future is dropped.
 pub async fn serve(
     address: SocketAddr,
     routes: axum::Router,

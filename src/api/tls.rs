@@ -21,7 +21,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -34,9 +34,14 @@ pub const CERT_FILE: &str = "tls.crt";
 /// The private key's file in a `kubernetes.io/tls` Secret.
 pub const KEY_FILE: &str = "tls.key";
 
-/// How long a client has to finish its handshake.
+/// How long a client has to finish its handshake: a person's browser on
+/// a slow link takes well under it, a client that stalls is let go.
 const HANDSHAKE: Duration = Duration::from_secs(10);
-/// Handshaken connections waiting for the server to take them.
+/// Handshakes under way at once: more connections wait in the kernel's
+/// backlog, so a flood of them holds a bounded number of tasks.
+const HANDSHAKES: usize = 256;
+/// Handshaken connections waiting for the server to take them; it takes
+/// each at once, so a few are enough.
 const WAITING: usize = 64;
 
 /// The certificate's and the key's inode, modification time (seconds,
@@ -51,14 +56,37 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    /// The pair in `dir`, if it holds one: a Secret's volume is mounted
-    /// empty while the optional Secret does not exist.
-    pub fn in_dir(dir: &Path) -> Option<Self> {
+    /// The pair in `dir`; none while it holds nothing (a Secret's volume
+    /// is mounted empty while the optional Secret does not exist). A
+    /// directory holding other files but neither of the pair's (a Secret
+    /// of another type, say) is an error: the API must not go plain while
+    /// its operator means it to be TLS.
+    pub fn in_dir(dir: &Path) -> Result<Option<Self>> {
         let files = Self {
             cert: dir.join(CERT_FILE),
             key: dir.join(KEY_FILE),
         };
-        (files.cert.exists() || files.key.exists()).then_some(files)
+        if files.cert.exists() || files.key.exists() {
+            return Ok(Some(files));
+        }
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+        // The kubelet's own entries in a Secret's volume start with "..".
+        let other = entries
+            .flatten()
+            .find(|e| !e.file_name().to_string_lossy().starts_with(".."));
+        match other {
+            None => Ok(None),
+            Some(entry) => Err(Error::io(
+                dir,
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "holds {} but no {CERT_FILE} and {KEY_FILE} (a Secret of type kubernetes.io/tls has them)",
+                        entry.file_name().to_string_lossy()
+                    ),
+                ),
+            )),
+        }
     }
 
     /// The files' identities: a new file, or one rewritten, differs.
@@ -71,7 +99,9 @@ impl TlsFiles {
         Some([of(&self.cert)?, of(&self.key)?])
     }
 
-    /// Reads and checks the pair: the key must be the certificate's.
+    /// Reads and checks the pair: the key must be the certificate's. An
+    /// error of kind `InvalidData` is the files' own; any other is of
+    /// reading them, and may pass.
     fn load(&self) -> Result<Arc<CertifiedKey>> {
         let invalid = |path: &Path, what: String| {
             Error::io(path, io::Error::new(io::ErrorKind::InvalidData, what))
@@ -113,18 +143,27 @@ impl Reloading {
         })
     }
 
+    /// The pair to serve: a renewal once it reads whole and good. A bad
+    /// renewal is not read again until its files change; one that could
+    /// not be read (out of file descriptors, say) is tried again at the
+    /// next handshake.
     fn current(&self) -> Arc<CertifiedKey> {
         // A poisoned lock still holds a pair that was good when stored.
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
         let stamp = self.files.stamp();
         if stamp.is_some() && stamp != served.0 {
-            served.0 = stamp;
             match self.files.load() {
                 Ok(key) => {
                     info!(cert = %self.files.cert.display(), "serving the renewed certificate");
                     served.1 = key;
+                    served.0 = stamp;
                 }
-                Err(error) => warn!(%error, "the renewed certificate is not served"),
+                Err(error) => {
+                    if error.io_kind() == Some(io::ErrorKind::InvalidData) {
+                        served.0 = stamp;
+                    }
+                    warn!(%error, "the renewed certificate is not served");
+                }
             }
         }
         Arc::clone(&served.1)
@@ -137,11 +176,12 @@ impl ResolvesServerCert for Reloading {
     }
 }
 
-/// The server's TLS configuration for `files`: TLS 1.3, HTTP/1.1.
+/// The server's TLS configuration for `files`: TLS 1.3 only (every
+/// client of a new API has it), HTTP/1.1.
 pub fn config(files: TlsFiles) -> Result<Arc<ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| Error::io(&files.cert, io::Error::other(e)))?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(Reloading::new(files)?));
@@ -157,6 +197,7 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
+    /// Accepts on `listener`, handshaking with `config` in the background.
     pub fn new(listener: TcpListener, config: Arc<ServerConfig>) -> io::Result<Self> {
         let local = listener.local_addr()?;
         let (sender, ready) = mpsc::channel(WAITING);
@@ -177,22 +218,21 @@ impl Drop for TlsListener {
 
 /// Accepts connections and handshakes each in a task of its own.
 async fn accept(
-    listener: TcpListener,
+    mut listener: TcpListener,
     acceptor: TlsAcceptor,
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES));
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors, most likely: give some back first.
-                warn!(%error, "the API could not accept a connection");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
+        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
+            return; // Never closed.
         };
+        // axum's accept: it goes on past a connection's own errors and
+        // waits a moment on the listener's (out of file descriptors).
+        let (stream, peer) = axum::serve::Listener::accept(&mut listener).await;
         let (acceptor, ready) = (acceptor.clone(), ready.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
                     let _ = ready.send((tls, peer)).await;
@@ -230,7 +270,7 @@ mod tests {
 
     /// A server of `/ping` on a free loopback port, over TLS from `dir`.
     async fn serve(dir: &Path) -> SocketAddr {
-        let files = TlsFiles::in_dir(dir).expect("the pair is there");
+        let files = TlsFiles::in_dir(dir).unwrap().expect("the pair is there");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tls = TlsListener::new(listener, config(files).unwrap()).unwrap();
         let address = tls.local;
@@ -258,9 +298,13 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_without_the_pair_means_plain_http() {
+    fn an_empty_directory_means_plain_http_and_one_of_other_files_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(TlsFiles::in_dir(dir.path()).is_none());
+        std::fs::create_dir(dir.path().join("..data")).unwrap();
+        assert!(TlsFiles::in_dir(dir.path()).unwrap().is_none());
+        std::fs::write(dir.path().join("cert.pem"), "").unwrap();
+        let error = TlsFiles::in_dir(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("holds cert.pem but no tls.crt"), "{error}");
     }
 
     #[test]
@@ -270,7 +314,7 @@ mod tests {
         issue(&ca, dir.path());
         let other = ca.serving("localhost", &["localhost"]).unwrap();
         std::fs::write(dir.path().join(KEY_FILE), other.key_pem).unwrap();
-        let files = TlsFiles::in_dir(dir.path()).unwrap();
+        let files = TlsFiles::in_dir(dir.path()).unwrap().unwrap();
         let error = config(files).unwrap_err().to_string();
         assert!(error.contains("not the certificate's key"), "{error}");
     }

@@ -93,8 +93,21 @@ impl Ca {
 
 /// `GET path` over HTTP/1.1 and TLS to `address`, trusting only the CA
 /// `ca_pem` and checking the certificate names `host`: the whole answer
-/// (status line, headers and body), or why there is none.
+/// (status line, headers and body), or why there is none within 10 s.
 pub async fn https_get(
+    address: std::net::SocketAddr,
+    ca_pem: &str,
+    host: &str,
+    path: &str,
+) -> std::result::Result<String, String> {
+    let asked = https_get_unbounded(address, ca_pem, host, path);
+    match tokio::time::timeout(std::time::Duration::from_secs(10), asked).await {
+        Ok(answer) => answer,
+        Err(_) => Err(format!("no answer from {address} within 10 s")),
+    }
+}
+
+async fn https_get_unbounded(
     address: std::net::SocketAddr,
     ca_pem: &str,
     host: &str,

@@ -27,7 +27,9 @@
 //! checksums) while the manager on its node goes: its DaemonSet is deleted
 //! (the pod orphaned), then its pod, and the writer completes 100 more rounds
 //! with no manager on the node before the manifest is applied again and a
-//! new manager pod is Ready. The pod sees no error; a reader on another
+//! new manager pod is Ready, given the Secret `oxhorn-api-tls` meanwhile:
+//! it serves its API over TLS with that certificate, and plain HTTP gets
+//! no answer. The pod sees no error; a reader on another
 //! kubelet node, where the volume moves, checks every checksum; deleting the
 //! claim leaves no PV, attachment or oxhorn object, and no replica data on
 //! any node.

@@ -71,6 +71,10 @@ fn kill_processes_naming(dir: &Path) {
 #[test]
 fn ctrl_c_on_a_held_local_cluster_tears_it_down_in_order() {
     require_root();
+    // Its managers take the host's loopback API port, where the printed
+    // port-forward arrives; those of tests installing the manifest would
+    // too: not while one of them runs.
+    let _turn = crate::install::OXHORN_SYSTEM.blocking_lock();
     // Its temp dirs (nodes, kubelet) go under one the test removes.
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(local_cluster())
@@ -221,26 +225,32 @@ fn dashboard_problems(output: &[String], kubeconfig: &Path) -> Vec<String> {
     }
     let token = String::from_utf8_lossy(&issued.stdout).trim().to_owned();
     let mut problems = served_problems(base, &token);
+    problems.extend(forward_problems(output, kubeconfig, &token));
+    problems
+}
 
+/// What a user running the printed port-forward and opening the printed
+/// address would find wrong.
+fn forward_problems(output: &[String], kubeconfig: &Path, token: &str) -> Vec<String> {
+    let printed = |start: &str| {
+        output
+            .iter()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with(start))
+    };
     let Some(forward) = printed("kubectl -n oxhorn-system port-forward") else {
-        problems.push("no port-forward command printed".into());
-        return problems;
+        return vec!["no port-forward command printed".into()];
     };
     let forwarded = printed("then http://")
         .and_then(|l| l.strip_prefix("then "))
         .and_then(|l| l.split(['/', ';']).nth(2));
     let Some(forwarded) = forwarded else {
-        problems.push("no forwarded dashboard URL printed".into());
-        return problems;
+        return vec!["no forwarded dashboard URL printed".into()];
     };
-    // The forward reaches the loopback's manager, which tests installing
-    // the manifest also start: not while one of them runs.
-    let _turn = crate::install::OXHORN_SYSTEM.blocking_lock();
     match PortForward::start(kubeconfig, forward) {
-        Ok(_forward) => problems.extend(served_problems(&format!("http://{forwarded}"), &token)),
-        Err(error) => problems.push(format!("{forward}: {error}")),
+        Ok(_forward) => served_problems(&format!("http://{forwarded}"), token),
+        Err(error) => vec![format!("{forward}: {error}")],
     }
-    problems
 }
 
 /// `kubectl` with the held cluster's kubeconfig.

@@ -271,13 +271,18 @@ fn api_tls(config: &ManagerConfig) -> std::result::Result<Option<Arc<rustls::Ser
     let Some(dir) = &config.api_tls_dir else {
         return Ok(None);
     };
-    let Some(files) = tls::TlsFiles::in_dir(dir) else {
+    let unusable = |error: crate::Error| {
+        error!(%error, "the API is not served: its certificate cannot be used");
+    };
+    if !dir.is_dir() {
+        warn!(dir = %dir.display(), "no such directory: the API is served over plain HTTP");
+        return Ok(None);
+    }
+    let Some(files) = tls::TlsFiles::in_dir(dir).map_err(unusable)? else {
         info!(dir = %dir.display(), "no certificate: the API is served over plain HTTP");
         return Ok(None);
     };
-    tls::config(files).map(Some).map_err(|error| {
-        error!(%error, "the API is not served: its certificate cannot be used");
-    })
+    tls::config(files).map(Some).map_err(unusable)
 }
 
 /// Once the caches have synced: adopts the engine and replica processes a
