@@ -1,28 +1,25 @@
-//! The volumes: a table to sort and filter, and a volume to make.
+//! The volumes: a table to filter, sort and page through (`listing.rs`),
+//! actions on the volumes selected in it (`bulk.rs`), and a volume to
+//! make.
+
+mod bulk;
+mod listing;
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::Response;
 use maud::{Markup, html};
-use serde::Deserialize;
 
 use super::Viewer;
 use super::format::bytes;
 use super::layout::{self, Section, badge};
-use super::overview::health;
-use crate::api::ApiState;
+use super::overview::{Health, health};
 use crate::api::auth::Access;
-use crate::api::volumes::view;
-
-/// The filters a person set.
-#[derive(Debug, Default, Deserialize)]
-pub struct Filters {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    health: String,
-}
+use crate::api::query::Query;
+use crate::api::volumes::{VolumeView, view};
+use crate::api::{ApiError, ApiState};
+use listing::{COLUMNS, Listing, Paged, paged};
 
 const HEALTHS: [&str; 6] = [
     "healthy",
@@ -36,8 +33,12 @@ const HEALTHS: [&str; 6] = [
 pub async fn page(
     State(state): State<Arc<ApiState>>,
     viewer: Viewer,
-    Query(filters): Query<Filters>,
+    query: Result<Query<Listing>, ApiError>,
 ) -> Response {
+    let listing = match query {
+        Ok(Query(listing)) => listing,
+        Err(invalid) => return layout::refused(&viewer, &invalid),
+    };
     let list = Access::oxhorn("list", "volumes", None);
     if let Err(error) = state.auth.authorize(&viewer.caller, &list).await {
         return layout::refused(&viewer, &error);
@@ -46,6 +47,7 @@ pub async fn page(
         .auth
         .allows(&viewer.caller, &Access::oxhorn("create", "volumes", None))
         .await;
+    let bulk = bulk::Allowed::for_viewer(&state, &viewer.caller).await;
     let mut rows: Vec<_> = state
         .ds
         .volumes
@@ -58,11 +60,12 @@ pub async fn page(
             (volume, health)
         })
         .filter(|(v, h)| {
-            v.name.contains(filters.name.as_str())
-                && (filters.health.is_empty() || filters.health == h.word())
+            v.name.contains(listing.name.as_str())
+                && (listing.health.is_empty() || listing.health == h.word())
         })
         .collect();
-    rows.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    listing.sort(&mut rows);
+    let shown = paged(rows, listing.page.unwrap_or(1), listing.rows());
     let actions = html! {
         @if may_create {
             button.primary type="button" data-open="create-volume" { "Create volume" }
@@ -71,55 +74,101 @@ pub async fn page(
     let content = html! {
         (layout::heading("Volumes", html! {}, actions))
         section.panel {
-            form.filters method="get" action="/ui/volumes" role="search" {
-                label { "Name contains" input type="search" name="name" value=(filters.name); }
-                label {
-                    "Health"
-                    select name="health" {
-                        option value="" { "any" }
-                        @for word in HEALTHS {
-                            option value=(word) selected[filters.health == word] { (word) }
-                        }
-                    }
-                }
-                button type="submit" { "Filter" }
-            }
-            @if rows.is_empty() {
-                p.empty { "No volumes" @if !filters.name.is_empty() || !filters.health.is_empty() { " match these filters" } "." }
+            (filters(&listing))
+            @if shown.rows.is_empty() {
+                p.empty { "No volumes" @if listing.filtered() { " match these filters" } "." }
             } @else {
-                div.scroll { table #volumes {
-                    thead { tr {
-                        th data-sort { "Name" }
-                        th data-sort { "Claim" }
-                        th.num data-sort { "Size" }
-                        th.num data-sort { "Used" }
-                        th.num data-sort { "Replicas" }
-                        th data-sort { "Node" }
-                        th data-sort { "Frontend" }
-                        th data-sort { "State" }
-                        th data-sort { "Health" }
-                    } }
-                    tbody {
-                        @for (volume, health) in &rows {
-                            tr data-volume=(volume.name) {
-                                td { a href=(format!("/ui/volumes/{}", volume.name)) { (volume.name) } }
-                                td { (volume.pvc.clone().unwrap_or_default()) }
-                                td.num data-value=(volume.size) { (bytes(volume.size)) }
-                                td.num data-value=(volume.actual_size) { (bytes(volume.actual_size)) }
-                                td.num data-value=(volume.replicas_healthy) { (volume.replicas_healthy) " / " (volume.replicas_wanted) }
-                                td { (volume.node) }
-                                td { (volume.frontend) }
-                                td { (volume.state) }
-                                td { (badge(health.word())) }
-                            }
-                        }
-                    }
-                } }
+                @if bulk.any() { (bulk::toolbar(&bulk)) }
+                (table(&listing, &shown.rows, bulk.any()))
+                (pager(&listing, &shown))
             }
         }
         @if may_create { (create_dialog()) }
+        (bulk::dialogs(&bulk))
     };
     layout::page(&viewer, Section::Volumes, "Volumes", content)
+}
+
+/// The filters, sent as a new query that keeps the sort and page size.
+fn filters(listing: &Listing) -> Markup {
+    html! {
+        form.filters method="get" action="/ui/volumes" role="search" {
+            label { "Name contains" input type="search" name="name" value=(listing.name); }
+            label {
+                "Health"
+                select name="health" {
+                    option value="" { "any" }
+                    @for word in HEALTHS {
+                        option value=(word) selected[listing.health == word] { (word) }
+                    }
+                }
+            }
+            @for (name, value) in listing.kept() {
+                input type="hidden" name=(name) value=(value);
+            }
+            button type="submit" { "Filter" }
+        }
+    }
+}
+
+/// The page's volumes; each heading a link that sorts by it.
+fn table(listing: &Listing, rows: &[(VolumeView, Health)], selectable: bool) -> Markup {
+    html! {
+        div.scroll { table #volumes {
+            thead { tr {
+                @if selectable {
+                    th.select { input type="checkbox" data-select-all aria-label="Select every volume on this page"; }
+                }
+                @for (column, _, title, numeric) in COLUMNS {
+                    @let sorted = (listing.sort == column).then_some(if listing.desc { "descending" } else { "ascending" });
+                    th.num[numeric] aria-sort=[sorted] {
+                        a.sort href=(listing.sorted_by(column).href()) { (title) }
+                    }
+                }
+            } }
+            tbody {
+                @for (volume, health) in rows {
+                    tr data-volume=(volume.name) {
+                        @if selectable {
+                            td.select { input type="checkbox" data-select value=(volume.name) aria-label=(format!("Select {}", volume.name)); }
+                        }
+                        td { a href=(format!("/ui/volumes/{}", volume.name)) { (volume.name) } }
+                        td { (volume.pvc.clone().unwrap_or_default()) }
+                        td.num { (bytes(volume.size)) }
+                        td.num { (bytes(volume.actual_size)) }
+                        td.num { (volume.replicas_healthy) " / " (volume.replicas_wanted) }
+                        td { (volume.node) }
+                        td { (volume.frontend) }
+                        td { (volume.state) }
+                        td { (badge(health.word())) }
+                    }
+                }
+            }
+        } }
+    }
+}
+
+/// Where the page is in the list, and the pages before and after it.
+fn pager<T>(listing: &Listing, shown: &Paged<T>) -> Markup {
+    let last = shown.first + shown.rows.len() - 1;
+    html! {
+        nav.pager aria-label="Pages of volumes" {
+            span #showing { "Showing " (shown.first) "–" (last) " of " (shown.total) }
+            @if shown.pages > 1 {
+                @if shown.page > 1 {
+                    a.button rel="prev" href=(listing.at(shown.page - 1).href()) { "Previous" }
+                } @else {
+                    span.button aria-disabled="true" { "Previous" }
+                }
+                span.muted { "Page " (shown.page) " of " (shown.pages) }
+                @if shown.page < shown.pages {
+                    a.button rel="next" href=(listing.at(shown.page + 1).href()) { "Next" }
+                } @else {
+                    span.button aria-disabled="true" { "Next" }
+                }
+            }
+        }
+    }
 }
 
 /// The form that makes a volume, through `POST /v1/volumes`.
