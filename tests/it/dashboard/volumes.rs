@@ -75,6 +75,9 @@ pub async fn table_and_bulk_actions(
     browser.click("input[data-select][value=web]").await;
     assert_eq!(browser.text("#selected-count").await, "2 volumes selected");
     shots.take("volumes-selected").await;
+    browser.resize(420, 800).await;
+    shots.take("volumes-selected-narrow").await;
+    browser.resize(1280, 800).await;
     browser.click("[data-open=bulk-snapshot]").await;
     let listed = browser.text("#bulk-snapshot [data-selection]").await;
     assert_eq!(listed.lines().collect::<Vec<_>>(), ["db", "web"]);
