@@ -9,7 +9,7 @@ use super::error::ApiError;
 
 /// The most one page holds, and how many it holds unless asked.
 const PAGE_MAX: usize = 1000;
-const PAGE_DEFAULT: usize = 100;
+pub const PAGE_DEFAULT: usize = 100;
 
 /// A page of a list.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -183,26 +183,37 @@ pub async fn get(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<WorkloadView>, ApiError> {
-    let auth = &state.auth;
-    auth.authorize(&caller, &Access::oxhorn("get", "volumes", Some(&name)))
-        .await?;
+    let get_volume = Access::oxhorn("get", "volumes", Some(&name));
+    state.auth.authorize(&caller, &get_volume).await?;
     found(&state, &state.ds.volumes, "volume", &name).await?;
+    of_volume(&state, &caller, &name).await.map(Json)
+}
+
+/// Who uses the volume `name` (one the caller may get), as the caller may
+/// see it: refused whole (403) once any of it may not be read, as the
+/// endpoint is; the dashboard's volume page shows it the same way.
+pub(crate) async fn of_volume(
+    state: &ApiState,
+    caller: &Caller,
+    name: &str,
+) -> Result<WorkloadView, ApiError> {
+    let auth = &state.auth;
     let mut workload = WorkloadView {
-        volume: name.clone(),
+        volume: name.to_owned(),
         persistent_volume: None,
         claim: None,
         pods: Vec::new(),
     };
     // Which PersistentVolume is the volume's is known only once read.
     let any_pv = Access::core("get", "persistentvolumes", Scope::Cluster, None);
-    auth.authorize(&caller, &any_pv).await?;
+    auth.authorize(caller, &any_pv).await?;
     let pvs: Api<PersistentVolume> = Api::all(state.client.clone());
-    let Some(pv) = persistent_volume(&pvs, &name).await? else {
-        return Ok(Json(workload));
+    let Some(pv) = persistent_volume(&pvs, name).await? else {
+        return Ok(workload);
     };
     workload.persistent_volume = Some(pv_view(&pv));
     let Some((namespace, claim_name)) = claim_ref(&pv) else {
-        return Ok(Json(workload));
+        return Ok(workload);
     };
     let scope = Scope::Namespace(namespace.clone());
     let get_claim = Access::core(
@@ -211,17 +222,17 @@ pub async fn get(
         scope.clone(),
         Some(&claim_name),
     );
-    auth.authorize(&caller, &get_claim).await?;
+    auth.authorize(caller, &get_claim).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(state.client.clone(), &namespace);
     let pv_name = pv.name_any();
     let bound = claims.get_opt(&claim_name).await?.filter(|claim| {
         claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(pv_name.as_str())
     });
     let Some(claim) = bound else {
-        return Ok(Json(workload));
+        return Ok(workload);
     };
     workload.claim = Some(claim_view(&claim));
-    auth.authorize(&caller, &Access::core("list", "pods", scope, None))
+    auth.authorize(caller, &Access::core("list", "pods", scope, None))
         .await?;
     let pods: Api<Pod> = Api::namespaced(state.client.clone(), &namespace);
     let mut users: Vec<PodView> = pods
@@ -234,7 +245,7 @@ pub async fn get(
         .collect();
     users.sort_by(|a, b| a.name.cmp(&b.name));
     workload.pods = users;
-    Ok(Json(workload))
+    Ok(workload)
 }
 
 #[cfg(test)]

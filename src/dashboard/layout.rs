@@ -100,6 +100,7 @@ fn status_text(status: StatusCode) -> &'static str {
     match status {
         StatusCode::FORBIDDEN => "You may not see this",
         StatusCode::NOT_FOUND => "Not found",
+        StatusCode::BAD_REQUEST => "Not a page the dashboard has",
         _ => "The cluster did not answer",
     }
 }

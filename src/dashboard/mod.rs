@@ -21,6 +21,7 @@ mod settings;
 mod signin;
 mod volume;
 mod volumes;
+mod workload;
 
 use std::sync::Arc;
 

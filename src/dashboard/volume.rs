@@ -1,7 +1,7 @@
-//! One volume: what it is, its replicas with their rebuilds, its snapshot
-//! chain, its backups, its events, and what may be done to it. Each action
-//! is shown only to a person allowed to do it; destructive ones ask for
-//! the volume's name.
+//! One volume: what it is, who uses it, its replicas with their rebuilds,
+//! its snapshot chain, its backups, its events, and what may be done to
+//! it. Each action is shown only to a person allowed to do it; destructive
+//! ones ask for the volume's name.
 
 use std::sync::Arc;
 
@@ -12,14 +12,14 @@ use maud::{Markup, html};
 use super::format::{ago, bytes};
 use super::layout::{self, Section, badge};
 use super::overview::health;
-use super::{Viewer, recent_events};
+use super::{Viewer, recent_events, workload};
 use crate::api::auth::{Access, Caller, Scope};
 use crate::api::backups::{BackupView, newest_first};
 use crate::api::events::last_happened;
 use crate::api::replicas::{ReplicaView, of_volume};
 use crate::api::snapshots::{SnapshotView, chain};
 use crate::api::volumes::{VolumeView, view};
-use crate::api::{ApiError, ApiState};
+use crate::api::{ApiError, ApiState, workload::of_volume as workload_of};
 
 /// What the viewer may do to the volume.
 struct Allowed {
@@ -86,10 +86,12 @@ pub async fn page(
         true => Some(events(&state, &name).await),
         false => None,
     };
+    let workload = workload_of(&state, &viewer.caller, &name).await;
     let health = health(&state, &volume).word();
     let content = html! {
         (layout::heading(&name, badge(health), actions(&volume, &may)))
         (facts(&volume))
+        (workload::section(&workload))
         @if let Some(replicas) = &replicas { (replica_table(replicas, &may)) }
         @if let Some(snapshots) = &snapshots { (snapshot_chain(&volume, snapshots, &may)) }
         @if let Some(backups) = &backups { (backup_table(backups, &may)) }

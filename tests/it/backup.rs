@@ -52,23 +52,23 @@ use serde_json::json;
 use crate::common::*;
 
 const SIZE: i64 = 64 * MIB;
-const BUCKET: &str = "backups";
+pub(crate) const BUCKET: &str = "backups";
 
 /// A server on loopback and how a user points a target at it.
-struct Store {
+pub(crate) struct Store {
     server: ObjectServer,
     _dir: tempfile::TempDir,
 }
 
 impl Store {
-    fn start(kind: ObjectServerKind) -> Self {
+    pub(crate) fn start(kind: ObjectServerKind) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let server = ObjectServer::start(kind, dir.path(), &[BUCKET]).unwrap();
         Self { server, _dir: dir }
     }
 
     /// A target URL of `bucket` (a container, on Azure).
-    fn url(&self, bucket: &str) -> String {
+    pub(crate) fn url(&self, bucket: &str) -> String {
         match self.server.kind {
             ObjectServerKind::Minio => format!("s3://{bucket}@us-east-1/cluster"),
             ObjectServerKind::Azurite => format!("azblob://{bucket}@{AZURITE_ACCOUNT}/cluster"),
@@ -156,7 +156,7 @@ const WRONG: &str = "not-the-secret";
 const WRONG_KEY: &str = "bm90LXRoZS1hY2NvdW50LWtleS1ub3QtdGhlLWFjY291bnQta2V5LW5vdC10aGUta2V5IQ==";
 
 /// A Secret holding `store`'s credentials, as a user writes one.
-async fn credential_secret(cluster: &Cluster, name: &str, store: &Store, right: bool) {
+pub(crate) async fn credential_secret(cluster: &Cluster, name: &str, store: &Store, right: bool) {
     secret(cluster, name, store.credentials(right)).await;
 }
 

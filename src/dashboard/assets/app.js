@@ -92,11 +92,110 @@ document.addEventListener('submit', async (event) => {
   }
 });
 
-// A destructive action is enabled only once its object's name is typed.
+// A destructive action is enabled only once its object's name is typed;
+// one on many volumes, once their number (or "delete") is.
 document.addEventListener('input', (event) => {
   const input = event.target;
-  if (input.dataset.confirm === undefined) return;
-  input.form.querySelector('button[type=submit]').disabled = input.value !== input.dataset.confirm;
+  const submit = input.form?.querySelector('button[type=submit]');
+  if (input.dataset.confirm !== undefined) submit.disabled = input.value !== input.dataset.confirm;
+  if (input.dataset.confirmBulk !== undefined) {
+    const typed = input.value.trim().toLowerCase();
+    submit.disabled = typed !== String(input.form.names.length) && typed !== 'delete';
+  }
+});
+
+/** The names of the volumes selected in the table. */
+function selected() {
+  return [...document.querySelectorAll('input[data-select]:checked')].map((box) => box.value);
+}
+
+function volumes(n) {
+  return n === 1 ? '1 volume' : `${n} volumes`;
+}
+
+/** Shows how many are selected; the actions on them need one. */
+function showSelection() {
+  const boxes = [...document.querySelectorAll('input[data-select]')];
+  const chosen = boxes.filter((box) => box.checked).length;
+  const count = document.getElementById('selected-count');
+  if (count) count.textContent = chosen ? `${volumes(chosen)} selected` : 'None selected';
+  for (const button of document.querySelectorAll('[data-needs-selection]')) button.disabled = chosen === 0;
+  const all = document.querySelector('input[data-select-all]');
+  if (all) {
+    all.checked = chosen > 0 && chosen === boxes.length;
+    all.indeterminate = chosen > 0 && chosen < boxes.length;
+  }
+}
+
+document.addEventListener('change', (event) => {
+  const box = event.target;
+  if (box.matches('input[data-select-all]')) {
+    for (const each of document.querySelectorAll('input[data-select]')) each.checked = box.checked;
+  }
+  if (box.matches('input[data-select-all], input[data-select]')) showSelection();
+});
+
+/** Readies a bulk action's dialog for the volumes selected now. */
+function prepareBulk(form) {
+  form.names = selected();
+  form.querySelector('[data-selection-count]').textContent = volumes(form.names.length);
+  const items = form.names.map((name) => {
+    const item = document.createElement('li');
+    item.textContent = name;
+    return item;
+  });
+  form.querySelector('[data-selection]').replaceChildren(...items);
+  form.querySelector('[data-results]').replaceChildren();
+  form.querySelector('.summary').textContent = '';
+  const confirm = form.querySelector('[data-confirm-bulk]');
+  if (confirm) confirm.value = '';
+  const submit = form.querySelector('button[type=submit]');
+  submit.hidden = false;
+  submit.disabled = confirm !== null;
+  form.querySelector('[data-close]').textContent = 'Cancel';
+}
+
+// A bulk action: the one volume's API call for each selected volume, one
+// after another, each meeting the API's guards on its own; how each went
+// is listed.
+document.addEventListener('submit', async (event) => {
+  const form = event.target.closest('form[data-bulk]');
+  if (!form) return;
+  event.preventDefault();
+  const submit = form.querySelector('button[type=submit]');
+  const close = form.querySelector('[data-close]');
+  const results = form.querySelector('[data-results]');
+  submit.disabled = true;
+  submit.setAttribute('aria-busy', 'true');
+  close.disabled = true;
+  const body = fields(form);
+  let failed = 0;
+  for (const name of form.names) {
+    const item = document.createElement('li');
+    const label = document.createElement('strong');
+    const outcome = document.createElement('span');
+    label.textContent = name;
+    outcome.textContent = '…';
+    item.dataset.result = name;
+    item.append(label, ' ', outcome);
+    results.append(item);
+    try {
+      await call(form.dataset.method, form.dataset.bulk.replace('{name}', encodeURIComponent(name)), body);
+      item.dataset.outcome = 'done';
+      outcome.textContent = form.dataset.done;
+    } catch (e) {
+      failed += 1;
+      item.dataset.outcome = 'failed';
+      outcome.textContent = e.message;
+    }
+  }
+  const n = form.names.length;
+  form.querySelector('.summary').textContent = failed ? `${n - failed} of ${n} done, ${failed} failed.` : `All ${n} done.`;
+  submit.removeAttribute('aria-busy');
+  submit.hidden = true;
+  close.disabled = false;
+  close.textContent = 'Close';
+  close.focus();
 });
 
 document.addEventListener('click', (event) => {
@@ -104,6 +203,8 @@ document.addEventListener('click', (event) => {
   if (opener) {
     const dialog = document.getElementById(opener.dataset.open);
     dialog.querySelector('.error')?.replaceChildren();
+    const bulk = dialog.querySelector('form[data-bulk]');
+    if (bulk) prepareBulk(bulk);
     dialog.showModal();
     return;
   }
@@ -141,7 +242,8 @@ function sortBy(table, index, flip) {
 }
 
 function restoreSorting() {
-  for (const table of document.querySelectorAll('table[id]')) {
+  // Tables sorted by the server (a link per heading) have no data-sort.
+  for (const table of document.querySelectorAll('table[id]:has(th[data-sort])')) {
     const last = JSON.parse(sessionStorage.getItem(`sort:${location.pathname}:${table.id}`) || 'null');
     if (last) sortBy(table, last.index, false);
   }
@@ -152,8 +254,7 @@ let pending = false;
 /** Renders the page's content again, unless the person is in a dialog or
  * typing in a field of the page (it renders once they leave it). */
 async function refresh() {
-  const typing = document.activeElement?.closest('main') && document.activeElement.matches('input, select, textarea');
-  if (document.querySelector('dialog[open]') || typing) {
+  if (busy()) {
     pending = true;
     return;
   }
@@ -167,10 +268,25 @@ async function refresh() {
     return;
   }
   if (!response.ok) return;
-  const main = document.querySelector('main');
-  main.innerHTML = await response.text();
+  const text = await response.text();
+  // A dialog may have been opened while the page was asked for.
+  if (busy()) {
+    pending = true;
+    return;
+  }
+  const kept = new Set(selected());
+  document.querySelector('main').innerHTML = text;
+  for (const box of document.querySelectorAll('input[data-select]')) box.checked = kept.has(box.value);
+  showSelection();
   showLive();
   restoreSorting();
+}
+
+/** Whether the person is in a dialog or typing in a field of the page. */
+function busy() {
+  const focused = document.activeElement;
+  const typing = focused?.closest('main') && focused.matches('input, select, textarea');
+  return document.querySelector('dialog[open]') !== null || typing;
 }
 
 /** Whether the live stream is connected, shown on the page. */
@@ -212,4 +328,5 @@ window.addEventListener('pageshow', (event) => {
 });
 
 restoreSorting();
+showSelection();
 if (document.querySelector('main[data-live]')) live();

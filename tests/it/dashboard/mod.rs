@@ -1,12 +1,16 @@
 //! The dashboard as a person uses it, in a real browser (Debian's
 //! headless chromium over WebDriver): signing in with a token, making a
-//! volume and seeing it healthy, a replica killed and the volume seen
-//! degraded, rebuilding with its progress and healthy again without a
-//! reload, a snapshot and a backup taken and restored, a volume deleted
-//! only once its name is typed; a read-only user offered nothing to
-//! destroy, and a request forged without the session's CSRF token
-//! refused. Screenshots of each step are kept in the test's target
-//! directory (`dashboard/`), to look at.
+//! volume and seeing it healthy and who uses it, a replica killed and the
+//! volume seen degraded, rebuilding with its progress and healthy again
+//! without a reload, a snapshot taken and backed up to MinIO and restored
+//! into a new volume, a volume deleted only once its name is typed; the
+//! volumes table a page at a time, and actions on several volumes at once
+//! (`volumes.rs`); a read-only user offered nothing to destroy, and a
+//! request forged without the session's CSRF token refused. Screenshots
+//! of each step are kept in the test's target directory (`dashboard/`),
+//! to look at.
+
+mod volumes;
 
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
@@ -14,11 +18,13 @@ use std::path::PathBuf;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use oxhorn::types::{DEFAULT_BACKUP_TARGET, Node, Setting, Volume};
+use oxhorn_testbed::ObjectServerKind;
 use serde_json::json;
 
-use crate::backup::{create_target, until_target};
-use crate::common::{Cluster, require_root, write_pattern};
+use crate::backup::{BUCKET, Store, create_target, credential_secret, until_target};
+use crate::common::{Cluster, MIB, require_root, write_pattern};
 use crate::metrics::replica_process;
+use crate::rest_api::workload::{make_workload, may_get_persistent_volumes, remove_workload};
 use crate::rest_api::{READ, Rule, account_with, oxhorn};
 use oxhorn_testbed::webdriver::Browser;
 
@@ -49,6 +55,33 @@ fn events<'a>() -> Rule<'a> {
     }
 }
 
+/// Reading the claims and Pods of the test's namespace, as a volume's
+/// workload needs (with getting PersistentVolumes).
+fn workloads<'a>() -> Rule<'a> {
+    Rule {
+        group: "",
+        resources: &["persistentvolumeclaims", "pods"],
+        verbs: &["get", "list"],
+    }
+}
+
+/// Screenshots, numbered in the order taken.
+struct Shots<'a> {
+    browser: &'a Browser,
+    step: Cell<u32>,
+}
+
+impl Shots<'_> {
+    async fn take(&self, name: &str) {
+        self.step.set(self.step.get() + 1);
+        let path = self
+            .browser
+            .screenshot(&format!("{:02}-{name}", self.step.get()))
+            .await;
+        eprintln!("screenshot: {}", path.display());
+    }
+}
+
 /// Waits until the browser shows the page at `path`.
 async fn until_at(cluster: &Cluster, browser: &Browser, path: &str) {
     cluster
@@ -61,29 +94,36 @@ async fn until_at(cluster: &Cluster, browser: &Browser, path: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_works_as_a_person_uses_it() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
+    let store = Store::start(ObjectServerKind::Minio);
     let cluster = Cluster::start("ui", 2).await;
     let node = cluster.nodes[0].node_id().to_owned();
-    let url = format!("file://{}", dir.path().display());
-    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "", "300s").await;
+    credential_secret(&cluster, "minio", &store, true).await;
+    let url = store.url(BUCKET);
+    create_target(&cluster, DEFAULT_BACKUP_TARGET, &url, "minio", "300s").await;
     until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
-    let admin = account_with(&cluster, "admin", &[oxhorn(KINDS, WRITE), events()]).await;
+    let admin_rules = [oxhorn(KINDS, WRITE), events(), workloads()];
+    let admin = account_with(&cluster, "admin", &admin_rules).await;
+    let may_read_pvs = may_get_persistent_volumes(&cluster, "admin").await;
     let reader = account_with(&cluster, "reader", &[oxhorn(KINDS, READ), events()]).await;
     let base = format!("http://{}", cluster.nodes[0].api_address().unwrap());
+    // What the volumes table and its bulk actions are tried on (beside
+    // the volume made from the dashboard): one in use, one not.
+    cluster.create_volume("db", 16 * MIB, 1).await;
+    cluster.create_volume("spare", 16 * MIB, 1).await;
+    cluster.attach("db", &node).await;
+    // The volume about to be made is a claim's, as the CSI provisioner
+    // would have it, and a Pod uses the claim.
+    let pv = make_workload(&cluster, "web", "data", &[("app", "data")]).await;
     let browser = Browser::start(1280, 800, &shots()).await;
-    let step = Cell::new(0);
-    let shot = async |name: &str| {
-        step.set(step.get() + 1);
-        let path = browser
-            .screenshot(&format!("{:02}-{name}", step.get()))
-            .await;
-        eprintln!("screenshot: {}", path.display());
+    let shots = Shots {
+        browser: &browser,
+        step: Cell::new(0),
     };
 
     // Signing in: a page of the dashboard asks for a token first.
     browser.goto(&format!("{base}/ui/volumes")).await;
     assert!(browser.url().await.ends_with("/ui/signin"));
-    shot("sign-in").await;
+    shots.take("sign-in").await;
     browser.type_into("#token", "not a token").await;
     browser.click("button[type=submit]").await;
     let error = browser.text("p.error").await;
@@ -93,7 +133,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
     until_at(&cluster, &browser, "/ui/").await;
     let who = browser.text(".who strong").await;
     assert!(who.ends_with(":admin"), "{who}");
-    shot("overview").await;
+    shots.take("overview").await;
 
     // A volume made from the dashboard.
     browser.goto(&format!("{base}/ui/volumes")).await;
@@ -110,7 +150,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
     browser
         .type_into("#create-volume [data-field=numberOfReplicas]", "2")
         .await;
-    shot("create-volume").await;
+    shots.take("create-volume").await;
     browser.click("#create-volume button[type=submit]").await;
     cluster
         .until("the volume's page", || async {
@@ -142,7 +182,18 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             (browser.text(badge).await == "healthy").then_some(())
         })
         .await;
-    shot("volume-healthy").await;
+    shots.take("volume-healthy").await;
+
+    // Who uses it: the PersistentVolume, its claim, and the claim's Pod.
+    let pv_shown = browser.text("#workload [data-fact=pv]").await;
+    assert!(pv_shown.starts_with(&pv), "{pv_shown}");
+    let claim = browser.text("#workload [data-fact=claim]").await;
+    assert!(
+        claim.starts_with(&format!("{}/data", cluster.ns.name())),
+        "{claim}"
+    );
+    let pod = browser.text("#workload tr[data-pod=app]").await;
+    assert!(pod.contains("no-kubelet-here"), "{pod}");
 
     // A replica killed: degraded, then rebuilding with progress, then
     // healthy again, as it happens. The rebuild is slowed to be seen.
@@ -166,7 +217,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             let now = browser.text(badge).await;
             if seen.borrow().last() != Some(&now) {
                 seen.borrow_mut().push(now.clone());
-                shot(&format!("volume-{now}")).await;
+                shots.take(&format!("volume-{now}")).await;
             }
             if browser.count("[data-progress]").await > 0 {
                 progress_seen.set(true);
@@ -194,7 +245,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             (taken && ready).then_some(())
         })
         .await;
-    shot("snapshot").await;
+    shots.take("snapshot").await;
     browser.click("[data-open=back-up]").await;
     browser
         .click("#back-up select[data-field=snapshot] option[value=before-upgrade]")
@@ -208,7 +259,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             Some(browser.text("tr[data-backup] td").await)
         })
         .await;
-    shot("backup").await;
+    shots.take("backup").await;
     let kept = browser
         .run("arguments[arguments.length - 1](window.kept === true);")
         .await;
@@ -236,7 +287,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
         .await;
     let restored = cluster.volume("web-restored").await.unwrap();
     assert_eq!(restored.spec.from_backup, backup);
-    shot("restored").await;
+    shots.take("restored").await;
 
     // A request forged without the session's CSRF token is refused, cookie
     // or not.
@@ -262,10 +313,17 @@ async fn the_dashboard_works_as_a_person_uses_it() {
         .type_into("#delete-volume [data-confirm]", "web-restored")
         .await;
     assert!(browser.enabled(delete).await);
-    shot("delete-confirm").await;
+    shots.take("delete-confirm").await;
     browser.click(delete).await;
     cluster
         .until("the restored volume deleted", || async {
+            let refused = browser
+                .run(
+                    "arguments[arguments.length - 1](
+                       document.querySelector('#delete-volume .error')?.textContent ?? '');",
+                )
+                .await;
+            assert_eq!(refused, json!(""), "the deletion was refused");
             let gone = cluster
                 .api::<Volume>()
                 .get_opt("web-restored")
@@ -274,6 +332,8 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             gone.is_none().then_some(())
         })
         .await;
+
+    volumes::table_and_bulk_actions(&cluster, &browser, &base, &shots).await;
 
     // Settings: a value out of range is refused with why, one in range set.
     browser.goto(&format!("{base}/ui/settings")).await;
@@ -286,7 +346,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             (!error.is_empty()).then_some(())
         })
         .await;
-    shot("settings-refused").await;
+    shots.take("settings-refused").await;
     browser.type_into(&format!("{row} input"), "2").await;
     browser.click(&format!("{row} button[type=submit]")).await;
     cluster
@@ -325,12 +385,12 @@ async fn the_dashboard_works_as_a_person_uses_it() {
             (badge == "not schedulable").then_some(())
         })
         .await;
-    shot("nodes").await;
+    shots.take("nodes").await;
     browser.click(&switch).await;
     scheduling(true).await;
     browser.goto(&format!("{base}/ui/backups")).await;
     browser.get("tr[data-target=default]").await;
-    shot("backups").await;
+    shots.take("backups").await;
 
     // A read-only user sees no destructive buttons. (Signed out from a page
     // that is not live: a live one follows its lost session to the sign-in
@@ -352,19 +412,31 @@ async fn the_dashboard_works_as_a_person_uses_it() {
         assert_eq!(browser.count(destructive).await, 0, "{destructive}");
     }
     assert_eq!(browser.count("[data-open=create-volume]").await, 0);
-    shot("read-only").await;
+    // Nor may it read PersistentVolumes: the page says so in place.
+    let note = browser.text("#workload [data-workload=forbidden]").await;
+    assert!(note.contains("not allowed to see"), "{note}");
+    shots.take("read-only").await;
     browser.goto(&format!("{base}/ui/settings")).await;
     browser.get("[data-setting=default-replica-count]").await;
     assert_eq!(browser.count("#settings form").await, 0);
     browser.goto(&format!("{base}/ui/nodes")).await;
     browser.get(&format!("section[data-node='{node}']")).await;
     assert_eq!(browser.count("section[data-node] form").await, 0);
-    // A narrow window: the same pages, one column.
+    // A narrow window: the same pages, one column; the volumes offer the
+    // reader nothing to select.
     browser.resize(420, 800).await;
     browser.goto(&format!("{base}/ui/volumes")).await;
-    shot("volumes-narrow").await;
+    browser.get("table#volumes").await;
+    assert_eq!(browser.count("input[data-select], .bulk").await, 0);
+    shots.take("volumes-narrow").await;
+    browser.goto(&format!("{base}/ui/volumes/web")).await;
+    browser.get("#workload").await;
+    shots.take("volume-narrow").await;
     browser.quit().await;
 
-    cluster.detach("web").await;
-    cluster.delete_volume("web").await;
+    remove_workload(&cluster, &pv, "data", &["app"], &[&may_read_pvs]).await;
+    for volume in ["web", "db"] {
+        cluster.detach(volume).await;
+        cluster.delete_volume(volume).await;
+    }
 }

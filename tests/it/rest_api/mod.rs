@@ -14,6 +14,7 @@ use crate::common::{Cluster, MIB};
 mod backups;
 mod nodes;
 mod volumes;
+pub mod workload;
 
 /// What an account may do: `verbs` on `resources` of the API `group`
 /// (`""`: the core group), in the test's namespace.

@@ -2,9 +2,6 @@
 //! the real API server: each change shows in the custom resource read
 //! back, and each caller may do only what their RBAC allows.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use oxhorn::api::Page;
 use oxhorn::api::events::EventList;
 use oxhorn::api::nodes::NodeView;
@@ -14,6 +11,7 @@ use oxhorn::types::{Node, Setting};
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use super::workload::{make_workload, may_get_persistent_volumes, remove_workload};
 use super::{Client, READ, Rule, account_with, code, oxhorn};
 use crate::common::{Cluster, MIB};
 
@@ -374,65 +372,6 @@ async fn settings_are_listed_and_set_within_their_ranges() {
     assert_eq!(setting.spec.value, "4");
 }
 
-/// A ClusterRole letting the test namespace's `account` get
-/// PersistentVolumes; deleted by the caller.
-async fn may_get_persistent_volumes(cluster: &Cluster, account: &str) -> String {
-    let name = format!("{}-{account}-pvs", cluster.ns.name());
-    let meta = ObjectMeta {
-        name: Some(name.clone()),
-        ..ObjectMeta::default()
-    };
-    let role = ClusterRole {
-        metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["persistentvolumes".into()]),
-            verbs: vec!["get".into()],
-            ..PolicyRule::default()
-        }]),
-        ..ClusterRole::default()
-    };
-    let binding = ClusterRoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: account.into(),
-            namespace: Some(cluster.ns.name().into()),
-            ..Subject::default()
-        }]),
-    };
-    let post = PostParams::default();
-    Api::<ClusterRole>::all(cluster.client.clone())
-        .create(&post, &role)
-        .await
-        .unwrap();
-    Api::<ClusterRoleBinding>::all(cluster.client.clone())
-        .create(&post, &binding)
-        .await
-        .unwrap();
-    name
-}
-
-/// Deletes `name` of `api` at once, finalizers and all (no controller
-/// manager or kubelet runs here to finish a deletion).
-async fn remove<K>(api: &Api<K>, name: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let no_finalizers = json!({"metadata": {"finalizers": null}});
-    let _ = api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&no_finalizers))
-        .await;
-    let _ = api
-        .delete(name, &DeleteParams::default().grace_period(0))
-        .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volumes_events_and_workload_are_shown_to_who_may_read_them() {
     let cluster = Cluster::start("rest-events", 1).await;
@@ -534,61 +473,8 @@ async fn a_volumes_events_and_workload_are_shown_to_who_may_read_them() {
     assert_eq!((status, code(&body)), (404, "not_found"), "{body}");
 
     let ns = cluster.ns.name().to_owned();
-    let pv_name = format!("{ns}-pv");
-    let post = PostParams::default();
-    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": pv_name},
-        "spec": {
-            "capacity": {"storage": "16Mi"},
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "oxhorn-test",
-            "persistentVolumeReclaimPolicy": "Retain",
-            "claimRef": {"namespace": ns, "name": "data"},
-            "csi": {"driver": oxhorn::csi::DRIVER_NAME, "volumeHandle": "vol-a"},
-        },
-    }))
-    .unwrap();
-    pvs.create(&post, &pv).await.unwrap();
-    let claims = cluster.api::<PersistentVolumeClaim>();
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data"},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "oxhorn-test",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "16Mi"}},
-        },
-    }))
-    .unwrap();
-    claims.create(&post, &claim).await.unwrap();
-    // Pods need their namespace's default account (no controller manager
-    // makes it here).
-    let default_account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    let _ = cluster
-        .api::<ServiceAccount>()
-        .create(&post, &default_account)
-        .await;
-    let pods = cluster.api::<Pod>();
-    for (name, claim) in [("web", "data"), ("other", "elsewhere")] {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "nodeName": "no-kubelet-here",
-                "automountServiceAccountToken": false,
-                "containers": [{"name": "main", "image": "busybox"}],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
-            },
-        }))
-        .unwrap();
-        pods.create(&post, &pod).await.unwrap();
-    }
+    let pods = [("web", "data"), ("other", "elsewhere")];
+    let pv_name = make_workload(&cluster, "vol-a", "data", &pods).await;
 
     let (status, body) = api.get(path, Some(&reader)).await;
     assert_eq!(status, 200, "{body}");
@@ -612,16 +498,13 @@ async fn a_volumes_events_and_workload_are_shown_to_who_may_read_them() {
         .collect();
     assert_eq!(users, [("web", "no-kubelet-here", false)]);
 
-    for name in ["web", "other"] {
-        remove(&pods, name).await;
-    }
-    remove(&claims, "data").await;
-    remove(&pvs, &pv_name).await;
-    let _ = Api::<ClusterRoleBinding>::all(cluster.client.clone())
-        .delete(&cluster_role, &DeleteParams::default())
-        .await;
-    let _ = Api::<ClusterRole>::all(cluster.client.clone())
-        .delete(&cluster_role, &DeleteParams::default())
-        .await;
+    remove_workload(
+        &cluster,
+        &pv_name,
+        "data",
+        &["web", "other"],
+        &[&cluster_role],
+    )
+    .await;
     cluster.delete_volume("vol-a").await;
 }
