@@ -109,9 +109,9 @@ async fn a_detached_volume_reverts_to_a_snapshot_on_every_replica() {
     assert_eq!(status, 202, "{body}");
     let done = cluster
         .until_volume("vol", "the volume reverted", |s| {
-            s.revert
-                .as_ref()
-                .is_some_and(|r| r.snapshot == "a" && r.phase != RevertPhase::Reverting)
+            s.revert.as_ref().is_some_and(|r| {
+                r.request != "behind-its-back" && r.phase != RevertPhase::Reverting
+            })
         })
         .await;
     let answer = done.status.unwrap().revert.unwrap();
