@@ -246,7 +246,9 @@ impl Pass<'_> {
         let left_out: Vec<usize> = (0..self.replicas.len())
             .filter(|&i| {
                 let replica = &self.replicas[i];
-                replica.spec.failed_at.is_none()
+                // One never placed holds no data.
+                !replica.spec.instance.node_id.is_empty()
+                    && replica.spec.failed_at.is_none()
                     && replica.metadata.deletion_timestamp.is_none()
                     && !reverted.replicas.contains(&replica.name_any())
             })
