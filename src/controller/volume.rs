@@ -1,14 +1,16 @@
 //! Volume controller: a volume's owner creates its Engine and Replicas,
 //! places the replicas, attaches and detaches, tracks replica failures,
 //! replaces replicas that stay failed, salvages a volume whose replicas all
-//! failed, grows the volume, takes and removes its snapshots, fills a new
-//! volume from a snapshot before it first attaches, and removes everything
-//! when it is deleted.
+//! failed, grows the volume, takes and removes its snapshots, reverts it to
+//! one while it is detached, fills a new volume from a snapshot before it
+//! first attaches, and removes everything when it is deleted.
 
 mod attachment;
 mod fill;
 mod replicas;
 mod restore;
+mod revert;
+mod revert_plan;
 mod snapshots;
 
 use fill::Filling;
@@ -188,13 +190,18 @@ impl<'a> Pass<'a> {
         self.remove_stale().await?;
         // A volume attaches only once it holds its data source's data.
         let filling = self.fill().await?;
-        if self.volume.spec.node_id.is_empty() || filling != Filling::Done {
-            let busy = filling == Filling::Copying || self.snapshot_work();
+        // Nor while a revert is under way: it runs on the replicas alone.
+        let reverting = self.reverting();
+        if self.volume.spec.node_id.is_empty() || filling != Filling::Done || reverting {
+            let busy = filling == Filling::Copying || self.snapshot_work() || reverting;
             self.detach(&engine, busy).await?;
         } else {
             self.attach(&engine).await?;
         }
-        self.reconcile_snapshots(&engine).await?;
+        self.revert(&engine).await?;
+        if !reverting {
+            self.reconcile_snapshots(&engine).await?;
+        }
         self.salvage(&engine).await?;
         self.observe(&engine);
         Ok(Action::requeue(self.next))

@@ -137,6 +137,9 @@ fn facts(volume: &VolumeView) -> Markup {
                 div { dt { "Node" } dd { @if volume.node.is_empty() { "detached" } @else { (volume.node) } } }
                 div { dt { "Frontend" } dd { (volume.frontend) } }
                 div { dt { "Claim" } dd { (volume.pvc.clone().unwrap_or_else(|| "none".into())) } }
+                @if let Some(revert) = &volume.revert {
+                    div { dt { "Revert" } dd { "to " (revert.snapshot) ": " (revert.phase) @if !revert.message.is_empty() { " " span.muted { (revert.message) } } } }
+                }
             }
         }
     }
@@ -205,6 +208,11 @@ fn snapshot_chain(volume: &VolumeView, snapshots: &[SnapshotView], may: &Allowed
                             @if !snapshot.error.is_empty() { span.badge.error title=(snapshot.error) { "error" } }
                             span.muted { (snapshot.created.as_deref().map(ago).unwrap_or_default()) " ago" }
                             span.actions {
+                                @if may.patch && volume.state == "detached" && snapshot.ready_to_use && !snapshot.deleting {
+                                    form data-path=(format!("/v1/volumes/{}/snapshots/{}/revert", volume.name, snapshot.name)) data-done="Reverting" data-ask=(format!("Revert {} to snapshot {}? Every write after the snapshot is discarded, and so are the snapshots taken after it. The volume attaches again once this is done.", volume.name, snapshot.name)) {
+                                        button.quiet type="submit" aria-label=(format!("Revert to snapshot {}", snapshot.name)) { "Revert" }
+                                    }
+                                }
                                 @if may.delete_snapshot && !snapshot.deleting {
                                     form data-method="DELETE" data-path=(format!("/v1/snapshots/{}", snapshot.name)) data-done="Snapshot deleted" data-ask=(format!("Delete snapshot {}? Its data merges into the next layer.", snapshot.name)) {
                                         button.quiet.danger type="submit" aria-label=(format!("Delete snapshot {}", snapshot.name)) { "Delete" }

@@ -13,6 +13,7 @@ mod instance;
 mod lease;
 mod node;
 mod replica;
+mod revert;
 mod setting;
 mod snapshot;
 mod volume;
@@ -30,6 +31,7 @@ pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
 pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
 pub use node::{DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
+pub use revert::{RevertPhase, RevertRequest, RevertStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{
     BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus, clone_source, deletion_blocker,

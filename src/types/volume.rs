@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, Node};
+use super::{Condition, Node, RevertRequest, RevertStatus};
 
 /// A replicated block volume.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -134,6 +134,10 @@ pub struct VolumeSpec {
     )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("the data source of a volume cannot change"))]
     pub data_source: Option<DataSource>,
+    /// Reverts the volume, while detached, to one of its snapshots (see
+    /// status.revert); absent for none. It does not attach until done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert: Option<RevertRequest>,
 }
 
 impl VolumeSpec {
@@ -365,6 +369,9 @@ pub struct VolumeStatus {
     /// scrub-interval Setting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scrub: Option<super::ScrubReport>,
+    /// The answer to the last spec.revert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert: Option<RevertStatus>,
 }
 
 /// Where the volume is in its life.

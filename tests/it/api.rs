@@ -117,6 +117,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             replica_auto_balance: ReplicaAutoBalance::Ignored,
             access_mode: AccessMode::Rwo,
             data_source: None,
+            revert: None,
         },
     );
     round_trip(

@@ -34,6 +34,7 @@ mod placement;
 mod provisioning;
 mod rebuild;
 pub mod rest_api;
+mod revert;
 mod sanity;
 mod snapshots;
 mod uninstall;

@@ -71,7 +71,7 @@ pub struct VolumeChange {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not patch the volume", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "Attached elsewhere, being deleted, or changed meanwhile", body = ErrorBody),
+        (status = 409, description = "Attached elsewhere, being deleted or reverted, or changed meanwhile", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -93,6 +93,11 @@ pub async fn attach(
         )));
     }
     match volume.spec.node_id.as_str() {
+        "" if volume.revert_pending() => {
+            return Err(ApiError::Conflict(format!(
+                "volume {name} is being reverted to a snapshot; attach it once that is done"
+            )));
+        }
         "" => {
             patch_spec(&state, &volume, json!({"nodeID": node})).await?;
             info!(
@@ -305,7 +310,11 @@ pub async fn salvage(
     Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
 }
 
-async fn authorize_patch(state: &ApiState, caller: &Caller, name: &str) -> Result<(), ApiError> {
+pub(super) async fn authorize_patch(
+    state: &ApiState,
+    caller: &Caller,
+    name: &str,
+) -> Result<(), ApiError> {
     let access = Access::oxhorn("patch", "volumes", Some(name));
     state.auth.authorize(caller, &access).await
 }

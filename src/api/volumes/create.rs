@@ -292,6 +292,7 @@ fn spec(settings: &Settings, size: i64, source: Source) -> VolumeSpec {
         replica_auto_balance: ReplicaAutoBalance::default(),
         access_mode: AccessMode::default(),
         data_source,
+        revert: None,
     }
 }
 

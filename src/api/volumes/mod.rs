@@ -1,9 +1,11 @@
 //! `/v1/volumes`: the volumes, as the caches hold them; making them
-//! (`create.rs`), what may be done to one (`actions.rs`), deleting one.
+//! (`create.rs`), what may be done to one (`actions.rs`, `revert.rs`),
+//! deleting one.
 //! The controllers do the rest.
 
 pub mod actions;
 pub mod create;
+pub mod revert;
 
 use std::sync::Arc;
 
@@ -47,6 +49,8 @@ pub struct VolumeView {
     pub pvc: Option<String>,
     /// When it was created, RFC 3339.
     pub created: Option<String>,
+    /// The last revert to a snapshot asked, and where it is.
+    pub revert: Option<revert::RevertView>,
 }
 
 /// A page of volumes.
@@ -105,6 +109,7 @@ pub fn view(state: &ApiState, volume: &Volume) -> VolumeView {
             .creation_timestamp
             .as_ref()
             .map(|t| t.0.to_string()),
+        revert: revert::RevertView::of(volume),
         name,
     }
 }
@@ -292,6 +297,7 @@ mod tests {
             robustness: "unknown".into(),
             pvc: None,
             created: None,
+            revert: None,
         }
     }
 

@@ -246,7 +246,7 @@ impl Pass<'_> {
 
     /// Changes the volume's engine, remembering the write until the cache
     /// shows it.
-    async fn set_engine(
+    pub(super) async fn set_engine(
         &self,
         engine: &Engine,
         patch: serde_json::Value,

@@ -98,7 +98,7 @@ impl Pass<'_> {
     }
 
     /// Marks the volume's replica `i` failed at `now`, with an Event saying why.
-    async fn mark_failed(
+    pub(super) async fn mark_failed(
         &mut self,
         i: usize,
         now: &Time,

@@ -60,7 +60,7 @@ fn deleting(snapshot: &Snapshot) -> bool {
 }
 
 /// Whether the data plane has work for the snapshot: taking or removing it.
-fn pending(snapshot: &Snapshot) -> bool {
+pub(super) fn pending(snapshot: &Snapshot) -> bool {
     if deleting(snapshot) {
         return has_finalizer(snapshot);
     }
@@ -108,7 +108,7 @@ impl Pass<'_> {
 
     /// Whether a Backup of this volume is being taken: its snapshot is read
     /// from these replicas.
-    fn backing_up(&self) -> bool {
+    pub(super) fn backing_up(&self) -> bool {
         let name = self.volume.name_any();
         self.ctx.ds.backups.store.state().iter().any(|b| {
             b.spec.volume_name == name
@@ -123,7 +123,7 @@ impl Pass<'_> {
     /// Whether a volume is filling from one of this volume's snapshots. Its
     /// copy reads the chain up to that snapshot, which removing any of them
     /// would change (a removed snapshot's data merges into its child).
-    fn dependents_filling(&self) -> bool {
+    pub(super) fn dependents_filling(&self) -> bool {
         let sources: BTreeSet<String> = self.snapshots.iter().map(|s| s.name_any()).collect();
         self.ctx.ds.volumes.store.state().iter().any(|v| {
             v.spec

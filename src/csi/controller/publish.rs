@@ -42,6 +42,13 @@ impl ControllerService {
                     "volume {id} is being deleted; it cannot attach to {node}"
                 )));
             }
+            // The owner reverts only a detached volume, and finishes a
+            // revert it began before the volume may attach.
+            "" if volume.revert_pending() => {
+                return Err(ControllerServiceError::FailedPrecondition(format!(
+                    "volume {id} is being reverted to a snapshot; it attaches to {node} once that is done"
+                )));
+            }
             "" => self.set_attachment(&volume, node, Some(&readonly)).await?,
             current if current == node => match published_readonly {
                 Some(published) if *published != readonly => {

@@ -104,6 +104,7 @@ impl ControllerService {
                 AccessMode::Rwo
             },
             data_source,
+            revert: None,
         }
     }
 

@@ -128,6 +128,7 @@ pub(super) fn volume(size: i64, replicas: i32) -> Volume {
             replica_auto_balance: Default::default(),
             access_mode: Default::default(),
             data_source: None,
+            revert: None,
         },
     )
 }

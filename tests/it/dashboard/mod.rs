@@ -407,6 +407,7 @@ async fn the_dashboard_works_as_a_person_uses_it() {
         "form[data-method=DELETE]",
         "[data-open=attach]",
         "form[data-path$='/detach']",
+        "form[data-path$='/revert']",
         "[data-open=take-snapshot]",
     ] {
         assert_eq!(browser.count(destructive).await, 0, "{destructive}");

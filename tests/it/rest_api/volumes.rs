@@ -33,7 +33,8 @@ fn operations() -> Vec<(Method, String)> {
         let path = path
             .replace("{name}", "x")
             .replace("{disk}", "d")
-            .replace("{key}", "k");
+            .replace("{key}", "k")
+            .replace("{snapshot}", "s");
         for method in item.as_object().unwrap().keys() {
             let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             operations.push((method, path.clone()));
