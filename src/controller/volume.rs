@@ -1,11 +1,13 @@
 //! Volume controller: a volume's owner creates its Engine and Replicas,
 //! places the replicas, attaches and detaches, tracks replica failures,
-//! replaces replicas that stay failed, salvages a volume whose replicas all
+//! replaces replicas that stay failed, moves replicas off evicting nodes and
+//! disks, salvages a volume whose replicas all
 //! failed, grows the volume, takes and removes its snapshots, fills a new
 //! volume from a snapshot before it first attaches, and removes everything
 //! when it is deleted.
 
 mod attachment;
+mod eviction;
 mod fill;
 mod replicas;
 mod restore;
@@ -13,6 +15,7 @@ mod snapshots;
 
 use fill::Filling;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +80,8 @@ struct Pass<'a> {
     settings: Settings,
     /// Shortest wait a time-based rule asked for.
     next: Duration,
+    /// Evicted replicas leaving on this pass: the engine is to drop them.
+    retiring: BTreeSet<String>,
 }
 
 impl<'a> Pass<'a> {
@@ -124,6 +129,7 @@ impl<'a> Pass<'a> {
             snapshots,
             settings: ctx.settings(),
             next: RESYNC,
+            retiring: BTreeSet::new(),
         }
     }
 
@@ -186,6 +192,7 @@ impl<'a> Pass<'a> {
         self.trim_surplus().await?;
         self.schedule().await?;
         self.remove_stale().await?;
+        self.evict(&engine).await?;
         // A volume attaches only once it holds its data source's data.
         let filling = self.fill().await?;
         if self.volume.spec.node_id.is_empty() || filling != Filling::Done {
