@@ -179,3 +179,65 @@ fn dialogs(node: &NodeView, id: &str) -> Markup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(evicting: bool, left: usize) -> NodeView {
+        let disk = DiskView {
+            name: "d1".into(),
+            path: "/mnt/d1".into(),
+            allow_scheduling: true,
+            storage_reserved: 0,
+            tags: vec![],
+            storage_maximum: 1 << 30,
+            storage_available: 1 << 29,
+            storage_scheduled: 0,
+            fsid: "803".into(),
+            ready: true,
+            schedulable: true,
+            conditions: vec![],
+            replicas: left,
+            eviction_requested: false,
+        };
+        NodeView {
+            name: "n1".into(),
+            ready: true,
+            schedulable: true,
+            allow_scheduling: true,
+            eviction_requested: evicting,
+            replicas_to_evict: left,
+            tags: vec![],
+            zone: String::new(),
+            region: String::new(),
+            frontends: vec![],
+            disks: vec![disk],
+            conditions: vec![],
+        }
+    }
+
+    #[test]
+    fn evicting_is_offered_with_a_question_only_to_who_may_patch() {
+        let page = node_panel(&node(false, 2), true).into_string();
+        assert!(page.contains(r#"data-field="evictionRequested" data-kind="bool" value="true""#));
+        assert!(page.contains("Move every replica off node n1?"), "{page}");
+        assert!(page.contains("Move every replica off disk d1 of node n1?"));
+        assert!(
+            !node_panel(&node(false, 2), false)
+                .into_string()
+                .contains("evictionRequested")
+        );
+    }
+
+    #[test]
+    fn an_evicting_node_counts_what_is_left_and_stops_without_asking() {
+        let page = node_panel(&node(true, 3), true).into_string();
+        assert!(page.contains("evicting: 3 replicas left"), "{page}");
+        assert!(page.contains(r#"data-field="evictionRequested" data-kind="bool" value="false""#));
+        assert!(page.contains("Stop evicting"));
+        assert!(!page.contains("Move every replica off node n1?"));
+        let done = node_panel(&node(true, 0), true).into_string();
+        assert!(done.contains(">evicted<"), "{done}");
+    }
+}

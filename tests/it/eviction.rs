@@ -106,7 +106,21 @@ fn evicted(status: &VolumeStatus) -> Option<&Condition> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_node_hands_its_replica_over_without_losing_redundancy() {
-    let cluster = Cluster::start("evict", 3).await;
+    hand_over("evict", false).await;
+}
+
+/// The manager that owns the volume (where it is attached) crashes and
+/// starts again while the replacement exists: it goes on from what the
+/// objects say, to the same end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_goes_on_after_the_volumes_manager_restarts() {
+    hand_over("evict-restart", true).await;
+}
+
+/// Evicts a node holding one of a 2-replica volume's replicas on 3 nodes,
+/// restarting the volume's manager in the middle if `restart`.
+async fn hand_over(prefix: &str, restart: bool) {
+    let mut cluster = Cluster::start(prefix, 3).await;
     cluster.create_volume("vol", 64 * MIB, 2).await;
     cluster
         .until_volume("vol", "the volume detached and healthy", |s| {
@@ -120,11 +134,15 @@ async fn an_evicted_node_hands_its_replica_over_without_losing_redundancy() {
         .iter()
         .map(|n| n.node_id().to_owned())
         .collect();
-    let spare = nodes.iter().find(|n| !before.contains_key(*n)).unwrap();
+    let spare = nodes
+        .iter()
+        .find(|n| !before.contains_key(*n))
+        .unwrap()
+        .clone();
     let (victim, evicted_replica) = before.iter().next().unwrap();
-    let attached_to = before.keys().find(|n| *n != victim).unwrap();
+    let attached_to = before.keys().find(|n| *n != victim).unwrap().clone();
 
-    let device = cluster.attach("vol", attached_to).await;
+    let device = cluster.attach("vol", &attached_to).await;
     let written = write_pattern(&device, 16 << 20, 11);
     cluster
         .until_volume("vol", "both replicas read-write", |s| {
@@ -139,12 +157,23 @@ async fn an_evicted_node_hands_its_replica_over_without_losing_redundancy() {
         .await;
 
     evict_node(&cluster, victim, true).await;
+    if restart {
+        cluster
+            .until("a replacement on the spare node", || async {
+                placement(&cluster, "vol").await.get(&spare).map(|_| ())
+            })
+            .await;
+        cluster
+            .node_mut(&attached_to)
+            .restart(std::path::Path::new(OXHORN))
+            .unwrap();
+    }
     let (replacement, counted) = cluster
         .until(
             "a replacement on the spare node read-write, and the evicted replica gone",
             || async {
                 let now = placement(&cluster, "vol").await;
-                let replacement = now.get(spare)?.clone();
+                let replacement = now.get(&spare)?.clone();
                 let engine = cluster.engine_of("vol").await?;
                 let modes = engine.status?.replica_mode_map;
                 let rebuilt = modes.get(&replacement) == Some(&ReplicaMode::ReadWrite);
