@@ -30,6 +30,9 @@ const MEASURE_EVERY: Duration = Duration::from_secs(30);
 /// removes a package or a module: probe it this often. The iSCSI probe runs
 /// a program in the host's namespaces.
 const PROBE_FRONTENDS_EVERY: Duration = Duration::from_secs(300);
+/// The Schedulable reason of a node or disk whose replicas are evicted:
+/// nothing new is placed there.
+const EVICTING: &str = "Evicting";
 /// The disk a node gets when its Node object is first created.
 pub const DEFAULT_DISK: &str = "default-disk";
 
@@ -130,6 +133,12 @@ fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
             false,
             "SchedulingDisabled",
             "spec.allowScheduling is false".to_owned(),
+        )
+    } else if node.spec.eviction_requested {
+        (
+            false,
+            EVICTING,
+            "spec.evictionRequested is true: its replicas move away".to_owned(),
         )
     } else if schedulable_disks == 0 {
         (
@@ -299,6 +308,12 @@ fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<St
                     false,
                     "SchedulingDisabled",
                     "allowScheduling is false".to_owned(),
+                )
+            } else if disk.eviction_requested {
+                (
+                    false,
+                    EVICTING,
+                    "evictionRequested is true: its replicas move away".to_owned(),
                 )
             } else if disk_status.storage_available <= floor {
                 (
