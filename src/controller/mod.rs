@@ -51,8 +51,9 @@ use tracing::{debug, warn};
 
 use crate::datastore::{Cache, changed_only};
 use watches::{
-    Mapper, backup_concerns, backups_of, engine_volume, filled_from, instance_changes,
-    liveness_changes, replica_volume, replicas_on, snapshot_concerns, watch_liveness,
+    Mapper, backup_concerns, backups_of, engine_volume, evicting_node, evictions_on, filled_from,
+    instance_changes, liveness_changes, replica_volume, replicas_on, snapshot_concerns,
+    watch_liveness,
 };
 
 /// Runs every controller until the future is dropped. Call after the caches
@@ -71,6 +72,7 @@ pub async fn run(ctx: Arc<Context>) {
                 .follows(&ds.snapshots, snapshot_concerns(&ds.volumes))
                 .follows(&ds.volumes, filled_from(&ds.snapshots, ns))
                 .follows(&ds.backups, backup_concerns(&ds.volumes))
+                .follows(&ds.nodes, evictions_on(&ds.replicas, ns))
         },
         volume::reconcile,
     );
@@ -87,7 +89,11 @@ pub async fn run(ctx: Arc<Context>) {
         },
         replica::reconcile,
     );
-    let nodes = wiring.run(&ds.nodes, identity, node::reconcile);
+    let nodes = wiring.run(
+        &ds.nodes,
+        |c| c.follows(&ds.replicas, evicting_node(&ds.nodes)),
+        node::reconcile,
+    );
     let settings = wiring.run(&ds.settings, identity, settings::reconcile);
     let snapshots = wiring.run(&ds.snapshots, identity, snapshot::reconcile);
     let backup_targets = wiring.run(&ds.backup_targets, identity, backup::reconcile_target);

@@ -18,8 +18,8 @@ use crate::datastore::create_if_absent;
 use crate::host::frontends;
 use crate::scheduler::promised_bytes;
 use crate::types::{
-    Condition, ConditionStatus, DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus,
-    REGION_LABEL, ZONE_LABEL,
+    Condition, ConditionStatus, DUPLICATE_FILESYSTEM, DiskSpec, DiskStatus, FrontendSupport, Node,
+    NodeSpec, NodeStatus, REGION_LABEL, ZONE_LABEL,
 };
 
 /// Free space changes without any event: measure this often (as often as
@@ -30,6 +30,9 @@ const MEASURE_EVERY: Duration = Duration::from_secs(30);
 /// removes a package or a module: probe it this often. The iSCSI probe runs
 /// a program in the host's namespaces.
 const PROBE_FRONTENDS_EVERY: Duration = Duration::from_secs(300);
+/// The Schedulable reason of a node or disk whose replicas are evicted:
+/// nothing new is placed there.
+const EVICTING: &str = "Evicting";
 /// The disk a node gets when its Node object is first created.
 pub const DEFAULT_DISK: &str = "default-disk";
 
@@ -49,6 +52,7 @@ pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {
         allow_scheduling: true,
         storage_reserved: 0,
         tags: Vec::new(),
+        eviction_requested: false,
     };
     let node = Node::new(
         &ctx.node.node_id,
@@ -56,6 +60,7 @@ pub async fn ensure_own_node(ctx: &Context) -> Result<(), ControllerError> {
             disks: BTreeMap::from([(DEFAULT_DISK.to_owned(), disk)]),
             allow_scheduling: true,
             tags: Vec::new(),
+            eviction_requested: false,
         },
     );
     if create_if_absent(&api, &node).await?.is_some() {
@@ -78,6 +83,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Con
         observe_taken_over(&ctx, &name, &mut status);
         Action::await_change()
     };
+    count_replicas(&ctx, &node, &mut status);
     let old = node.status.clone().unwrap_or_default();
     announce_transitions(&ctx, &node, &old, &status).await;
     if old != status {
@@ -127,6 +133,12 @@ fn observe_own(ctx: &Context, node: &Node, status: &mut NodeStatus) {
             false,
             "SchedulingDisabled",
             "spec.allowScheduling is false".to_owned(),
+        )
+    } else if node.spec.eviction_requested {
+        (
+            false,
+            EVICTING,
+            "spec.evictionRequested is true: its replicas move away".to_owned(),
         )
     } else if schedulable_disks == 0 {
         (
@@ -190,6 +202,27 @@ impl FrontendProbe {
     }
 }
 
+/// How many replicas each disk holds, and how many the node still has to
+/// move off: every one while it is evicting, else those on its evicting
+/// disks. Replicas being deleted are gone already.
+fn count_replicas(ctx: &Context, node: &Node, status: &mut NodeStatus) {
+    let name = node.name_any();
+    let replicas: Vec<_> = ctx
+        .ds
+        .replicas
+        .store
+        .state()
+        .into_iter()
+        .filter(|r| r.spec.instance.node_id == name && r.metadata.deletion_timestamp.is_none())
+        .collect();
+    for (disk, measured) in &mut status.disk_status {
+        let held = replicas.iter().filter(|r| node.holds(r, disk)).count();
+        measured.scheduled_replicas = i64::try_from(held).unwrap_or(i64::MAX);
+    }
+    let to_evict = replicas.iter().filter(|r| node.evicts(r)).count();
+    status.replicas_to_evict = i64::try_from(to_evict).unwrap_or(i64::MAX);
+}
+
 /// A node whose manager is gone: not Ready, so nothing is placed there.
 fn observe_taken_over(ctx: &Context, name: &str, status: &mut NodeStatus) {
     let (ready, reason, message) = match ctx.liveness.down(name) {
@@ -230,7 +263,7 @@ fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<St
                     &mut disk_status.conditions,
                     "Ready",
                     ConditionStatus::False,
-                    "DuplicateFilesystem",
+                    DUPLICATE_FILESYSTEM,
                     format!(
                         "{} is on a filesystem another disk of this node already uses",
                         disk.path
@@ -275,6 +308,12 @@ fn measure_disks(ctx: &Context, node: &Node, status: &NodeStatus) -> BTreeMap<St
                     false,
                     "SchedulingDisabled",
                     "allowScheduling is false".to_owned(),
+                )
+            } else if disk.eviction_requested {
+                (
+                    false,
+                    EVICTING,
+                    "evictionRequested is true: its replicas move away".to_owned(),
                 )
             } else if disk_status.storage_available <= floor {
                 (

@@ -1,11 +1,13 @@
 //! Volume controller: a volume's owner creates its Engine and Replicas,
 //! places the replicas, attaches and detaches, tracks replica failures,
-//! replaces replicas that stay failed, salvages a volume whose replicas all
-//! failed, grows the volume, takes and removes its snapshots, reverts it to
-//! one while it is detached, fills a new volume from a snapshot before it
-//! first attaches, and removes everything when it is deleted.
+//! replaces replicas that stay failed, moves replicas off evicting nodes and
+//! disks, salvages a volume whose replicas all failed, grows the volume,
+//! takes and removes its snapshots, reverts it to one while it is
+//! detached, fills a new volume from a snapshot before it first attaches,
+//! and removes everything when it is deleted.
 
 mod attachment;
+mod eviction;
 mod fill;
 mod replicas;
 mod restore;
@@ -15,6 +17,7 @@ mod snapshots;
 
 use fill::Filling;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,6 +82,8 @@ struct Pass<'a> {
     settings: Settings,
     /// Shortest wait a time-based rule asked for.
     next: Duration,
+    /// Evicted replicas leaving on this pass: the engine is to drop them.
+    retiring: BTreeSet<String>,
 }
 
 impl<'a> Pass<'a> {
@@ -126,6 +131,7 @@ impl<'a> Pass<'a> {
             snapshots,
             settings: ctx.settings(),
             next: RESYNC,
+            retiring: BTreeSet::new(),
         }
     }
 
@@ -188,6 +194,7 @@ impl<'a> Pass<'a> {
         self.trim_surplus().await?;
         self.schedule().await?;
         self.remove_stale().await?;
+        self.evict(&engine).await?;
         // A volume attaches only once it holds its data source's data.
         let filling = self.fill().await?;
         // Nor while a revert is under way: it runs on the replicas alone.

@@ -2,7 +2,8 @@
 //! and the objects of other kinds whose changes concern its own (the
 //! mappers from one kind's change to the objects it concerns).
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -88,6 +89,50 @@ pub(super) fn replicas_on(replicas: &Cache<Replica>) -> impl Mapper<Node, Vec<Ob
             .filter(|r| r.spec.instance.node_id == node)
             .map(|r| ObjectRef::from_obj(&**r))
             .collect()
+    }
+}
+
+/// The volumes with replicas on a node whose eviction was requested or
+/// withdrawn (of the node or one of its disks): they move those replicas,
+/// or stop moving them. Other changes of a node (its measurements, every
+/// half minute) concern no volume.
+pub(super) fn evictions_on(
+    replicas: &Cache<Replica>,
+    ns: &str,
+) -> impl Mapper<Node, Vec<ObjectRef<Volume>>> {
+    let (replicas, ns) = (replicas.store.clone(), ns.to_owned());
+    let evicting: Mutex<HashSet<String>> = Mutex::default();
+    move |node| {
+        let name = node.name_any();
+        let now = node.evicting();
+        let was = {
+            let mut evicting = evicting.lock().unwrap_or_else(|e| e.into_inner());
+            if now {
+                !evicting.insert(name.clone())
+            } else {
+                evicting.remove(&name)
+            }
+        };
+        if !now && !was {
+            return Vec::new();
+        }
+        let volumes: BTreeSet<String> = replicas
+            .state()
+            .iter()
+            .filter(|r| r.spec.instance.node_id == name)
+            .map(|r| r.spec.instance.volume_name.clone())
+            .collect();
+        volumes.iter().map(|v| volume_ref(v, &ns)).collect()
+    }
+}
+
+/// The node of a replica on an evicting node or disk: the node counts the
+/// replicas it still has to move.
+pub(super) fn evicting_node(nodes: &Cache<Node>) -> impl Mapper<Replica, Option<ObjectRef<Node>>> {
+    let nodes = nodes.clone();
+    move |replica| {
+        let node = nodes.get(&replica.spec.instance.node_id)?;
+        node.evicting().then(|| ObjectRef::from_obj(&*node))
     }
 }
 

@@ -6,8 +6,9 @@
 //! placement rule can be tested without one.
 //!
 //! The rules are Longhorn's. Candidates are narrowed in stages (schedulable
-//! nodes, node selector, anti-affinity, usable disks, disk selector, room), and
-//! the first stage that leaves nothing names the failure, so the user is told
+//! nodes, node selector, anti-affinity, usable disks, disk selector, room;
+//! a node or disk that is evicting its replicas takes none), and the first
+//! stage that leaves nothing names the failure, so the user is told
 //! the most fundamental reason first: a cluster with no ready node is not
 //! reported as "disk full". Among the survivors, soft anti-affinity ranks the
 //! (node, disk) pairs and ties are broken at random so replicas of many volumes
@@ -78,7 +79,7 @@ pub struct Cluster<'a> {
     pub node_up: &'a dyn Fn(&str) -> bool,
 }
 
-/// No node is up, ready and allowing scheduling.
+/// No node is up, ready, allowing scheduling and not evicting.
 const NO_SCHEDULABLE_NODE: &str = "NoSchedulableNode";
 /// Schedulable nodes exist, but none carries the volume's node selector tags.
 const NODE_SELECTOR_MISMATCH: &str = "NodeSelectorMismatch";
@@ -195,7 +196,7 @@ impl DiskCandidate<'_> {
     }
 }
 
-/// Nodes that are up, ready and allow scheduling.
+/// Nodes that are up, ready, allow scheduling and are not evicting.
 fn schedulable_nodes<'a>(cluster: &Cluster<'a>) -> Result<Vec<&'a Node>, Unschedulable> {
     let mut nodes = Vec::new();
     let mut excluded = Vec::new();
@@ -236,6 +237,9 @@ fn node_problems(cluster: &Cluster<'_>, node: &Node) -> Vec<&'static str> {
     }
     if !node.spec.allow_scheduling {
         problems.push("scheduling disabled");
+    }
+    if node.spec.eviction_requested {
+        problems.push("evicting");
     }
     problems
 }
@@ -375,7 +379,8 @@ fn anti_affinity_message(
     )
 }
 
-/// Disks of `nodes` that are measured, ready and allow scheduling.
+/// Disks of `nodes` that are measured, ready, allow scheduling and are not
+/// evicting.
 fn usable_disks<'a>(nodes: &[&'a Node]) -> Result<Vec<DiskCandidate<'a>>, Unschedulable> {
     let mut usable = Vec::new();
     let mut excluded = Vec::new();
@@ -415,6 +420,9 @@ fn disk_status<'a>(
 ) -> Result<&'a DiskStatus, &'static str> {
     if !spec.allow_scheduling {
         return Err("scheduling disabled");
+    }
+    if spec.eviction_requested {
+        return Err("evicting");
     }
     let status = node
         .status

@@ -208,6 +208,45 @@ fn down_disabled_and_not_ready_nodes_take_no_replica() {
 }
 
 #[test]
+fn an_evicting_node_or_disk_takes_no_replica_and_says_so() {
+    let world = World::new([
+        node("node-a").evicting(true),
+        node("node-b").disk_spec("default", |d| d.eviction_requested = true),
+        node("node-c"),
+    ]);
+    let chosen = world.chosen_nodes(&volume(GIB, 1), &SchedulerSettings::default());
+    assert_eq!(chosen, names(&["node-c"]));
+    let world = World::new([node("node-a").evicting(true)]);
+    let err = world
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("evicting");
+    assert_eq!(
+        (err.reason, err.message.as_str()),
+        (
+            "NoSchedulableNode",
+            "no node is up, ready and allowing scheduling: node-a (evicting)"
+        )
+    );
+    let world = World::new([node("node-a")
+        .disk_spec("default", |d| d.eviction_requested = true)
+        .disk("second", "fs-2", 100 * GIB, 100 * GIB)]);
+    let placed = world
+        .schedule_default(&volume(GIB, 1))
+        .expect("the second disk is fine");
+    assert_eq!(placed.disk_name, "second");
+    let world = World::new([node("node-a").disk_spec("default", |d| d.eviction_requested = true)]);
+    let err = world
+        .schedule_default(&volume(GIB, 1))
+        .expect_err("evicting disk");
+    assert_eq!(err.reason, "NoSchedulableDisk");
+    assert!(
+        err.message.ends_with("node-a/default (evicting)"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
 fn ready_unknown_is_not_ready_false() {
     let world = World::new([node("node-a").ready(ConditionStatus::Unknown)]);
     let placed = world.schedule_default(&volume(GIB, 1));

@@ -29,7 +29,10 @@ pub use engine::{
 };
 pub use instance::{DesireState, InstanceSpec, InstanceState, InstanceStatus};
 pub use lease::{MANAGER_LEASE_LABEL, MANAGER_LEASE_SELECTOR, lease_name};
-pub use node::{DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus};
+pub use node::{
+    DUPLICATE_FILESYSTEM, DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus,
+    same_path,
+};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use revert::{RevertPhase, RevertRequest, RevertStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};

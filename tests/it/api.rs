@@ -186,10 +186,12 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
                     allow_scheduling: true,
                     storage_reserved: GIB,
                     tags: vec!["ssd".into()],
+                    eviction_requested: false,
                 },
             )]),
             allow_scheduling: true,
             tags: vec![],
+            eviction_requested: false,
         },
     );
     round_trip(

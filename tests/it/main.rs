@@ -16,6 +16,7 @@ mod csi_node;
 mod dashboard;
 mod dataplane;
 mod datastore;
+mod eviction;
 mod faults;
 mod fencing;
 mod frontend;

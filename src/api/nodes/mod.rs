@@ -28,13 +28,10 @@ use super::error::{ApiError, ErrorBody};
 use super::page::{self, Page};
 use super::query::Query;
 use super::{ApiState, cached};
-use crate::types::{Condition, DiskSpec, DiskStatus, Node, Replica};
+use crate::types::{Condition, DiskSpec, Node, same_path};
 
 /// How many replicas a refusal names before counting the rest.
 const NAMED_MAX: usize = 10;
-/// The Ready reason of a disk on a filesystem another disk of its node has
-/// (see `controller::node`).
-const DUPLICATE_FILESYSTEM: &str = "DuplicateFilesystem";
 
 /// One condition of a node or disk.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
@@ -90,6 +87,8 @@ pub struct DiskView {
     pub conditions: Vec<ConditionView>,
     /// Replicas whose data is on it.
     pub replicas: usize,
+    /// Its replicas are moving off it, and none is placed there.
+    pub eviction_requested: bool,
 }
 
 /// A node as the API shows it.
@@ -103,6 +102,11 @@ pub struct NodeView {
     pub schedulable: bool,
     /// Whether new replicas may be placed on it (spec).
     pub allow_scheduling: bool,
+    /// Its replicas are moving off it, and none is placed there.
+    pub eviction_requested: bool,
+    /// Replicas still to move off it: all of its own while it is evicting,
+    /// else those on its evicting disks.
+    pub replicas_to_evict: usize,
     /// Tags a volume's nodeSelector matches.
     pub tags: Vec<String>,
     /// From the Kubernetes node's topology labels; empty: none.
@@ -131,6 +135,9 @@ pub struct ListQuery {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NodeUpdate {
     pub allow_scheduling: Option<bool>,
+    /// true: move every replica off the node (each once a replacement
+    /// elsewhere serves) and place none there; false: stop.
+    pub eviction_requested: Option<bool>,
     /// Replace its tags with these.
     pub tags: Option<Vec<String>>,
 }
@@ -155,6 +162,9 @@ pub struct NewDisk {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DiskUpdate {
     pub allow_scheduling: Option<bool>,
+    /// true: move every replica off the disk (each once a replacement
+    /// elsewhere serves) and place none there; false: stop.
+    pub eviction_requested: Option<bool>,
     pub storage_reserved: Option<i64>,
     /// Replace its tags with these.
     pub tags: Option<Vec<String>>,
@@ -172,46 +182,35 @@ fn conditions(conditions: &[Condition]) -> Vec<ConditionView> {
         .collect()
 }
 
-/// Whether `replica`'s data is on `node`'s disk `spec`: by its path, or by
-/// the disk's filesystem id (the scheduler's diskID), unless the disk only
-/// repeats another's filesystem (then that id is the other disk's).
-fn on_disk(replica: &Replica, node: &str, spec: &DiskSpec, status: Option<&DiskStatus>) -> bool {
-    let fsid = status
-        .filter(|s| {
-            !s.conditions
-                .iter()
-                .any(|c| c.reason == DUPLICATE_FILESYSTEM)
-        })
-        .map_or("", |s| s.fsid.as_str());
-    replica.spec.instance.node_id == node
-        && ((!fsid.is_empty() && replica.spec.disk_id == fsid)
-            || (!replica.spec.disk_path.is_empty()
-                && same_path(&replica.spec.disk_path, &spec.path)))
-}
-
-fn same_path(a: &str, b: &str) -> bool {
-    let trimmed = |p: &str| p.trim_end_matches('/').to_owned();
-    trimmed(a) == trimmed(b)
-}
-
 /// The replicas whose data is on `node`'s disk `disk`, by name.
 fn replicas_on(state: &ApiState, node: &Node, disk: &str) -> Vec<String> {
-    let Some(spec) = node.spec.disks.get(disk) else {
-        return Vec::new();
-    };
-    let status = node.status.as_ref().and_then(|s| s.disk_status.get(disk));
-    let name = node.name_any();
     let mut names: Vec<String> = state
         .ds
         .replicas
         .store
         .state()
         .iter()
-        .filter(|r| on_disk(r, &name, spec, status))
+        .filter(|r| node.holds(r, disk))
         .map(|r| r.name_any())
         .collect();
     names.sort();
     names
+}
+
+/// How many replicas are still to move off `node`, by the cache: its
+/// status's count may be half a minute old.
+fn to_evict(state: &ApiState, node: &Node) -> usize {
+    if !node.evicting() {
+        return 0;
+    }
+    state
+        .ds
+        .replicas
+        .store
+        .state()
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none() && node.evicts(r))
+        .count()
 }
 
 fn view(state: &ApiState, node: &Node) -> NodeView {
@@ -235,6 +234,7 @@ fn view(state: &ApiState, node: &Node) -> NodeView {
                 schedulable: Condition::is_true(&measured.conditions, "Schedulable"),
                 conditions: conditions(&measured.conditions),
                 replicas: replicas_on(state, node, name).len(),
+                eviction_requested: spec.eviction_requested,
                 fsid: measured.fsid,
             }
         })
@@ -244,6 +244,8 @@ fn view(state: &ApiState, node: &Node) -> NodeView {
         ready: Condition::is_true(&status.conditions, "Ready"),
         schedulable: Condition::is_true(&status.conditions, "Schedulable"),
         allow_scheduling: node.spec.allow_scheduling,
+        eviction_requested: node.spec.eviction_requested,
+        replicas_to_evict: to_evict(state, node),
         tags: node.spec.tags.clone(),
         zone: status.zone.clone(),
         region: status.region.clone(),
@@ -265,8 +267,8 @@ fn view(state: &ApiState, node: &Node) -> NodeView {
 }
 
 /// Why disk `disk` of `node` may not be removed yet, as Longhorn has it:
-/// scheduling on it must be off (so nothing lands there meanwhile) and no
-/// replica may be left on it.
+/// scheduling on it must be off, or it evicting (so nothing lands there
+/// meanwhile), and no replica may be left on it.
 fn removal_refused(node: &str, disk: &str, spec: &DiskSpec, replicas: &[String]) -> Option<String> {
     if !replicas.is_empty() {
         let mut named = replicas
@@ -279,12 +281,12 @@ fn removal_refused(node: &str, disk: &str, spec: &DiskSpec, replicas: &[String])
             named.push_str(&format!(" and {} more", replicas.len() - NAMED_MAX));
         }
         return Some(format!(
-            "disk {disk} of node {node} still holds replicas ({named}): disable scheduling on it (allowScheduling false) and move them away (delete them, or their volumes) first"
+            "disk {disk} of node {node} still holds replicas ({named}): move them away first (evictionRequested true moves each once its replacement elsewhere serves)"
         ));
     }
-    if spec.allow_scheduling {
+    if spec.allow_scheduling && !spec.eviction_requested {
         return Some(format!(
-            "disk {disk} of node {node} still takes replicas: disable scheduling on it (allowScheduling false) first"
+            "disk {disk} of node {node} still takes replicas: disable scheduling on it (allowScheduling false) or evict it (evictionRequested true) first"
         ));
     }
     None
@@ -405,8 +407,11 @@ pub async fn get(
     Ok(Json(view(&state, &node)))
 }
 
-/// Turns scheduling on the node on or off, or replaces its tags.
-/// Replicas already there stay.
+/// Turns scheduling on the node on or off, replaces its tags, or requests
+/// (or withdraws) the eviction of its replicas. Scheduling off leaves the
+/// replicas there; an eviction moves each of them elsewhere once its
+/// replacement serves, and keeps one that cannot be moved (the volume's
+/// Evicted condition and a Warning Event say why).
 #[utoipa::path(
     patch,
     path = "/v1/nodes/{name}",
@@ -437,6 +442,9 @@ pub async fn update(
     let mut ops = Vec::new();
     if let Some(allow) = update.allow_scheduling {
         ops.push(json!({"op": "add", "path": "/spec/allowScheduling", "value": allow}));
+    }
+    if let Some(evict) = update.eviction_requested {
+        ops.push(json!({"op": "add", "path": "/spec/evictionRequested", "value": evict}));
     }
     if let Some(tags) = &update.tags {
         let tags = checked_tags(tags)?;
@@ -502,6 +510,7 @@ pub async fn add_disk(
         allow_scheduling: new.allow_scheduling.unwrap_or(true),
         storage_reserved: new.storage_reserved.unwrap_or(0),
         tags,
+        eviction_requested: false,
     };
     let patched = patch_spec(&state, &node, vec![set_disk(&node, &new.name, &disk)]).await?;
     info!(
@@ -514,7 +523,8 @@ pub async fn add_disk(
     Ok((StatusCode::CREATED, Json(view(&state, &patched))))
 }
 
-/// Changes a disk's scheduling switch, reserved space or tags.
+/// Changes a disk's scheduling switch, reserved space or tags, or requests
+/// (or withdraws) the eviction of its replicas, as for a node.
 #[utoipa::path(
     patch,
     path = "/v1/nodes/{name}/disks/{disk}",
@@ -549,6 +559,9 @@ pub async fn update_disk(
     let mut changed = disk(&node, &disk_name)?.clone();
     if let Some(allow) = update.allow_scheduling {
         changed.allow_scheduling = allow;
+    }
+    if let Some(evict) = update.eviction_requested {
+        changed.eviction_requested = evict;
     }
     if let Some(bytes) = update.storage_reserved {
         changed.storage_reserved = bytes;
@@ -608,77 +621,7 @@ pub async fn remove_disk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{ConditionStatus, InstanceSpec, ReplicaSpec};
-
-    fn replica(name: &str, node: &str, disk_id: &str, disk_path: &str) -> Replica {
-        let mut spec: ReplicaSpec = serde_json::from_value(json!({
-            "volumeName": "v",
-            "volumeSize": 4096,
-        }))
-        .unwrap();
-        spec.instance = InstanceSpec {
-            node_id: node.into(),
-            ..spec.instance
-        };
-        spec.disk_id = disk_id.into();
-        spec.disk_path = disk_path.into();
-        Replica::new(name, spec)
-    }
-
-    #[test]
-    fn a_replica_is_on_a_disk_by_fsid_or_path_on_that_node() {
-        let disk = DiskSpec {
-            path: "/mnt/ssd".into(),
-            allow_scheduling: false,
-            storage_reserved: 0,
-            tags: vec![],
-        };
-        let measured = DiskStatus {
-            fsid: "803".into(),
-            ..DiskStatus::default()
-        };
-        assert!(on_disk(
-            &replica("r", "n1", "803", "/x"),
-            "n1",
-            &disk,
-            Some(&measured)
-        ));
-        assert!(on_disk(
-            &replica("r", "n1", "", "/mnt/ssd/"),
-            "n1",
-            &disk,
-            None
-        ));
-        assert!(!on_disk(
-            &replica("r", "n2", "803", "/mnt/ssd"),
-            "n1",
-            &disk,
-            Some(&measured)
-        ));
-        assert!(!on_disk(
-            &replica("r", "n1", "804", "/mnt/hdd"),
-            "n1",
-            &disk,
-            Some(&measured)
-        ));
-        // A disk repeating another's filesystem has its id, not its replicas.
-        let mut duplicate = measured.clone();
-        Condition::set(
-            &mut duplicate.conditions,
-            "Ready",
-            ConditionStatus::False,
-            DUPLICATE_FILESYSTEM,
-            "",
-        );
-        assert!(!on_disk(
-            &replica("r", "n1", "803", "/x"),
-            "n1",
-            &disk,
-            Some(&duplicate)
-        ));
-        // Not yet scheduled: on no disk.
-        assert!(!on_disk(&replica("r", "n1", "", ""), "n1", &disk, None));
-    }
+    use crate::types::ConditionStatus;
 
     #[test]
     fn a_disk_goes_only_once_unschedulable_and_empty() {
@@ -687,9 +630,13 @@ mod tests {
             allow_scheduling: true,
             storage_reserved: 0,
             tags: vec![],
+            eviction_requested: false,
         };
         let why = removal_refused("n1", "ssd", &disk, &[]).unwrap();
         assert!(why.contains("allowScheduling false"), "{why}");
+        disk.eviction_requested = true;
+        assert_eq!(removal_refused("n1", "ssd", &disk, &[]), None, "evicting");
+        disk.eviction_requested = false;
         disk.allow_scheduling = false;
         assert_eq!(removal_refused("n1", "ssd", &disk, &[]), None);
         let replicas: Vec<String> = (0..12).map(|i| format!("r{i:02}")).collect();
@@ -709,6 +656,7 @@ mod tests {
             allow_scheduling: true,
             storage_reserved: 0,
             tags: vec![],
+            eviction_requested: false,
         };
         let mut node = Node::new("n1", serde_json::from_value(json!({})).unwrap());
         let op = set_disk(&node, "ssd", &disk);

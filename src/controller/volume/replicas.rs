@@ -1,5 +1,6 @@
 //! A volume's replicas: their health as the engine reports it, new ones
-//! while fewer than numberOfReplicas are healthy, the surplus removed,
+//! while fewer than numberOfReplicas are healthy (evicted ones not
+//! counted, see `eviction.rs`), the surplus removed,
 //! placement on nodes and disks, and failed ones removed once stale.
 
 use std::sync::Arc;
@@ -128,7 +129,7 @@ impl Pass<'_> {
 
     /// Whether a replica is being deleted. Not while the volume's own
     /// deletion is held: the replica's is held too, and it keeps serving.
-    fn going(&self, replica: &Replica) -> bool {
+    pub(super) fn going(&self, replica: &Replica) -> bool {
         replica.metadata.deletion_timestamp.is_some() && !self.volume.deletion_held()
     }
 
@@ -140,7 +141,7 @@ impl Pass<'_> {
     /// has been replaced, the failed one is left to be removed as stale.
     pub(super) async fn reuse_failed(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
-        let mut healthy = self.healthy().count();
+        let mut healthy = self.staying().count();
         for i in 0..self.replicas.len() {
             if healthy >= wanted {
                 break;
@@ -149,7 +150,9 @@ impl Pass<'_> {
             let Some(failed_for) = failed_for(&replica) else {
                 continue;
             };
-            let reusable = replica.metadata.deletion_timestamp.is_none()
+            // One on an evicting node or disk is replaced instead.
+            let reusable = !self.evicting(&replica)
+                && replica.metadata.deletion_timestamp.is_none()
                 && replica.spec.healthy_at.is_some()
                 && self.ctx.liveness.is_up(&replica.spec.instance.node_id)
                 && replica_address(&replica).is_some();
@@ -180,16 +183,17 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// Creates replicas until numberOfReplicas of them are not failed. A failed
-    /// replica gets the replenishment wait to come back before it is replaced;
-    /// when every replica failed, salvage brings the best of them back instead.
+    /// Creates replicas until numberOfReplicas of them are not failed nor
+    /// evicted. A failed replica gets the replenishment wait to come back
+    /// before it is replaced; when every replica failed, salvage brings the
+    /// best of them back instead.
     pub(super) async fn replenish(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
-        let healthy = self.healthy().count();
-        if healthy >= wanted {
+        let staying = self.staying().count();
+        if staying >= wanted {
             return Ok(());
         }
-        if healthy == 0 && self.failed().next().is_some() {
+        if self.healthy().next().is_none() && self.failed().next().is_some() {
             return Ok(());
         }
         let wait = self.settings.replenishment_wait;
@@ -201,7 +205,7 @@ impl Pass<'_> {
             return Ok(());
         }
         let mut all_replicas = self.ctx.ds.replicas.store.state();
-        for _ in healthy..wanted {
+        for _ in staying..wanted {
             let mut replica = self.new_replica();
             // Placed as it is created: one write instead of two. One that
             // cannot be placed now is created anyway, and schedule() says why.
@@ -228,6 +232,8 @@ impl Pass<'_> {
     /// Deletes replicas beyond numberOfReplicas (two managers that both
     /// believed they owned the volume for a moment, or a lowered count), of
     /// those the engine does not use, in the order [`surplus_order`] gives.
+    /// Evicted replicas are neither counted nor removed here: they leave
+    /// once their replacements serve (`eviction.rs`).
     pub(super) async fn trim_surplus(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
         let in_engine = |r: &Replica| {
@@ -235,7 +241,7 @@ impl Pass<'_> {
                 .as_ref()
                 .is_some_and(|e| e.spec.replica_address_map.contains_key(&r.name_any()))
         };
-        let healthy: Vec<&Replica> = self.healthy().map(|r| &**r).collect();
+        let healthy: Vec<&Replica> = self.staying().map(|r| &**r).collect();
         if healthy.len() <= wanted {
             return Ok(());
         }
@@ -387,10 +393,11 @@ impl Pass<'_> {
     }
 
     /// Deletes failed replicas past the volume's staleReplicaTimeout, once
-    /// enough healthy ones exist to keep the data safe without them.
+    /// enough healthy ones, evicted ones not counted, exist to keep the data
+    /// safe without them.
     pub(super) async fn remove_stale(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
-        if self.healthy().count() < wanted {
+        if self.staying().count() < wanted {
             return Ok(());
         }
         let timeout = Duration::from_secs(
@@ -415,10 +422,13 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// Replicas the engine may use: scheduled, not failed, not going.
+    /// Replicas the engine may use: scheduled, not failed, not going, not
+    /// evicted and leaving.
     pub(super) fn usable(&self) -> Vec<Arc<Replica>> {
         self.healthy()
-            .filter(|r| !r.spec.instance.node_id.is_empty())
+            .filter(|r| {
+                !r.spec.instance.node_id.is_empty() && !self.retiring.contains(&r.name_any())
+            })
             .cloned()
             .collect()
     }

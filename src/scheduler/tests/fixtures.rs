@@ -18,6 +18,7 @@ pub(super) fn bare_node(name: &str) -> NodeBuilder {
         disks: BTreeMap::new(),
         allow_scheduling: true,
         tags: vec![],
+        eviction_requested: false,
     };
     let mut node = Node::new(name, spec);
     node.status = Some(NodeStatus {
@@ -44,6 +45,7 @@ impl NodeBuilder {
             allow_scheduling: true,
             storage_reserved: 0,
             tags: vec![],
+            eviction_requested: false,
         };
         self.0.spec.disks.insert(name.to_string(), spec);
         let status = DiskStatus {
@@ -51,6 +53,7 @@ impl NodeBuilder {
             storage_maximum: maximum,
             storage_scheduled: 0,
             fsid: fsid.to_string(),
+            scheduled_replicas: 0,
             conditions: vec![
                 condition("Ready", ConditionStatus::True),
                 condition("Schedulable", ConditionStatus::True),
@@ -86,6 +89,11 @@ impl NodeBuilder {
 
     pub(super) fn allow_scheduling(mut self, allow: bool) -> Self {
         self.0.spec.allow_scheduling = allow;
+        self
+    }
+
+    pub(super) fn evicting(mut self, evicting: bool) -> Self {
+        self.0.spec.eviction_requested = evicting;
         self
     }
 

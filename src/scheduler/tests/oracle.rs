@@ -10,6 +10,7 @@ use super::fixtures::*;
 #[derive(Clone, Debug)]
 struct GenDisk {
     allow: bool,
+    evicting: bool,
     /// Index into a few fsids (or none): disks sharing a filesystem are allowed.
     fsid: Option<u8>,
     maximum: i64,
@@ -24,6 +25,7 @@ struct GenDisk {
 struct GenNode {
     up: bool,
     allow: bool,
+    evicting: bool,
     ready: ConditionStatus,
     fast: bool,
     zone: u8,
@@ -61,7 +63,7 @@ fn condition_status() -> impl Strategy<Value = ConditionStatus> {
 
 fn gen_disk() -> impl Strategy<Value = GenDisk> {
     (
-        prop::bool::weighted(0.9),
+        (prop::bool::weighted(0.9), prop::bool::weighted(0.15)),
         prop::option::weighted(0.9, 0..4u8),
         (0..12i64, 0..12i64, 0..4i64),
         prop::bool::ANY,
@@ -69,15 +71,18 @@ fn gen_disk() -> impl Strategy<Value = GenDisk> {
         condition_status(),
     )
         .prop_map(
-            |(allow, fsid, (maximum, available, reserved), ssd, ready, schedulable)| GenDisk {
-                allow,
-                fsid,
-                maximum: maximum * GIB,
-                available: available * GIB,
-                reserved: reserved * GIB,
-                ssd,
-                ready,
-                schedulable,
+            |((allow, evicting), fsid, (maximum, available, reserved), ssd, ready, schedulable)| {
+                GenDisk {
+                    allow,
+                    evicting,
+                    fsid,
+                    maximum: maximum * GIB,
+                    available: available * GIB,
+                    reserved: reserved * GIB,
+                    ssd,
+                    ready,
+                    schedulable,
+                }
             },
         )
 }
@@ -85,20 +90,23 @@ fn gen_disk() -> impl Strategy<Value = GenDisk> {
 fn gen_node() -> impl Strategy<Value = GenNode> {
     (
         prop::bool::weighted(0.9),
-        prop::bool::weighted(0.9),
+        (prop::bool::weighted(0.9), prop::bool::weighted(0.15)),
         condition_status(),
         prop::bool::ANY,
         0..3u8,
         prop::collection::vec(gen_disk(), 0..3),
     )
-        .prop_map(|(up, allow, ready, fast, zone, disks)| GenNode {
-            up,
-            allow,
-            ready,
-            fast,
-            zone,
-            disks,
-        })
+        .prop_map(
+            |(up, (allow, evicting), ready, fast, zone, disks)| GenNode {
+                up,
+                allow,
+                evicting,
+                ready,
+                fast,
+                zone,
+                disks,
+            },
+        )
 }
 
 fn gen_replica() -> impl Strategy<Value = GenReplica> {
@@ -171,6 +179,7 @@ impl Scenario {
             let mut b = bare_node(&name)
                 .zone(ZONES[usize::from(g.zone)])
                 .allow_scheduling(g.allow)
+                .evicting(g.evicting)
                 .ready(g.ready)
                 .tags(if g.fast { &["fast"] } else { &[] });
             for (j, d) in g.disks.iter().enumerate() {
@@ -179,6 +188,7 @@ impl Scenario {
                     .disk(&format!("d{j}"), &fsid, d.maximum, d.available)
                     .disk_spec(&format!("d{j}"), |s| {
                         s.allow_scheduling = d.allow;
+                        s.eviction_requested = d.evicting;
                         s.storage_reserved = d.reserved;
                         s.tags = if d.ssd { strings(&["ssd"]) } else { vec![] };
                     })
@@ -249,6 +259,7 @@ fn oracle(
         let status = n.status.clone().unwrap_or_default();
         let node_ok = !world.down.contains(&name)
             && n.spec.allow_scheduling
+            && !n.spec.eviction_requested
             && !status
                 .conditions
                 .iter()
@@ -282,6 +293,7 @@ fn oracle(
             let size = i128::from(vol.spec.size);
             let max = i128::from(ds.storage_maximum);
             let disk_ok = spec.allow_scheduling
+                && !spec.eviction_requested
                 && !ds.fsid.is_empty()
                 && ds.storage_maximum > 0
                 && !ds.conditions.iter().any(|c| {

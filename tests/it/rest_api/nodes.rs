@@ -130,6 +130,31 @@ async fn nodes_and_disks_are_changed_as_rbac_allows_and_a_used_disk_stays() {
     })
     .await;
 
+    // An eviction requested and withdrawn, by the writer only.
+    let evict = json!({"evictionRequested": true});
+    let (status, body) = api.patch(&node_path, &reader, &evict).await;
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    let (status, body) = api.patch(&node_path, &writer, &evict).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(node_cr(&cluster).await.spec.eviction_requested);
+    node_when(
+        &cluster,
+        &api,
+        &reader,
+        "the node evicting in the API",
+        |n| n.eviction_requested && n.replicas_to_evict == 0,
+    )
+    .await;
+    let (status, body) = api
+        .patch(&node_path, &writer, &json!({"evictionRequested": "yes"}))
+        .await;
+    assert_eq!((status, code(&body)), (400, "invalid"), "{body}");
+    let (status, body) = api
+        .patch(&node_path, &writer, &json!({"evictionRequested": false}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!node_cr(&cluster).await.spec.eviction_requested);
+
     // A disk added (named after the default one: it sorts after it, so
     // the default keeps its filesystem), refused when bad or taken.
     let extra_dir = cluster.nodes[0].data_dir().with_extension("extra-disk");
@@ -260,6 +285,42 @@ async fn nodes_and_disks_are_changed_as_rbac_allows_and_a_used_disk_stays() {
     let replica_name = replica.metadata.name.unwrap();
     assert!(message.contains(&replica_name), "{message}");
     assert!(node_cr(&cluster).await.spec.disks.contains_key(DISK));
+
+    // Evicting the disk: the one node has nowhere else, so the replica
+    // stays, counted as still to move, in the API and the Node's status.
+    let default_disk = format!("{disks_path}/{DISK}");
+    let (status, body) = api
+        .patch(&default_disk, &reader, &json!({"evictionRequested": true}))
+        .await;
+    assert_eq!((status, code(&body)), (403, "forbidden"), "{body}");
+    let (status, body) = api
+        .patch(&default_disk, &writer, &json!({"evictionRequested": true}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(node_cr(&cluster).await.spec.disks[DISK].eviction_requested);
+    node_when(
+        &cluster,
+        &api,
+        &reader,
+        "the disk evicting with its replica left",
+        |n| {
+            n.replicas_to_evict == 1
+                && n.disks
+                    .iter()
+                    .any(|d| d.name == DISK && d.eviction_requested && d.replicas == 1)
+        },
+    )
+    .await;
+    cluster
+        .until(
+            "the Node's status counting the replica to evict",
+            || async {
+                let status = node_cr(&cluster).await.status?;
+                let disk = status.disk_status.get(DISK)?;
+                (status.replicas_to_evict == 1 && disk.scheduled_replicas == 1).then_some(())
+            },
+        )
+        .await;
     cluster.delete_volume("vol-a").await;
     std::fs::remove_dir_all(&extra_dir).unwrap();
 }
