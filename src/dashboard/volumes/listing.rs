@@ -286,6 +286,7 @@ mod tests {
             robustness: String::new(),
             pvc: None,
             created: None,
+            revert: None,
         };
         let mut rows = vec![
             (volume("b", 2), Health::Healthy),
