@@ -421,3 +421,66 @@ fn dialog(id: &str, title: &str, verb: &str, path: &str, fields: Markup) -> Mark
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(state: &str) -> VolumeView {
+        VolumeView {
+            name: "web".into(),
+            size: 1 << 24,
+            actual_size: 0,
+            replicas_wanted: 2,
+            replicas_healthy: 2,
+            frontend: "auto".into(),
+            node: String::new(),
+            state: state.into(),
+            robustness: "healthy".into(),
+            pvc: None,
+            created: None,
+            revert: None,
+        }
+    }
+
+    fn snapshot(ready: bool) -> SnapshotView {
+        SnapshotView {
+            name: "before".into(),
+            volume: "web".into(),
+            parent: None,
+            ready_to_use: ready,
+            size: 1 << 24,
+            created: None,
+            purpose: "user".into(),
+            r#for: None,
+            error: String::new(),
+            deleting: false,
+        }
+    }
+
+    fn may(patch: bool) -> Allowed {
+        Allowed {
+            patch,
+            delete: false,
+            snapshot: false,
+            delete_snapshot: false,
+            back_up: false,
+            delete_backup: false,
+            delete_replica: false,
+            create: false,
+        }
+    }
+
+    fn offers_revert(state: &str, ready: bool, patch: bool) -> bool {
+        let page = snapshot_chain(&volume(state), &[snapshot(ready)], &may(patch)).into_string();
+        page.contains("/v1/volumes/web/snapshots/before/revert")
+    }
+
+    #[test]
+    fn revert_is_offered_for_a_ready_snapshot_of_a_detached_volume_to_who_may_patch_it() {
+        assert!(offers_revert("detached", true, true));
+        assert!(!offers_revert("detached", true, false), "a reader");
+        assert!(!offers_revert("attached", true, true), "attached");
+        assert!(!offers_revert("detached", false, true), "not yet taken");
+    }
+}

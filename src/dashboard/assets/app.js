@@ -93,16 +93,25 @@ document.addEventListener('submit', async (event) => {
 });
 
 // A destructive action is enabled only once its object's name is typed;
-// one on many volumes, once their number (or "delete") is.
+// one on many volumes, once their number is (which a select-all made by
+// mistake would not match).
+function confirmedBulk(form) {
+  const input = form.querySelector('[data-confirm-bulk]');
+  return input === null || input.value.trim() === String(form.names.length);
+}
+
 document.addEventListener('input', (event) => {
   const input = event.target;
   const submit = input.form?.querySelector('button[type=submit]');
   if (input.dataset.confirm !== undefined) submit.disabled = input.value !== input.dataset.confirm;
-  if (input.dataset.confirmBulk !== undefined) {
-    const typed = input.value.trim().toLowerCase();
-    submit.disabled = typed !== String(input.form.names.length) && typed !== 'delete';
-  }
+  if (input.dataset.confirmBulk !== undefined) submit.disabled = !confirmedBulk(input.form);
 });
+
+// A bulk action under way is not hidden by Escape: it would go on out of
+// sight, and a second could start beside it.
+document.addEventListener('cancel', (event) => {
+  if (event.target.querySelector?.('form[data-bulk][data-running]')) event.preventDefault();
+}, true);
 
 /** The names of the volumes selected in the table. */
 function selected() {
@@ -137,6 +146,7 @@ document.addEventListener('change', (event) => {
 
 /** Readies a bulk action's dialog for the volumes selected now. */
 function prepareBulk(form) {
+  if (form.dataset.running !== undefined) return;
   form.names = selected();
   form.querySelector('[data-selection-count]').textContent = volumes(form.names.length);
   const items = form.names.map((name) => {
@@ -162,6 +172,8 @@ document.addEventListener('submit', async (event) => {
   const form = event.target.closest('form[data-bulk]');
   if (!form) return;
   event.preventDefault();
+  if (form.dataset.running !== undefined || !confirmedBulk(form)) return;
+  form.dataset.running = '';
   const submit = form.querySelector('button[type=submit]');
   const close = form.querySelector('[data-close]');
   const results = form.querySelector('[data-results]');
@@ -191,6 +203,7 @@ document.addEventListener('submit', async (event) => {
   }
   const n = form.names.length;
   form.querySelector('.summary').textContent = failed ? `${n - failed} of ${n} done, ${failed} failed.` : `All ${n} done.`;
+  delete form.dataset.running;
   submit.removeAttribute('aria-busy');
   submit.hidden = true;
   close.disabled = false;

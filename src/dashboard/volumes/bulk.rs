@@ -78,8 +78,8 @@ pub fn dialogs(may: &Allowed) -> Markup {
                     "One that is attached, used by a claim or has snapshots is not deleted."
                 }
                 label {
-                    "Type the number of volumes, or delete, to delete them"
-                    input data-confirm-bulk autocomplete="off" aria-label="The number of volumes, or delete";
+                    "Type the number of volumes to delete them"
+                    input data-confirm-bulk autocomplete="off" inputmode="numeric";
                 }
             }))
         }

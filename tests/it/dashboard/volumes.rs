@@ -112,6 +112,10 @@ pub async fn table_and_bulk_actions(
         .await;
     assert!(!browser.enabled(delete).await);
     browser
+        .type_into("#bulk-delete [data-confirm-bulk]", "delete")
+        .await;
+    assert!(!browser.enabled(delete).await, "a word, not the number");
+    browser
         .type_into("#bulk-delete [data-confirm-bulk]", "2")
         .await;
     assert!(browser.enabled(delete).await);
