@@ -246,6 +246,13 @@ async fn converge(
         .map(|r| r.address.clone())
         .collect();
     for address in present.iter().filter(|a| !wanted.contains(a)) {
+        // The spec was written from a status seconds old: the replica it
+        // drops (an evicted one, say) may be the only one serving now, the
+        // one to take its place having failed since.
+        if last_serving(&observed, address) {
+            warn!(replica = %address, "kept in the engine: no other replica serves reads and writes");
+            continue;
+        }
         info!(replica = %address, "removing replica from the engine");
         observed = api
             .client
@@ -410,10 +417,52 @@ fn fill_status(engine: &Engine, observed: &protocol::EngineStatus, status: &mut 
         .collect();
 }
 
+/// Whether the replica at `address` is the engine's only one serving
+/// reads and writes.
+fn last_serving(observed: &protocol::EngineStatus, address: &str) -> bool {
+    let serving = |r: &&protocol::EngineReplica| r.mode() == protocol::ReplicaMode::Rw;
+    let mut serving = observed.replicas.iter().filter(serving);
+    serving.clone().any(|r| r.address == address) && serving.all(|r| r.address == address)
+}
+
 fn mode(mode: protocol::ReplicaMode) -> ReplicaMode {
     match mode {
         protocol::ReplicaMode::Rw => ReplicaMode::ReadWrite,
         protocol::ReplicaMode::Wo => ReplicaMode::WriteOnly,
         protocol::ReplicaMode::Err | protocol::ReplicaMode::Unspecified => ReplicaMode::Error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(replicas: &[(&str, protocol::ReplicaMode)]) -> protocol::EngineStatus {
+        protocol::EngineStatus {
+            replicas: replicas
+                .iter()
+                .map(|(address, mode)| protocol::EngineReplica {
+                    address: (*address).into(),
+                    mode: *mode as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_only_replica_serving_is_not_taken_out_of_the_engine() {
+        use protocol::ReplicaMode::{Err, Rw, Wo};
+        let alone = status(&[("e", Rw), ("r", Err)]);
+        assert!(last_serving(&alone, "e"), "its replacement failed since");
+        assert!(!last_serving(&alone, "r"), "a failed one goes");
+        let rebuilding = status(&[("e", Rw), ("r", Wo)]);
+        assert!(
+            last_serving(&rebuilding, "e"),
+            "its replacement still rebuilds"
+        );
+        let both = status(&[("e", Rw), ("r", Rw)]);
+        assert!(!last_serving(&both, "e"), "another serves");
     }
 }

@@ -258,6 +258,9 @@ async fn a_replica_with_nowhere_to_go_stays_and_the_volume_says_why() {
         )
         .await;
     eprintln!("{:?}", evicted(volume.status.as_ref().unwrap()));
+    // Detached, nothing replaces it yet: a replacement could only be
+    // rebuilt once the engine runs.
+    assert_eq!(placement(&cluster, "vol").await, before);
 
     // Attached: it would rebuild, but no node may take a replacement.
     let device = cluster.attach("vol", attached_to).await;

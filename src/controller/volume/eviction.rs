@@ -62,6 +62,13 @@ impl Pass<'_> {
                 .is_some_and(|n| n.evicts(replica))
     }
 
+    /// Whether the volume's engine runs: its replicas can be rebuilt.
+    pub(super) fn engine_runs(&self) -> bool {
+        self.engine.as_deref().is_some_and(|e| {
+            e.spec.instance.desire_state == DesireState::Running && running_status(e).is_some()
+        })
+    }
+
     /// Replicas that count toward numberOfReplicas: not failed, not going,
     /// not evicted.
     pub(super) fn staying(&self) -> impl Iterator<Item = &Arc<Replica>> {

@@ -186,10 +186,18 @@ impl Pass<'_> {
     /// Creates replicas until numberOfReplicas of them are not failed nor
     /// evicted. A failed replica gets the replenishment wait to come back
     /// before it is replaced; when every replica failed, salvage brings the
-    /// best of them back instead.
+    /// best of them back instead. Evicted replicas are replaced only while
+    /// the engine runs, where a replacement is rebuilt before it counts: one
+    /// made while the volume is detached would hold nothing, yet could look
+    /// current to a first start after a fill, take part in a detached
+    /// snapshot or be reverted as if it held the volume's data.
     pub(super) async fn replenish(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
-        let staying = self.staying().count();
+        let staying = if self.engine_runs() {
+            self.staying().count()
+        } else {
+            self.healthy().count()
+        };
         if staying >= wanted {
             return Ok(());
         }
@@ -236,10 +244,17 @@ impl Pass<'_> {
     /// once their replacements serve (`eviction.rs`).
     pub(super) async fn trim_surplus(&mut self) -> Result<(), ControllerError> {
         let wanted = usize::try_from(self.volume.spec.number_of_replicas).unwrap_or(0);
+        // As its spec has it, or as it last said it has: an evicted replica
+        // taken out of the spec (its eviction since withdrawn) may still
+        // serve in the running engine.
         let in_engine = |r: &Replica| {
-            self.engine
-                .as_ref()
-                .is_some_and(|e| e.spec.replica_address_map.contains_key(&r.name_any()))
+            self.engine.as_ref().is_some_and(|e| {
+                let name = r.name_any();
+                e.spec.replica_address_map.contains_key(&name)
+                    || e.status
+                        .as_ref()
+                        .is_some_and(|s| s.replica_mode_map.contains_key(&name))
+            })
         };
         let healthy: Vec<&Replica> = self.staying().map(|r| &**r).collect();
         if healthy.len() <= wanted {
