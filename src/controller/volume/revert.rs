@@ -33,7 +33,7 @@ use super::super::data_plane::{self, CALL_TIMEOUT};
 use super::super::{ControllerError, delete};
 use super::revert_plan::{Facts, NoPlan, Plan, Step, decide, plan};
 use super::{Pass, SOON, engine_state};
-use crate::protocol::control::RevertRequest;
+use crate::protocol::control::{RevertRequest, SetRevisionRequest};
 use crate::types::{
     DesireState, Engine, InstanceState, Replica, RevertPhase, RevertStatus, Snapshot,
 };
@@ -226,7 +226,13 @@ impl Pass<'_> {
             chain.extend(status.snapshots.into_iter().map(|s| s.name));
             replicas.push(name);
         }
+        // Past every revision seen: a salvage, which goes by revisions,
+        // then never takes a replica left out for as current as these.
+        let revision = statuses.iter().map(|s| s.revision).max().unwrap_or(0) + 1;
         for &i in &revert {
+            let request = SetRevisionRequest { revision };
+            let reply = controls[i].client.set_revision(request).await;
+            reply.map_err(|e| controls[i].failed(e))?;
             let reply = controls[i].client.set_io_path(record.clone()).await;
             reply.map_err(|e| controls[i].failed(e))?;
         }
