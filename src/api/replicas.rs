@@ -153,6 +153,15 @@ pub async fn delete(
     let _one_at_a_time = state.replica_deletes.lock().await;
     let replica = found(&state, &state.ds.replicas, "replica", &name).await?;
     let volume = &replica.spec.instance.volume_name;
+    // A revert under way waits for every replica of the volume's I/O path:
+    // one deleted meanwhile would hold it back for good.
+    if let Some(reverting) = state.api::<Volume>().get_opt(volume).await?
+        && reverting.revert_pending()
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {volume} is being reverted to a snapshot; delete its replicas once that is done"
+        )));
+    }
     claim_deletion(&state, volume, &name).await?;
     let engine = state.api::<Engine>().get_opt(&engine_name(volume)).await?;
     let listed = state.api::<Replica>().list(&ListParams::default()).await?;
