@@ -13,7 +13,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -103,6 +103,7 @@ async fn remove(config: Config, name: &str) -> Result<()> {
     purge::<Role>(&client, name).await?;
     purge::<RoleBinding>(&client, name).await?;
     purge::<Lease>(&client, name).await?;
+    purge_volumes_named_after(&client, name).await?;
     let namespaces: Api<Namespace> = Api::all(client);
     namespaces.delete(name, &DeleteParams::default()).await?;
     let mut namespace = namespaces.get(name).await?;
@@ -112,6 +113,36 @@ async fn remove(config: Config, name: &str) -> Result<()> {
     namespaces
         .replace_subresource("finalize", name, &PostParams::default(), &namespace)
         .await?;
+    Ok(())
+}
+
+/// Deletes the PersistentVolumes (cluster-wide) a test named after its
+/// namespace (`<namespace>-...`), as a test that failed left them: others
+/// check that no PersistentVolume is left behind.
+async fn purge_volumes_named_after(client: &Client, namespace: &str) -> Result<()> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let prefix = format!("{namespace}-");
+    for pv in pvs.list(&ListParams::default()).await? {
+        let name = pv.name_any();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        // Deleted, then released from the protection finalizer that would
+        // keep it while its (purged) claim was thought to use it.
+        let release = serde_json::json!({"metadata": {"finalizers": null}});
+        let deleted = match pvs.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => pvs
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&release))
+                .await
+                .map(drop),
+            Err(error) => Err(error),
+        };
+        match deleted {
+            // Gone already.
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            other => other?,
+        }
+    }
     Ok(())
 }
 

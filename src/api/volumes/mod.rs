@@ -224,33 +224,50 @@ pub async fn delete(
         .auth
         .authorize(&caller, &Access::oxhorn("delete", "volumes", Some(&name)))
         .await?;
-    // Judged on the volume and snapshots as the API server holds them now,
-    // and deleted only as judged (its resourceVersion).
-    let volumes = state.api::<Volume>();
-    let Some(volume) = volumes.get_opt(&name).await? else {
-        return Err(ApiError::NotFound {
-            kind: "volume",
-            name,
-        });
-    };
-    let snapshots = state.api::<Snapshot>().list(&ListParams::default()).await?;
-    if let Some(blocker) = deletion_blocker(&volume, &snapshots.items) {
-        return Err(ApiError::Conflict(blocker));
-    }
-    let as_judged = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: volume.uid(),
-            resource_version: volume.resource_version(),
-        }),
-        ..DeleteParams::default()
-    };
-    volumes.delete(&name, &as_judged).await?;
+    let volume = delete_as_judged(&state, &name).await?;
     info!(
         user = caller.name(),
         volume = name,
         "deleting the volume, as asked through the API"
     );
     Ok((StatusCode::ACCEPTED, Json(view(&state, &volume))))
+}
+
+/// How many times a volume changed between its judgement and its deletion
+/// (its controllers write its status often) is judged again.
+const JUDGEMENTS: usize = 5;
+
+/// Deletes volume `name` if, as the API server holds it and its snapshots
+/// now, nothing blocks it, and only as judged (its resourceVersion): a
+/// volume that changed meanwhile is judged again. The volume as deleted.
+async fn delete_as_judged(state: &ApiState, name: &str) -> Result<Volume, ApiError> {
+    let volumes = state.api::<Volume>();
+    let mut judged = 0;
+    loop {
+        let Some(volume) = volumes.get_opt(name).await? else {
+            return Err(ApiError::NotFound {
+                kind: "volume",
+                name: name.to_owned(),
+            });
+        };
+        let snapshots = state.api::<Snapshot>().list(&ListParams::default()).await?;
+        if let Some(blocker) = deletion_blocker(&volume, &snapshots.items) {
+            return Err(ApiError::Conflict(blocker));
+        }
+        let as_judged = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: volume.uid(),
+                resource_version: volume.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        judged += 1;
+        match volumes.delete(name, &as_judged).await {
+            Ok(_) => return Ok(volume),
+            Err(kube::Error::Api(refused)) if refused.code == 409 && judged < JUDGEMENTS => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
 }
 
 /// Why the volume may not be deleted now, as CSI's DeleteVolume refuses
