@@ -64,9 +64,7 @@ impl Pass<'_> {
 
     /// Whether the volume's engine runs: its replicas can be rebuilt.
     pub(super) fn engine_runs(&self) -> bool {
-        self.engine.as_deref().is_some_and(|e| {
-            e.spec.instance.desire_state == DesireState::Running && running_status(e).is_some()
-        })
+        self.engine.as_deref().and_then(rebuilding_status).is_some()
     }
 
     /// Replicas that count toward numberOfReplicas: not failed, not going,
@@ -116,9 +114,7 @@ impl Pass<'_> {
     /// least one) serve reads and writes in it.
     fn verdict(&self, engine: &Engine, names: &[String]) -> Verdict {
         let listed = names.join(", ");
-        let running = running_status(engine)
-            .filter(|_| engine.spec.instance.desire_state == DesireState::Running);
-        let Some(status) = running else {
+        let Some(status) = rebuilding_status(engine) else {
             return Verdict::Keep(
                 DETACHED,
                 format!(
@@ -226,4 +222,10 @@ fn serves(engine: &Engine, status: &EngineStatus, replica: &Replica) -> bool {
 
 fn condition<'c>(conditions: &'c [Condition], type_: &str) -> Option<&'c Condition> {
     conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// The status of `engine` while it runs and is meant to: where replicas
+/// are rebuilt, and so replaced.
+fn rebuilding_status(engine: &Engine) -> Option<&EngineStatus> {
+    running_status(engine).filter(|_| engine.spec.instance.desire_state == DesireState::Running)
 }
