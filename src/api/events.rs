@@ -39,6 +39,7 @@ const KINDS: &[(&str, &str)] = &[
     ("BackupTarget", "backuptargets"),
     ("BackupVolume", "backupvolumes"),
     ("Setting", "settings"),
+    ("RecurringJob", "recurringjobs"),
 ];
 
 /// Whose events.
@@ -47,7 +48,7 @@ const KINDS: &[(&str, &str)] = &[
 #[into_params(parameter_in = Query)]
 pub struct EventQuery {
     /// The object's kind: Volume, Engine, Replica, Node, Snapshot, Backup,
-    /// BackupTarget, BackupVolume or Setting.
+    /// BackupTarget, BackupVolume, Setting or RecurringJob.
     pub kind: Option<String>,
     /// The object's name.
     pub name: Option<String>,

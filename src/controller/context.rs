@@ -30,6 +30,10 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// The node's host, where its frontends' programs run.
     pub host: crate::host::Host,
+    /// Where the engines publish volumes' block devices on this node.
+    pub dev_dir: PathBuf,
+    /// The clock recurring jobs' schedules are read on.
+    pub job_clock: super::recurring::JobClock,
 }
 
 /// Everything a reconcile needs.

@@ -16,6 +16,7 @@ mod instance_status;
 mod lease;
 mod node;
 pub mod ownership;
+mod recurring;
 mod replica;
 mod retries;
 pub mod settings;
@@ -32,6 +33,7 @@ pub use error::ControllerError;
 pub use expectations::Expectations;
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
+pub use recurring::JobClock;
 pub use replica::data_dir as replica_data_dir;
 pub use writes::{delete, hold, patch_guarded, release, replace_status, update_status};
 
@@ -52,8 +54,8 @@ use tracing::{debug, warn};
 use crate::datastore::{Cache, changed_only};
 use watches::{
     Mapper, backup_concerns, backups_of, engine_volume, evicting_node, evictions_on, filled_from,
-    instance_changes, liveness_changes, replica_volume, replicas_on, snapshot_concerns,
-    watch_liveness,
+    instance_changes, jobs_of, liveness_changes, replica_volume, replicas_on, snapshot_concerns,
+    turns_of, watch_liveness,
 };
 
 /// Runs every controller until the future is dropped. Call after the caches
@@ -73,6 +75,7 @@ pub async fn run(ctx: Arc<Context>) {
                 .follows(&ds.volumes, filled_from(&ds.snapshots, ns))
                 .follows(&ds.backups, backup_concerns(&ds.volumes))
                 .follows(&ds.nodes, evictions_on(&ds.replicas, ns))
+                .follows(&ds.recurring_jobs, turns_of(ns))
         },
         volume::reconcile,
     );
@@ -104,6 +107,11 @@ pub async fn run(ctx: Arc<Context>) {
         backup::reconcile_backup,
     );
     let default_backup_target = backup::run_default_target(Arc::clone(&ctx));
+    let recurring_jobs = wiring.run(
+        &ds.recurring_jobs,
+        |c| c.follows(&ds.volumes, jobs_of(&ds.recurring_jobs)),
+        recurring::reconcile,
+    );
 
     futures::join!(
         volumes,
@@ -115,7 +123,8 @@ pub async fn run(ctx: Arc<Context>) {
         backup_targets,
         backup_volumes,
         backups,
-        default_backup_target
+        default_backup_target,
+        recurring_jobs
     );
 }
 

@@ -5,7 +5,9 @@
 //! (guarded by the object's resourceVersion) decides who won.
 
 use crate::datastore::{Down, Liveness};
-use crate::types::{Backup, BackupTarget, BackupVolume, Engine, Node, Replica, Snapshot, Volume};
+use crate::types::{
+    Backup, BackupTarget, BackupVolume, Engine, Node, RecurringJob, Replica, Snapshot, Volume,
+};
 
 /// Whether `me` acts on an object whose preferred owner is `preferred` and
 /// whose status names `current`. An empty owner counts as unavailable.
@@ -108,7 +110,7 @@ macro_rules! owned_by_anyone {
         }
     )*};
 }
-owned_by_anyone!(BackupTarget, BackupVolume, Backup);
+owned_by_anyone!(BackupTarget, BackupVolume, Backup, RecurringJob);
 
 impl Owned for Node {
     fn preferred_owner(&self) -> &str {

@@ -4,11 +4,14 @@
 //! disks, salvages a volume whose replicas all failed, grows the volume,
 //! takes and removes its snapshots, reverts it to one while it is
 //! detached, fills a new volume from a snapshot before it first attaches,
-//! and removes everything when it is deleted.
+//! runs its turns in recurring jobs, and removes everything when it is
+//! deleted.
 
 mod attachment;
 mod eviction;
 mod fill;
+mod maintenance;
+mod recurring;
 mod replicas;
 mod restore;
 mod revert;
@@ -208,6 +211,7 @@ impl<'a> Pass<'a> {
         self.revert(&engine).await?;
         if !reverting {
             self.reconcile_snapshots(&engine).await?;
+            self.run_recurring_jobs(&engine).await;
         }
         self.salvage(&engine).await?;
         self.observe(&engine);

@@ -14,7 +14,7 @@ use tracing::info;
 
 use crate::datastore::{Cache, Liveness};
 use crate::instance::InstanceManager;
-use crate::types::{Backup, BackupState, Engine, Node, Replica, Snapshot, Volume};
+use crate::types::{Backup, BackupState, Engine, Node, RecurringJob, Replica, Snapshot, Volume};
 
 /// How often availability of nodes is re-evaluated: lease expiry makes no
 /// watch event, so it has to be looked at.
@@ -188,6 +188,42 @@ pub(super) fn backups_of(backups: &Cache<Backup>) -> impl Mapper<Snapshot, Vec<O
                         .is_none_or(|s| s.state != BackupState::Completed)
             })
             .map(|b| ObjectRef::from_obj(&**b))
+            .collect()
+    }
+}
+
+/// The volumes whose turn a recurring job's run gives (its status lists
+/// them as running): their owners run the job's task.
+pub(super) fn turns_of(ns: &str) -> impl Mapper<RecurringJob, Vec<ObjectRef<Volume>>> {
+    let ns = ns.to_owned();
+    move |job| {
+        job.status
+            .iter()
+            .flat_map(|s| &s.running)
+            .map(|volume| volume_ref(volume, &ns))
+            .collect()
+    }
+}
+
+/// The recurring jobs a volume's change concerns: those it joins (by its
+/// labels) or holds a turn in; their owners count the volume's records.
+pub(super) fn jobs_of(
+    jobs: &Cache<RecurringJob>,
+) -> impl Mapper<Volume, Vec<ObjectRef<RecurringJob>>> {
+    let jobs = jobs.store.clone();
+    move |volume| {
+        let name = volume.name_any();
+        jobs.state()
+            .iter()
+            .filter(|job| {
+                let running = job
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.running.contains(&name));
+                running
+                    || super::recurring::joins(volume.labels(), &job.name_any(), &job.spec.groups)
+            })
+            .map(|job| ObjectRef::from_obj(&**job))
             .collect()
     }
 }

@@ -2,11 +2,13 @@
 //! parsed into typed values, and the capacity range, turned into a size.
 //! Anything unknown or malformed is an INVALID_ARGUMENT naming the key.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::error::ControllerServiceError;
 use crate::host::filesystem::FsType;
-use crate::types::{DataLocality, ReplicaAutoBalance, VolumeFrontend};
+use crate::types::{
+    DataLocality, ENABLED, GROUP_LABEL_PREFIX, JOB_LABEL_PREFIX, ReplicaAutoBalance, VolumeFrontend,
+};
 
 const MIB: i64 = 1 << 20;
 /// Sizes are whole numbers of this: the data plane's rebuild chunk.
@@ -31,6 +33,7 @@ const KNOWN_KEYS: &[&str] = &[
     "frontend",
     "chapSecret",
     "fromBackup",
+    "recurringJobSelector",
 ];
 
 /// A Backup's name, given as itself or as the URL in its status
@@ -50,6 +53,37 @@ fn backup_name(value: &str) -> Result<String, String> {
     Ok(name.to_owned())
 }
 
+/// `recurringJobSelector`, as Longhorn's: a JSON list of jobs and groups,
+/// `[{"name": "daily", "isGroup": false}, {"name": "gold", "isGroup": true}]`,
+/// as the volume labels that join them.
+fn recurring_job_selector(value: &str) -> Result<BTreeMap<String, String>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Selected {
+        name: String,
+        #[serde(default)]
+        is_group: bool,
+    }
+    let selected: Vec<Selected> = serde_json::from_str(value)
+        .map_err(|e| format!("not a JSON list of {{\"name\": ..., \"isGroup\": ...}}: {e}"))?;
+    selected
+        .into_iter()
+        .map(|s| {
+            let label = s.name.len() <= 63 && !s.name.contains('.');
+            crate::names::validate_dns_subdomain("a recurring job or group name", &s.name)?;
+            if !label {
+                return Err(format!("{:?} is longer than a label allows (63)", s.name));
+            }
+            let prefix = if s.is_group {
+                GROUP_LABEL_PREFIX
+            } else {
+                JOB_LABEL_PREFIX
+            };
+            Ok((format!("{prefix}{}", s.name), ENABLED.to_owned()))
+        })
+        .collect()
+}
+
 /// The StorageClass parameters of a volume. Counts left out fall back to the
 /// cluster's settings when the volume is made.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -67,6 +101,8 @@ pub struct VolumeParameters {
     pub chap_secret: String,
     /// The Backup every volume of the class is restored from; empty: none.
     pub from_backup: String,
+    /// The labels joining the class's volumes to recurring jobs and groups.
+    pub recurring_jobs: BTreeMap<String, String>,
 }
 
 /// The namespace and name of the claim a CreateVolume is for, when the
@@ -120,6 +156,7 @@ impl VolumeParameters {
                 self.chap_secret = value.to_owned();
             }
             "fromBackup" => self.from_backup = backup_name(value)?,
+            "recurringJobSelector" => self.recurring_jobs = recurring_job_selector(value)?,
             _ => {
                 return Err(format!(
                     "unknown parameter; the known ones are {}",
@@ -259,6 +296,40 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_recurring_job_selector_becomes_the_labels_that_join_them() {
+        let selector =
+            r#"[{"name": "daily", "isGroup": false}, {"name": "gold", "isGroup": true}]"#;
+        let parsed =
+            VolumeParameters::parse(&params(&[("recurringJobSelector", selector)])).unwrap();
+        let labels: Vec<(&str, &str)> = parsed
+            .recurring_jobs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("recurring-job-group.oxhorn.io/gold", "enabled"),
+                ("recurring-job.oxhorn.io/daily", "enabled")
+            ]
+        );
+        for bad in [
+            r#"{"name": "daily"}"#,
+            r#"[{"name": "Daily!"}]"#,
+            r#"[{"nam": "x"}]"#,
+        ] {
+            let error = VolumeParameters::parse(&params(&[("recurringJobSelector", bad)]));
+            let status: Status = error.unwrap_err().into();
+            assert_eq!(status.code(), Code::InvalidArgument, "{bad}");
+            assert!(
+                status.message().contains("recurringJobSelector"),
+                "{}",
+                status.message()
+            );
+        }
     }
 
     #[test]

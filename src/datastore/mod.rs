@@ -37,7 +37,8 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, warn};
 
 use crate::types::{
-    Backup, BackupTarget, BackupVolume, Engine, Node, Replica, Setting, Snapshot, Volume,
+    Backup, BackupTarget, BackupVolume, Engine, Node, RecurringJob, Replica, Setting, Snapshot,
+    Volume,
 };
 
 /// One kind's cache and the fan-out controllers follow its changes through.
@@ -103,6 +104,7 @@ pub struct Datastore {
     pub backup_targets: Cache<BackupTarget>,
     pub backup_volumes: Cache<BackupVolume>,
     pub backups: Cache<Backup>,
+    pub recurring_jobs: Cache<RecurringJob>,
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
     pub secrets: Cache<Secret>,
@@ -126,7 +128,7 @@ impl Datastore {
         let (volumes, engines, replicas) = (w.ours(), w.ours(), w.ours());
         let (nodes, settings, snapshots) = (w.ours(), w.ours(), w.ours());
         let (backup_targets, backup_volumes, backups) = (w.ours(), w.ours(), w.ours());
-        let secrets = w.ours();
+        let (secrets, recurring_jobs) = (w.ours(), w.ours());
         let kube_nodes = cache::<KubeNode>(
             &mut tasks,
             &mut synced,
@@ -167,6 +169,7 @@ impl Datastore {
             backup_targets,
             backup_volumes,
             backups,
+            recurring_jobs,
             kube_nodes,
             leases,
             secrets,

@@ -4,7 +4,8 @@
 //!
 //! Series per volume: 16 (6 gauges, 6 state and 4 robustness series), its
 //! last backup's time once it has one, one per backup state it has, and 7
-//! for its scrub once it had one (6 while the first runs).
+//! for its scrub once it had one (6 while the first runs), and 2 per
+//! recurring job it is in (1 until the job first succeeds on it).
 //! Attached (its engine running), 1 for its rebuild limit, 3 mode series
 //! per replica, one progress series per rebuilding replica, and 75 for its
 //! engine's I/O (8 counters, 4 error series, 3 histograms of 18 bounds,
@@ -23,7 +24,7 @@ use prometheus_client::registry::Unit;
 
 use super::view::{DiskRow, Flag, View, VolumeRow};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
-use crate::types::{ReplicaMode, Robustness, ScrubReport, VolumeState};
+use crate::types::{ReplicaMode, Robustness, ScrubReport, VolumeJobState, VolumeState};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -298,7 +299,38 @@ fn volumes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         ("volume_last_backup_timestamp_seconds", help, Count),
         backed_up,
     )?;
-    scrubs(e, rows)
+    scrubs(e, rows)?;
+    recurring_jobs(e, rows)
+}
+
+/// How each recurring job last ran on each volume: a failure stays 1 until
+/// a later run of the job succeeds or skips the volume.
+fn recurring_jobs(e: &mut DescriptorEncoder, rows: &[VolumeRow]) -> Result<(), Error> {
+    let jobs = || {
+        rows.iter().flat_map(|v| {
+            v.jobs.iter().map(move |job| {
+                let mut labels = volume_labels(v);
+                labels.push(("job", job.name.clone()));
+                (labels, job)
+            })
+        })
+    };
+    let failed =
+        jobs().map(|(labels, job)| (labels, i64::from(job.state == VolumeJobState::Failed)));
+    let help = "1 while the recurring job's last run on the volume failed";
+    gauges(e, ("volume_recurring_job_failed", help, Count), failed)?;
+    let succeeded = jobs()
+        .filter_map(|(labels, job)| Some((labels, job.last_success_at.as_ref()?.0.as_second())));
+    let help = "When the recurring job last succeeded on the volume, in seconds since the epoch";
+    gauges(
+        e,
+        (
+            "volume_recurring_job_last_success_timestamp_seconds",
+            help,
+            Count,
+        ),
+        succeeded,
+    )
 }
 
 /// The volumes' running or last scrubs, as their status reports them.

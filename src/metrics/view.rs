@@ -51,6 +51,8 @@ pub struct VolumeRow {
     pub io: Option<EngineMetrics>,
     /// Its running or last scrub, once it had one.
     pub scrub: Option<ScrubReport>,
+    /// How each recurring job it is in last ran on it.
+    pub jobs: Vec<crate::types::VolumeJob>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -239,6 +241,7 @@ impl View {
             engine: engine.cloned(),
             io: None,
             scrub: status.last_scrub.clone(),
+            jobs: status.recurring_jobs.clone(),
         });
         if let (Some(engine), Some(status)) = (engine, running) {
             self.add_replicas(&name, engine, status, index);

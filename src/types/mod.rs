@@ -12,6 +12,7 @@ mod engine;
 mod instance;
 mod lease;
 mod node;
+mod recurring_job;
 mod replica;
 mod revert;
 mod setting;
@@ -33,11 +34,17 @@ pub use node::{
     DUPLICATE_FILESYSTEM, DiskSpec, DiskStatus, FrontendSupport, Node, NodeSpec, NodeStatus,
     same_path,
 };
+pub use recurring_job::{
+    DEFAULT_GROUP, DataMark, ENABLED, GROUP_LABEL_PREFIX, JOB_LABEL_PREFIX, JobRun, MADE_BY, Made,
+    RecurringJob, RecurringJobSpec, RecurringJobStatus, RecurringTask, RetentionPolicy, VolumeJob,
+    VolumeJobState,
+};
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use revert::{RevertPhase, RevertRequest, RevertStatus};
 pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{
-    BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec, SnapshotStatus, clone_source, deletion_blocker,
+    BACKUP_FOR, CLONE_FOR, CSI_SNAPSHOT, Snapshot, SnapshotSpec, SnapshotStatus, clone_source,
+    deletion_blocker,
 };
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PUBLISHED_READONLY,
@@ -75,6 +82,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         BackupTarget::crd(),
         BackupVolume::crd(),
         Backup::crd(),
+        RecurringJob::crd(),
     ]
 }
 

@@ -61,6 +61,10 @@ pub fn deletion_blocker<'a>(
     })
 }
 
+/// Label on a Snapshot a CSI CreateSnapshot made: a VolumeSnapshot holds
+/// it, so only its deletion through Kubernetes deletes it.
+pub const CSI_SNAPSHOT: &str = "oxhorn.io/csi-snapshot";
+
 /// Label on a Snapshot taken for a Backup: the Backup. It is no CSI
 /// snapshot and does not keep its volume from being deleted; once a newer
 /// backup of the volume completes it goes, as the next backup builds on

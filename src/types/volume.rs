@@ -372,6 +372,10 @@ pub struct VolumeStatus {
     /// The answer to the last spec.revert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert: Option<RevertStatus>,
+    /// The recurring jobs the volume is in, and how each last ran on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub recurring_jobs: Vec<super::VolumeJob>,
 }
 
 /// Where the volume is in its life.

@@ -37,6 +37,8 @@ pub struct ManagerOptions {
     pub metrics_port: Option<u16>,
     /// Serve the REST API on this port of `ip`.
     pub api_port: Option<u16>,
+    /// Run recurring jobs' clock this many times faster than real time.
+    pub job_clock_scale: Option<u32>,
 }
 
 impl ManagerOptions {
@@ -52,6 +54,7 @@ impl ManagerOptions {
             instance_manager: false,
             metrics_port: None,
             api_port: None,
+            job_clock_scale: None,
         }
     }
 }
@@ -288,6 +291,9 @@ fn spawn_process(
     }
     if let Some(port) = options.api_port {
         command.arg(format!("--api-port={port}"));
+    }
+    if let Some(scale) = options.job_clock_scale {
+        command.arg(format!("--recurring-time-scale={scale}"));
     }
     Supervised::spawn("oxhorn manager", command, &dir.join("manager.log"))
 }

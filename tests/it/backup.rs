@@ -115,6 +115,16 @@ impl Store {
             .collect()
     }
 
+    /// Stops the server: requests fail until [`resume`](Self::resume).
+    pub(crate) fn stop(&mut self) {
+        self.server.stop().unwrap();
+    }
+
+    /// Starts the stopped server again, on the same port and data.
+    pub(crate) fn resume(&mut self) {
+        self.server.resume().unwrap();
+    }
+
     /// The bucket's objects, as a client of the server reads them.
     fn objects(&self) -> Arc<dyn ObjectStore> {
         // reqwest has no crypto provider of its own (see backup::target).

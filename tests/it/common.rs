@@ -166,6 +166,8 @@ struct Setup<'a> {
     installed: usize,
     /// The nodes' addresses are 127.0.subnet.i; a new subnet when unset.
     subnet: Option<u8>,
+    /// Recurring jobs' clock runs this many times faster.
+    job_clock_scale: Option<u32>,
 }
 
 /// The steps of a long test, each reported on stderr with the time since
@@ -252,6 +254,7 @@ impl Default for Setup<'_> {
             namespace: None,
             installed: 0,
             subnet: None,
+            job_clock_scale: None,
         }
     }
 }
@@ -278,6 +281,18 @@ impl Cluster {
             ..Setup::default()
         };
         Self::launch_on(prefix, count, setup).await
+    }
+
+    /// `count` nodes whose recurring jobs' clock runs `scale` times faster
+    /// than real time; every node Ready and Schedulable.
+    pub async fn start_with_job_clock(prefix: &str, count: usize, scale: u32) -> Self {
+        let setup = Setup {
+            job_clock_scale: Some(scale),
+            ..Setup::default()
+        };
+        let cluster = Self::launch_on(prefix, count, setup).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
     }
 
     /// `count` nodes whose engines and replicas run under an
@@ -352,6 +367,7 @@ impl Cluster {
             namespace,
             installed,
             subnet,
+            job_clock_scale,
         } = setup;
         let control_plane = testbed::shared();
         let ns = match namespace {
@@ -394,6 +410,7 @@ impl Cluster {
             options.lease_seconds = lease_seconds;
             options.metrics_port = Some(METRICS_PORT);
             options.api_port = Some(API_PORT);
+            options.job_clock_scale = job_clock_scale;
             if let Some(hosts) = &hosts {
                 let host = &hosts.hosts[i - 1];
                 options.ip = host.address().into();

@@ -34,6 +34,7 @@ mod partition;
 mod placement;
 mod provisioning;
 mod rebuild;
+mod recurring;
 pub mod rest_api;
 mod revert;
 mod sanity;

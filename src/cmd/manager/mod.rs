@@ -112,6 +112,10 @@ pub struct ManagerConfig {
     /// (`--ports`, `--run-dir` and `--dev-dir` are then its).
     #[arg(long, env = "INSTANCE_MANAGER_SOCKET")]
     pub instance_manager: Option<PathBuf>,
+    /// For tests: recurring jobs' schedules and retention ages run this
+    /// many times faster than real time (60: a cron minute each second).
+    #[arg(long, default_value_t = 1, hide = true, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub recurring_time_scale: u32,
 }
 
 /// Runs the manager until `shutdown` completes.
@@ -326,6 +330,8 @@ async fn run_controllers(
         node_id: config.node_id.clone(),
         data_dir: config.node.data_dir.clone(),
         host: Host::new(host_process(&config)),
+        dev_dir: config.node.dev_dir.clone(),
+        job_clock: controller::JobClock::scaled(config.recurring_time_scale),
     };
     let counted = exporter.counted();
     let ctx = controller::Context::new(client.clone(), datastore, node, instances, key, counted);

@@ -17,7 +17,7 @@ mod volume;
 
 pub use default_target::{FROM_SETTINGS, run as run_default_target};
 pub use reader::SnapshotReader;
-pub use target::{AVAILABLE, reconcile as reconcile_target};
+pub use target::{AVAILABLE, go_duration, reconcile as reconcile_target};
 pub use upload::reconcile as reconcile_backup;
 pub use volume::{from_store, reconcile as reconcile_volume};
 

@@ -62,7 +62,7 @@ async fn poll(
     target: &BackupTarget,
     status: &BackupTargetStatus,
 ) -> Result<Action, ControllerError> {
-    let interval = poll_interval(&target.spec.poll_interval);
+    let interval = go_duration(&target.spec.poll_interval);
     // A store that did not answer is tried again sooner, whatever the poll.
     let interval = match interval {
         _ if !status.available => {
@@ -120,7 +120,7 @@ where
 
 /// A Go-style duration (`300s`, `5m`, `1h30m`); None for zero, which
 /// means never. The schema admits only well-formed ones.
-pub fn poll_interval(text: &str) -> Option<Duration> {
+pub fn go_duration(text: &str) -> Option<Duration> {
     let mut total = 0f64;
     let mut rest = text;
     while !rest.is_empty() {
@@ -277,13 +277,13 @@ mod tests {
 
     #[test]
     fn poll_intervals_read_as_go_durations() {
-        assert_eq!(poll_interval("300s"), Some(Duration::from_secs(300)));
-        assert_eq!(poll_interval("5m"), Some(Duration::from_secs(300)));
-        assert_eq!(poll_interval("1h30m"), Some(Duration::from_secs(5400)));
-        assert_eq!(poll_interval("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(poll_interval("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(poll_interval("0s"), None, "never");
-        assert_eq!(poll_interval("5 minutes"), None);
+        assert_eq!(go_duration("300s"), Some(Duration::from_secs(300)));
+        assert_eq!(go_duration("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(go_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(go_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(go_duration("0s"), None, "never");
+        assert_eq!(go_duration("5 minutes"), None);
     }
 
     #[test]

@@ -304,6 +304,25 @@ impl Pass<'_> {
         }
     }
 
+    /// Removes the data-plane snapshots `names`, which no Snapshot names
+    /// (those the system took for rebuilds), through the running engine.
+    pub(super) async fn remove_system_snapshots(
+        &self,
+        engine: &Engine,
+        names: &[String],
+    ) -> Result<(), String> {
+        let sites = match self.data_plane(engine) {
+            DataPlane::On(sites) => sites,
+            DataPlane::NotYet(why) => return Err(why.to_owned()),
+        };
+        for name in names {
+            remove_from(&sites, name)
+                .await
+                .map_err(|error| format!("{name}: {error}"))?;
+        }
+        Ok(())
+    }
+
     /// The volume is going: its snapshots go with it, and there is no
     /// data-plane snapshot to remove since its replicas are removed whole.
     pub(super) async fn release_snapshots(&mut self) -> Result<(), ControllerError> {

@@ -18,7 +18,7 @@ use crate::csi::proto::{
 use crate::datastore::{Datastore, unless_gone};
 use crate::names::object_name;
 use crate::replica::SNAPSHOT_NAME_MAX;
-use crate::types::{BACKUP_FOR, CLONE_FOR, Snapshot, SnapshotSpec};
+use crate::types::{BACKUP_FOR, CLONE_FOR, CSI_SNAPSHOT, Snapshot, SnapshotSpec};
 
 /// How long CreateSnapshot waits for the snapshot to be taken before it
 /// answers ready_to_use=false (the CO asks again).
@@ -87,6 +87,9 @@ pub async fn create(
                     volume: volume.to_owned(),
                 },
             );
+            snapshot
+                .labels_mut()
+                .insert(CSI_SNAPSHOT.to_owned(), "true".to_owned());
             if id != name {
                 snapshot
                     .annotations_mut()

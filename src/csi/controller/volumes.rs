@@ -63,7 +63,8 @@ impl ControllerService {
             Some(existing) => compatible(&existing, name, &wanted, range.limit_bytes)?,
             None => {
                 let claim = claim_of(&request.parameters);
-                self.create_volume_object(&id, name, wanted, source.as_ref(), claim)
+                let labels = parameters.recurring_jobs.clone();
+                self.create_volume_object(&id, name, wanted, source.as_ref(), claim, labels)
                     .await?
             }
         }
@@ -170,11 +171,13 @@ impl ControllerService {
         spec: VolumeSpec,
         source: Option<&Source>,
         claim: Option<(String, String)>,
+        labels: std::collections::BTreeMap<String, String>,
     ) -> Result<(), ControllerServiceError> {
         if let Some(Source::Volume(VolumeSource { volume_id })) = source {
             self.snapshot_for_clone(id, volume_id).await?;
         }
         let mut volume = Volume::new(id, spec);
+        volume.metadata.labels = Some(labels).filter(|l| !l.is_empty());
         let annotations = volume.annotations_mut();
         if id != name {
             annotations.insert(CSI_NAME.to_owned(), name.to_owned());
