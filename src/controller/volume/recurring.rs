@@ -131,11 +131,10 @@ impl Pass<'_> {
         }
         // An earlier run's that has not completed yet (its store down, say)
         // is followed on rather than joined by another at each run.
-        let unfinished = match made {
-            Made::Snapshot => self.snapshot_state(&record.made).await?,
-            Made::Backup => self.backup_state(&record.made).await?,
-        }
-        .is_some_and(|(state, _)| state != ItemState::Complete);
+        let unfinished = self
+            .made_state(made, &record.made)
+            .await?
+            .is_some_and(|(state, _)| state != ItemState::Complete);
         let name = if unfinished {
             record.made.clone()
         } else {
@@ -162,10 +161,7 @@ impl Pass<'_> {
             return Ok(Step::Failed("the job's task changed during its run".into()));
         };
         let name = record.made.clone();
-        let state = match made {
-            Made::Snapshot => self.snapshot_state(&name).await?,
-            Made::Backup => self.backup_state(&name).await?,
-        };
+        let state = self.made_state(made, &name).await?;
         match state {
             None => Ok(Step::Failed(format!(
                 "{name} was deleted before it completed"
@@ -310,25 +306,30 @@ impl Pass<'_> {
 
     /// The name of `name` if it is complete.
     async fn complete(&self, made: Made, name: &str) -> Result<Option<String>, ControllerError> {
-        if name.is_empty() {
-            return Ok(None);
-        }
-        let state = match made {
-            Made::Snapshot => self.snapshot_state(name).await?,
-            Made::Backup => self.backup_state(name).await?,
-        };
+        let state = self.made_state(made, name).await?;
         Ok(state
             .filter(|(s, _)| *s == ItemState::Complete)
             .map(|_| name.to_owned()))
+    }
+
+    /// Where the snapshot or backup `name` is; None when there is none
+    /// (or no name).
+    async fn made_state(
+        &self,
+        made: Made,
+        name: &str,
+    ) -> Result<Option<(ItemState, String)>, ControllerError> {
+        match made {
+            _ if name.is_empty() => Ok(None),
+            Made::Snapshot => self.snapshot_state(name).await,
+            Made::Backup => self.backup_state(name).await,
+        }
     }
 
     async fn snapshot_state(
         &self,
         name: &str,
     ) -> Result<Option<(ItemState, String)>, ControllerError> {
-        if name.is_empty() {
-            return Ok(None);
-        }
         let snapshot = match self.ctx.ds.snapshots.get(name) {
             Some(snapshot) => Some(snapshot),
             None => unless_gone(self.ctx.api::<Snapshot>().get(name).await)?.map(Arc::new),
@@ -342,9 +343,6 @@ impl Pass<'_> {
         &self,
         name: &str,
     ) -> Result<Option<(ItemState, String)>, ControllerError> {
-        if name.is_empty() {
-            return Ok(None);
-        }
         let backup = match self.ctx.ds.backups.get(name) {
             Some(backup) => Some(backup),
             None => unless_gone(self.ctx.api::<Backup>().get(name).await)?.map(Arc::new),
