@@ -466,7 +466,10 @@ const RBAC: &[(&str, bool)] = &[
     // A support bundle's reads, for callers allowed them: the logs of its
     // namespace's pods only, events wherever a volume's are.
     ("oxhorn-manager get pods --subresource=log", true),
-    ("oxhorn-manager get pods --subresource=log -n default", false),
+    (
+        "oxhorn-manager get pods --subresource=log -n default",
+        false,
+    ),
     ("oxhorn-manager list daemonsets.apps -n default", false),
     ("oxhorn-manager list events -n default", true),
     ("oxhorn-csi-controller create persistentvolumes", true),
