@@ -20,7 +20,9 @@
 //! - [`metrics`]: what a manager owns and does, for Prometheus;
 //! - [`api`]: the REST API operators and the dashboard use, over the same
 //!   custom resources, each call authorized as its caller;
-//! - [`dashboard`]: the web pages over the API, live as the cluster changes.
+//! - [`dashboard`]: the web pages over the API, live as the cluster changes;
+//! - [`support_bundle`]: one tar.gz with what it takes to understand a
+//!   problem, credentials redacted, for the CLI and the API.
 //!
 //! Beside them, [`cmd`] holds the subcommands that put the layers together
 //! (the per-node manager, the instance manager's pod, installing and
@@ -51,5 +53,6 @@ pub mod dashboard;
 pub mod error;
 pub mod logging;
 pub mod metrics;
+pub mod support_bundle;
 
 pub use error::{Error, Result};

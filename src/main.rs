@@ -55,6 +55,10 @@ enum Command {
     /// while volumes exist unless the Setting deleting-confirmation-flag
     /// is "true".
     Uninstall(oxhorn::cmd::uninstall::UninstallArgs),
+    /// Write a support bundle: one tar.gz with Oxhorn's objects, events,
+    /// logs, versions, settings and metrics, every credential redacted,
+    /// read with your kubeconfig (docs/support-bundle.md).
+    SupportBundle(oxhorn::cmd::support_bundle::SupportBundleArgs),
     /// Print the version.
     Version,
     /// Print a page of docs/ that the code makes:
@@ -89,6 +93,9 @@ fn main() -> ExitCode {
         Command::Manifest(args) => args.yaml().map(|yaml| print!("{yaml}")),
         Command::Uninstall(args) => run_until_signal(Threads::Many, |shutdown| {
             oxhorn::cmd::uninstall::run(args, shutdown)
+        }),
+        Command::SupportBundle(args) => run_until_signal(Threads::Many, |shutdown| {
+            oxhorn::cmd::support_bundle::run(args, shutdown)
         }),
         Command::Version => {
             println!("oxhorn {} (CSI 1.12)", env!("CARGO_PKG_VERSION"));

@@ -69,6 +69,8 @@ pub struct Access {
     pub verb: &'static str,
     pub group: &'static str,
     pub resource: &'static str,
+    /// `log` of `pods/log`, say.
+    pub subresource: Option<&'static str>,
     pub name: Option<String>,
     pub scope: Scope,
 }
@@ -80,6 +82,7 @@ impl Access {
             verb,
             group: crate::types::GROUP,
             resource,
+            subresource: None,
             name: name.map(str::to_owned),
             scope: Scope::Oxhorn,
         }
@@ -96,6 +99,7 @@ impl Access {
             verb,
             group: "",
             resource,
+            subresource: None,
             name: name.map(str::to_owned),
             scope,
         }
@@ -103,9 +107,13 @@ impl Access {
 
     /// The resource, as `kubectl` names it.
     fn resource_name(&self) -> String {
+        let resource = match self.subresource {
+            Some(sub) => format!("{}/{sub}", self.resource),
+            None => self.resource.to_owned(),
+        };
         match self.group {
-            "" => self.resource.to_owned(),
-            group => format!("{}.{group}", self.resource),
+            "" => resource,
+            group => format!("{resource}.{group}"),
         }
     }
 }
@@ -209,6 +217,7 @@ impl Auth {
                     verb: Some(access.verb.to_owned()),
                     group: Some(access.group.to_owned()),
                     resource: Some(access.resource.to_owned()),
+                    subresource: access.subresource.map(str::to_owned),
                     namespace: match &access.scope {
                         Scope::Oxhorn => Some(self.namespace.clone()),
                         Scope::Namespace(namespace) => Some(namespace.clone()),

@@ -18,6 +18,8 @@ use super::auth::{Access, Caller, Scope};
 use super::error::{ApiError, ErrorBody};
 use super::query::Query;
 use crate::datastore::{Cache, Datastore};
+use crate::support_bundle::events::first_happened;
+pub use crate::support_bundle::events::last_happened;
 
 /// The most events one call reads from the API server; the newest of them
 /// are answered.
@@ -115,24 +117,6 @@ fn required<'a>(value: &'a Option<String>, what: &str) -> Result<&'a str, ApiErr
         Some(value) if !value.is_empty() => Ok(value),
         _ => Err(ApiError::Invalid(format!("the query must name the {what}"))),
     }
-}
-
-/// When an event last happened, whichever API wrote it: events.k8s.io's
-/// (as oxhorn's managers write them) keep it in `series`, or `eventTime`;
-/// core's in `lastTimestamp`.
-pub fn last_happened(event: &Event) -> Option<jiff::Timestamp> {
-    let series = event.series.as_ref();
-    let observed = series.and_then(|s| s.last_observed_time.as_ref());
-    observed
-        .map(|t| t.0)
-        .or(event.last_timestamp.as_ref().map(|t| t.0))
-        .or(event.event_time.as_ref().map(|t| t.0))
-}
-
-/// When an event first happened.
-fn first_happened(event: &Event) -> Option<jiff::Timestamp> {
-    let first = event.first_timestamp.as_ref().map(|t| t.0);
-    first.or(event.event_time.as_ref().map(|t| t.0))
 }
 
 /// An event as the API shows it, whichever API wrote it: events.k8s.io's

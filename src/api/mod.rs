@@ -16,6 +16,7 @@ pub(crate) mod query;
 pub mod replicas;
 pub mod session;
 pub mod snapshots;
+pub mod support_bundle;
 pub mod tls;
 pub mod volumes;
 
@@ -54,6 +55,8 @@ pub struct ApiState {
     pub auth: auth::Auth,
     /// Held while a replica is judged and deleted (`replicas.rs`).
     replica_deletes: tokio::sync::Mutex<()>,
+    /// Held while a support bundle is made (`support_bundle.rs`).
+    bundles: Arc<tokio::sync::Semaphore>,
 }
 
 impl ApiState {
@@ -64,6 +67,7 @@ impl ApiState {
             client,
             auth,
             replica_deletes: tokio::sync::Mutex::new(()),
+            bundles: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -221,6 +225,7 @@ fn routes() -> OpenApiRouter<Arc<ApiState>> {
         .routes(routes!(settings::get, settings::put))
         .routes(routes!(events::list))
         .routes(routes!(workload::get))
+        .routes(routes!(support_bundle::get))
 }
 
 /// The API's OpenAPI document.

@@ -4,9 +4,11 @@
 //!   the instance manager, and the kubelet's probes;
 //! - [`instance_manager`]: holds a node's engines and replicas in a pod of
 //!   their own;
-//! - [`manifest`] and [`uninstall`]: installing Oxhorn and removing it.
+//! - [`manifest`] and [`uninstall`]: installing Oxhorn and removing it;
+//! - [`support_bundle`]: the bundle a user sends with a problem.
 
 pub mod instance_manager;
 pub mod manager;
 pub mod manifest;
+pub mod support_bundle;
 pub mod uninstall;

@@ -19,7 +19,7 @@
 //!
 //! The first test waits for the DaemonSets' pods to be Ready on every node,
 //! the Deployments' pods, and every kubelet to list the driver. Before
-//! anything else, 31 `kubectl auth can-i --as` rows check each part's
+//! anything else, 36 `kubectl auth can-i --as` rows check each part's
 //! ServiceAccount: it may do what its part does and nothing it never does
 //! (no Secret outside its own, no workload, no other namespace's Leases). A
 //! pod writes through a claim on the default StorageClass (three replicas on
@@ -463,6 +463,15 @@ const RBAC: &[(&str, bool)] = &[
     ("oxhorn-manager update nodes", false),
     ("oxhorn-manager create pods", false),
     ("oxhorn-manager delete persistentvolumes", false),
+    // A support bundle's reads, for callers allowed them: the logs of its
+    // namespace's pods only, events wherever a volume's are.
+    ("oxhorn-manager get pods --subresource=log", true),
+    (
+        "oxhorn-manager get pods --subresource=log -n default",
+        false,
+    ),
+    ("oxhorn-manager list daemonsets.apps -n default", false),
+    ("oxhorn-manager list events -n default", true),
     ("oxhorn-csi-controller create persistentvolumes", true),
     (
         "oxhorn-csi-controller patch volumeattachments.storage.k8s.io --subresource=status",

@@ -13,6 +13,7 @@ use crate::common::{Cluster, MIB};
 
 mod backups;
 mod nodes;
+mod support_bundle;
 mod volumes;
 pub mod workload;
 
@@ -112,6 +113,19 @@ impl Client {
         let text = response.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
         (status, body)
+    }
+
+    /// GET `path` with `token`: the status, the headers and the body.
+    pub async fn get_bytes(
+        &self,
+        path: &str,
+        token: &str,
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        let request = self.http.get(format!("{}{path}", self.base));
+        let response = request.bearer_auth(token).send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        (status, headers, response.bytes().await.unwrap().to_vec())
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
