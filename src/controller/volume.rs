@@ -4,7 +4,8 @@
 //! disks, salvages a volume whose replicas all failed, grows the volume,
 //! takes and removes its snapshots, reverts it to one while it is
 //! detached, fills a new volume from a snapshot before it first attaches,
-//! and removes everything when it is deleted.
+//! keeps a standby volume restoring each new backup of another until it is
+//! activated, and removes everything when it is deleted.
 
 mod attachment;
 mod eviction;
@@ -14,6 +15,9 @@ mod restore;
 mod revert;
 mod revert_plan;
 mod snapshots;
+mod standby;
+mod standby_plan;
+mod standby_restore;
 
 use fill::Filling;
 

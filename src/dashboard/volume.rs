@@ -103,6 +103,18 @@ pub async fn page(
 
 fn actions(volume: &VolumeView, may: &Allowed) -> Markup {
     let attached = !volume.node.is_empty();
+    let standby = volume.standby.as_ref().map(|s| s.phase.as_str());
+    if matches!(standby, Some("standby" | "activating")) {
+        // It holds another volume's backup: nothing may use it yet.
+        return html! {
+            @if may.patch && standby == Some("standby") {
+                form data-path=(format!("/v1/volumes/{}/activate", volume.name)) data-done="Activating" data-ask=(format!("Activate {}? It restores the newest backup, then becomes a normal volume and stops following backups; this cannot be undone.", volume.name)) {
+                    button type="submit" { "Activate" }
+                }
+            }
+            @if may.delete { button.danger type="button" data-open="delete-volume" { "Delete" } }
+        };
+    }
     html! {
         @if may.patch {
             @if attached {
@@ -137,6 +149,16 @@ fn facts(volume: &VolumeView) -> Markup {
                 div { dt { "Node" } dd { @if volume.node.is_empty() { "detached" } @else { (volume.node) } } }
                 div { dt { "Frontend" } dd { (volume.frontend) } }
                 div { dt { "Claim" } dd { (volume.pvc.clone().unwrap_or_else(|| "none".into())) } }
+                @if let Some(standby) = &volume.standby {
+                    div { dt { "Standby" } dd data-fact="standby" {
+                        (standby.phase) ": follows " (standby.source_volume) " in " (standby.backup_target)
+                        @if !standby.last_restored_backup.is_empty() {
+                            "; holds " (standby.last_restored_backup) ", " (standby.backups_behind) " newer (" (standby.lag_seconds) " s behind)"
+                        }
+                        @if let Some(backup) = &standby.restoring { " " span.muted { "restoring " (backup) } }
+                        @if let Some(at) = &standby.activated_at { " " span.muted { "activated " (at) } }
+                    } }
+                }
                 @if let Some(revert) = &volume.revert {
                     div { dt { "Revert" } dd { "to " (revert.snapshot) ": " (revert.phase) @if !revert.message.is_empty() { " " span.muted { (revert.message) } } } }
                 }
@@ -440,6 +462,7 @@ mod tests {
             pvc: None,
             created: None,
             revert: None,
+            standby: None,
         }
     }
 

@@ -685,15 +685,7 @@ pub fn write_pattern(device: &str, len: usize, seed: u64) -> Vec<u8> {
 /// Writes `len` bytes of a seeded pattern `offset_mib` MiB into `device`,
 /// bypassing the page cache, and returns them.
 pub fn write_pattern_at(device: &str, offset_mib: usize, len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 56) as u8
-        })
-        .collect();
+    let data = pattern(len, seed);
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &data).unwrap();
     let input = format!("if={}", file.path().display());
@@ -706,6 +698,19 @@ pub fn write_pattern_at(device: &str, offset_mib: usize, len: usize, seed: u64) 
         "conv=fsync,notrunc",
     ]);
     data
+}
+
+/// `len` bytes of a pattern made from `seed`.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 56) as u8
+        })
+        .collect()
 }
 
 /// Reads `len` bytes from the start of `device`, bypassing the page cache.

@@ -38,6 +38,7 @@ pub mod rest_api;
 mod revert;
 mod sanity;
 mod snapshots;
+mod standby;
 mod uninstall;
 mod user_flow;
 mod volume;

@@ -236,6 +236,10 @@ impl Job {
             let message = format!("volume {} does not exist", self.backup.spec.volume_name);
             return Ok(Err(Wait::Pending("VolumeNotFound", message, None)));
         };
+        if let Some(refusal) = volume.standby_refusal("be backed up") {
+            // Nothing is taken: its data is another volume's backup.
+            return Ok(Err(Wait::Failed("VolumeIsStandby", refusal)));
+        }
         let snapshot = match self.snapshot(volume).await? {
             Ok(snapshot) => snapshot,
             Err(wait) => return Ok(Err(wait)),

@@ -66,6 +66,9 @@ impl Pass<'_> {
             self.drop_clone_source().await?;
             return Ok(Filling::Done);
         }
+        if self.follows_backups() {
+            return self.follow_backups().await;
+        }
         if self.engine_started() {
             // An engine starts only once the volume holds its data: this one
             // means a fill completed whose record a lost status write
