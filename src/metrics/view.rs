@@ -10,7 +10,7 @@ use crate::protocol::control::EngineMetrics;
 use crate::types::{
     Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, EngineStatus,
     InstanceState, Node, PVC_NAME, PVC_NAMESPACE, Replica, ReplicaMode, Robustness, ScrubReport,
-    Volume, VolumeState,
+    StandbyStatus, Volume, VolumeState,
 };
 
 use super::process::{self, Usage};
@@ -51,6 +51,8 @@ pub struct VolumeRow {
     pub io: Option<EngineMetrics>,
     /// Its running or last scrub, once it had one.
     pub scrub: Option<ScrubReport>,
+    /// What it holds and follows, while it is a standby volume.
+    pub standby: Option<StandbyStatus>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -239,6 +241,7 @@ impl View {
             engine: engine.cloned(),
             io: None,
             scrub: status.last_scrub.clone(),
+            standby: status.standby.clone().filter(|_| volume.is_standby()),
         });
         if let (Some(engine), Some(status)) = (engine, running) {
             self.add_replicas(&name, engine, status, index);

@@ -50,8 +50,10 @@ const READ_PARALLEL: usize = 8;
 
 /// Where a pass left the standby.
 enum Progress {
-    /// Waiting, for the reason given.
+    /// Waiting, for the reason given, as it should.
     Waiting(String),
+    /// Kept from going on, for the reason given: a user may want to know.
+    Blocked(String),
     /// Holding a backup, as said.
     Following(String),
     /// Activated: a normal volume from now on.
@@ -78,7 +80,7 @@ impl Pass<'_> {
         let progress = match self.follow().await {
             Err(error) if error.is_data_plane() => {
                 warn!(%error, "standby: a replica did not answer; retrying");
-                Progress::Waiting(error.to_string())
+                Progress::Blocked(error.to_string())
             }
             other => other?,
         };
@@ -87,7 +89,7 @@ impl Pass<'_> {
         } else {
             ACTIVATING
         };
-        if matches!(progress, Progress::Waiting(_)) {
+        if matches!(progress, Progress::Waiting(_) | Progress::Blocked(_)) {
             self.wait_at_most(SOON);
         }
         let conditions = &mut self.status.conditions;
@@ -96,17 +98,17 @@ impl Pass<'_> {
                 Condition::set(conditions, FILLED, ConditionStatus::True, "Filled", message);
                 return Ok(Filling::Done);
             }
-            Progress::Waiting(message) => {
+            Progress::Blocked(message) => {
                 let old = conditions.iter().find(|c| c.type_ == FILLED);
                 let news = old.is_none_or(|c| c.message != message);
                 Condition::set(conditions, FILLED, ConditionStatus::False, reason, &message);
                 if news {
                     self.ctx
-                        .event(&self.volume, EventType::Warning, "StandbyWaiting", message)
+                        .event(&self.volume, EventType::Warning, "StandbyBlocked", message)
                         .await;
                 }
             }
-            Progress::Following(message) => {
+            Progress::Waiting(message) | Progress::Following(message) => {
                 Condition::set(conditions, FILLED, ConditionStatus::False, reason, message);
             }
         }
@@ -121,7 +123,7 @@ impl Pass<'_> {
     async fn follow(&mut self) -> Result<Progress, ControllerError> {
         let Some((target_name, source)) = self.followed() else {
             let name = &self.volume.spec.from_backup;
-            return Ok(Progress::Waiting(format!(
+            return Ok(Progress::Blocked(format!(
                 "backup {name} does not exist: it names the volume whose backups to follow"
             )));
         };
@@ -134,18 +136,18 @@ impl Pass<'_> {
             }
         };
         let Some(target) = self.ctx.ds.backup_targets.get(&target_name) else {
-            return Ok(Progress::Waiting(format!(
+            return Ok(Progress::Blocked(format!(
                 "BackupTarget {target_name} does not exist"
             )));
         };
         let store = match self.ctx.open_store(&target) {
             Ok(store) => store,
-            Err(error) => return Ok(Progress::Waiting(error.to_string())),
+            Err(error) => return Ok(Progress::Blocked(error.to_string())),
         };
         let candidates = self.candidates(&target_name, &source, must.as_deref());
         let newer = match self.newer(&store, &source, &candidates).await {
             Ok(newer) => newer,
-            Err(error) => return Ok(Progress::Waiting(format!("reading the store: {error}"))),
+            Err(error) => return Ok(Progress::Blocked(format!("reading the store: {error}"))),
         };
         self.summarize(&newer);
         let running = self.running_replicas();
@@ -156,7 +158,7 @@ impl Pass<'_> {
         }
         if let Some(next) = self.next_backup(&candidates, &newer, &running) {
             if let Err(why) = self.step(&store, &source, &next, running).await? {
-                return Ok(Progress::Waiting(why));
+                return Ok(Progress::Blocked(why));
             }
             let held_at = self.held().map(|h| h.completed);
             let newer: Vec<_> = newer
