@@ -43,7 +43,7 @@ const BACKUP_EVERY: Duration = Duration::from_secs(60);
 const CHURN_EVERY: Duration = Duration::from_secs(10);
 const CHURN: u64 = 8 << 20;
 const BACKUPS: usize = 3;
-const BUCKET: &str = "dr";
+const BUCKET: &str = "standby";
 /// The nodes' addresses, of their own: the tests take 127.0.x.y, the
 /// scale bench 127.2.0.1.
 const SUBNET: [u8; 3] = [127, 3, 0];
@@ -284,10 +284,13 @@ async fn back_up(api: &Apis, name: &str) -> (f64, Instant) {
         .expect("backup");
     loop {
         let status = api.backups.get(name).await.expect("backup").status;
-        if status.is_some_and(|s| s.state == BackupState::Completed) {
+        if status.as_ref().is_some_and(|s| s.state == BackupState::Completed) {
             return (started.elapsed().as_secs_f64(), Instant::now());
         }
-        assert!(started.elapsed() < PATIENCE, "backup {name}: timed out");
+        assert!(
+            started.elapsed() < PATIENCE,
+            "backup {name}: timed out: {status:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -506,4 +506,46 @@ mod tests {
         assert!(!offers_revert("attached", true, true), "attached");
         assert!(!offers_revert("detached", false, true), "not yet taken");
     }
+
+    #[test]
+    fn a_standby_offers_activation_and_nothing_that_would_use_it() {
+        let mut standby = volume("detached");
+        standby.standby = Some(crate::api::volumes::standby::StandbyView {
+            phase: "standby".into(),
+            source_volume: "src".into(),
+            backup_target: "default".into(),
+            last_restored_backup: "b3".into(),
+            last_restored_at: None,
+            newest_backup: "b3".into(),
+            backups_behind: 0,
+            lag_seconds: 0,
+            restoring: None,
+            last_step_bytes: None,
+            activated_at: None,
+            activation_millis: None,
+        });
+        let everything = Allowed {
+            patch: true,
+            delete: true,
+            snapshot: true,
+            delete_snapshot: true,
+            back_up: true,
+            delete_backup: true,
+            delete_replica: true,
+            create: true,
+        };
+        let offered = actions(&standby, &everything).into_string();
+        assert!(offered.contains("/v1/volumes/web/activate"), "{offered}");
+        for used in ["Attach", "Take snapshot", "Back up", "Clone"] {
+            assert!(!offered.contains(used), "{used}: {offered}");
+        }
+        assert!(
+            !actions(&standby, &may(false))
+                .into_string()
+                .contains("activate")
+        );
+        assert!(facts(&standby).into_string().contains("holds b3"));
+        let plain = actions(&volume("detached"), &everything).into_string();
+        assert!(!plain.contains("activate") && plain.contains("Attach"));
+    }
 }
