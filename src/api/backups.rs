@@ -339,7 +339,7 @@ pub fn newest_first(state: &ApiState, volume: Option<&str>) -> Vec<BackupView> {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not create backups", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "A backup of that name exists", body = ErrorBody),
+        (status = 409, description = "A backup of that name exists, or the volume is a standby", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -354,7 +354,10 @@ pub async fn create(
         .authorize(&caller, &Access::oxhorn("create", "backups", None))
         .await?;
     let new: NewBackup = body.parse()?;
-    found(&state, &state.ds.volumes, "volume", &volume).await?;
+    let source = found(&state, &state.ds.volumes, "volume", &volume).await?;
+    if let Some(refusal) = source.standby_refusal("be backed up") {
+        return Err(ApiError::Conflict(refusal));
+    }
     let target = new.target.unwrap_or_else(|| DEFAULT_BACKUP_TARGET.into());
     if state.ds.backup_targets.get(&target).is_none() {
         return Err(ApiError::Invalid(format!(

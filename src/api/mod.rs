@@ -204,6 +204,7 @@ fn routes() -> OpenApiRouter<Arc<ApiState>> {
         .routes(routes!(volumes::actions::detach))
         .routes(routes!(volumes::actions::expand))
         .routes(routes!(volumes::actions::salvage))
+        .routes(routes!(volumes::standby::activate))
         .routes(routes!(volumes::revert::revert))
         .routes(routes!(volumes::create::clone))
         .routes(routes!(replicas::list))

@@ -205,7 +205,7 @@ fn taken(snapshot: &Snapshot) -> Option<jiff::Timestamp> {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not create snapshots", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "A snapshot of that name exists", body = ErrorBody),
+        (status = 409, description = "A snapshot of that name exists, or the volume is a standby", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -220,7 +220,10 @@ pub async fn create(
         .authorize(&caller, &Access::oxhorn("create", "snapshots", None))
         .await?;
     let new: NewSnapshot = body.parse()?;
-    found(&state, &state.ds.volumes, "volume", &volume).await?;
+    let source = found(&state, &state.ds.volumes, "volume", &volume).await?;
+    if let Some(refusal) = source.standby_refusal("be snapshotted") {
+        return Err(ApiError::Conflict(refusal));
+    }
     let name = new
         .name
         .unwrap_or_else(|| timed_name(&volume, jiff::Timestamp::now()));

@@ -27,11 +27,11 @@ pub mod target;
 #[cfg(test)]
 mod tests;
 
-pub use block::Compression;
+pub use block::{Compression, checksum as block_checksum};
 pub use lock::LockInfo;
 pub use store::{
     BLOCK_SIZE, BackupConfig, BackupReport, Backupstore, BlockRef, NewBackup, VolumeReader,
-    VolumeWriter,
+    VolumeWriter, on_cpu,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -65,6 +65,13 @@ pub struct BackupConfig {
     pub labels: BTreeMap<String, String>,
 }
 
+impl BackupConfig {
+    /// When it was completed; None if `created` is not a time.
+    pub fn completed_at(&self) -> Option<jiff::Timestamp> {
+        self.created.parse().ok()
+    }
+}
+
 /// The store's record of a volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -326,7 +333,18 @@ impl Backupstore {
         block: BlockRef,
         sink: &impl VolumeWriter,
     ) -> Result<u64, BackupError> {
-        let BlockRef { checksum, offset } = block;
+        let data = self.read_block(volume, &block).await?;
+        let len = data.len() as u64;
+        sink.write(block.offset, data)
+            .await
+            .map_err(BackupError::Volume)?;
+        Ok(len)
+    }
+
+    /// The data of `block` of one of `volume`'s backups, checked against
+    /// its checksum.
+    pub async fn read_block(&self, volume: &str, block: &BlockRef) -> Result<Bytes, BackupError> {
+        let BlockRef { checksum, offset } = block.clone();
         let corrupt = |reason: String| BackupError::BlockCorrupt {
             checksum: checksum.clone(),
             offset,
@@ -340,7 +358,7 @@ impl Backupstore {
             Err(error) => return Err(error.into()),
         };
         let expected = checksum.clone();
-        let data = on_cpu(move || {
+        on_cpu(move || {
             let data = block::decode(&compressed)?;
             if block::checksum(&data) != expected {
                 return Err("its data does not match its checksum".to_owned());
@@ -348,12 +366,7 @@ impl Backupstore {
             Ok(data)
         })
         .await
-        .map_err(corrupt)?;
-        let len = data.len() as u64;
-        sink.write(offset, data)
-            .await
-            .map_err(BackupError::Volume)?;
-        Ok(len)
+        .map_err(corrupt)
     }
 
     /// Deletes backup `name` of `volume`, then every block of the volume
@@ -511,7 +524,7 @@ fn parse<T: for<'de> Deserialize<'de>>(path: &Path, bytes: &[u8]) -> Result<T, B
 /// that the blocks in flight use every core rather than the one polling
 /// them. A panic there goes on here (the pool is only shut down with the
 /// runtime, and with it this task).
-async fn on_cpu<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+pub async fn on_cpu<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     match tokio::task::spawn_blocking(work).await {
         Ok(out) => out,
         Err(error) => std::panic::resume_unwind(error.into_panic()),

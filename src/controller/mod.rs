@@ -52,10 +52,11 @@ use tokio::sync::broadcast;
 use tracing::{debug, warn};
 
 use crate::datastore::{Cache, changed_only};
+use crate::types::{Backup, BackupVolume};
 use watches::{
     Mapper, backup_concerns, backups_of, engine_volume, evicting_node, evictions_on, filled_from,
     instance_changes, jobs_of, liveness_changes, replica_volume, replicas_on, snapshot_concerns,
-    turns_of, watch_liveness,
+    standby_followers, turns_of, watch_liveness,
 };
 
 /// Runs every controller until the future is dropped. Call after the caches
@@ -74,6 +75,18 @@ pub async fn run(ctx: Arc<Context>) {
                 .follows(&ds.snapshots, snapshot_concerns(&ds.volumes))
                 .follows(&ds.volumes, filled_from(&ds.snapshots, ns))
                 .follows(&ds.backups, backup_concerns(&ds.volumes))
+                .follows(
+                    &ds.backups,
+                    standby_followers(&ds.volumes, |b: &Backup| {
+                        (&b.spec.backup_target_name, &b.spec.volume_name)
+                    }),
+                )
+                .follows(
+                    &ds.backup_volumes,
+                    standby_followers(&ds.volumes, |b: &BackupVolume| {
+                        (&b.spec.backup_target_name, &b.spec.volume_name)
+                    }),
+                )
                 .follows(&ds.nodes, evictions_on(&ds.replicas, ns))
                 .follows(&ds.recurring_jobs, turns_of(ns))
         },

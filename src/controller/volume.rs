@@ -4,8 +4,9 @@
 //! disks, salvages a volume whose replicas all failed, grows the volume,
 //! takes and removes its snapshots, reverts it to one while it is
 //! detached, fills a new volume from a snapshot before it first attaches,
-//! runs its turns in recurring jobs, and removes everything when it is
-//! deleted.
+//! runs its turns in recurring jobs, keeps a standby volume restoring each
+//! new backup of another until it is activated, and removes everything when
+//! it is deleted.
 
 mod attachment;
 mod eviction;
@@ -17,6 +18,9 @@ mod restore;
 mod revert;
 mod revert_plan;
 mod snapshots;
+mod standby;
+mod standby_plan;
+mod standby_restore;
 
 use fill::Filling;
 
@@ -93,8 +97,12 @@ impl<'a> Pass<'a> {
     /// How the pass calls the volume's data plane: as its engine's
     /// generation, so that a superseded engine's requests stay refused.
     fn access(&self) -> Access {
-        let generation = self.engine.as_ref().map_or(0, |e| e.spec.generation);
-        self.ctx.access(&self.volume.name_any(), generation)
+        let engine = self.engine.as_ref().map_or(0, |e| e.spec.generation);
+        // A standby's restores wrote as generations of their own, which its
+        // replicas admitted; its first engine starts above them.
+        let restored = self.status.standby.as_ref().map_or(0, |s| s.generation);
+        self.ctx
+            .access(&self.volume.name_any(), engine.max(restored))
     }
 
     fn new(ctx: &'a Context, volume: Volume) -> Self {

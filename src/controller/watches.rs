@@ -253,6 +253,32 @@ where
     }
 }
 
+/// The standby volumes following the backups of the volume a Backup or
+/// BackupVolume (`followed`: its target and volume) is of: a new backup is
+/// theirs to restore, and a sync may let an activation go on.
+pub(super) fn standby_followers<O>(
+    volumes: &Cache<Volume>,
+    followed: fn(&O) -> (&str, &str),
+) -> impl Mapper<O, Vec<ObjectRef<Volume>>>
+where
+    O: Resource + Send + Sync + 'static,
+{
+    let volumes = volumes.store.clone();
+    move |object| {
+        let (target, source) = followed(&object);
+        volumes
+            .state()
+            .iter()
+            .filter(|v| v.is_standby())
+            .filter(|v| {
+                let standby = v.status.as_ref().and_then(|s| s.standby.as_ref());
+                standby.is_some_and(|s| s.backup_target == target && s.source_volume == source)
+            })
+            .map(|v| ObjectRef::from_obj(&**v))
+            .collect()
+    }
+}
+
 /// The volume `name` of namespace `ns`.
 fn volume_ref(name: &str, ns: &str) -> ObjectRef<Volume> {
     ObjectRef::new(name).within(ns)

@@ -103,6 +103,18 @@ pub async fn page(
 
 fn actions(volume: &VolumeView, may: &Allowed) -> Markup {
     let attached = !volume.node.is_empty();
+    let standby = volume.standby.as_ref().map(|s| s.phase.as_str());
+    if matches!(standby, Some("standby" | "activating")) {
+        // It holds another volume's backup: nothing may use it yet.
+        return html! {
+            @if may.patch && standby == Some("standby") {
+                form data-path=(format!("/v1/volumes/{}/activate", volume.name)) data-done="Activating" data-ask=(format!("Activate {}? It restores the newest backup, then becomes a normal volume and stops following backups; this cannot be undone.", volume.name)) {
+                    button type="submit" { "Activate" }
+                }
+            }
+            @if may.delete { button.danger type="button" data-open="delete-volume" { "Delete" } }
+        };
+    }
     html! {
         @if may.patch {
             @if attached {
@@ -137,6 +149,16 @@ fn facts(volume: &VolumeView) -> Markup {
                 div { dt { "Node" } dd { @if volume.node.is_empty() { "detached" } @else { (volume.node) } } }
                 div { dt { "Frontend" } dd { (volume.frontend) } }
                 div { dt { "Claim" } dd { (volume.pvc.clone().unwrap_or_else(|| "none".into())) } }
+                @if let Some(standby) = &volume.standby {
+                    div { dt { "Standby" } dd data-fact="standby" {
+                        (standby.phase) ": follows " (standby.source_volume) " in " (standby.backup_target)
+                        @if !standby.last_restored_backup.is_empty() {
+                            "; holds " (standby.last_restored_backup) ", " (standby.backups_behind) " newer (" (standby.lag_seconds) " s behind)"
+                        }
+                        @if let Some(backup) = &standby.restoring { " " span.muted { "restoring " (backup) } }
+                        @if let Some(at) = &standby.activated_at { " " span.muted { "activated " (at) } }
+                    } }
+                }
                 @if let Some(revert) = &volume.revert {
                     div { dt { "Revert" } dd { "to " (revert.snapshot) ": " (revert.phase) @if !revert.message.is_empty() { " " span.muted { (revert.message) } } } }
                 }
@@ -440,6 +462,7 @@ mod tests {
             pvc: None,
             created: None,
             revert: None,
+            standby: None,
         }
     }
 
@@ -482,5 +505,47 @@ mod tests {
         assert!(!offers_revert("detached", true, false), "a reader");
         assert!(!offers_revert("attached", true, true), "attached");
         assert!(!offers_revert("detached", false, true), "not yet taken");
+    }
+
+    #[test]
+    fn a_standby_offers_activation_and_nothing_that_would_use_it() {
+        let mut standby = volume("detached");
+        standby.standby = Some(crate::api::volumes::standby::StandbyView {
+            phase: "standby".into(),
+            source_volume: "src".into(),
+            backup_target: "default".into(),
+            last_restored_backup: "b3".into(),
+            last_restored_at: None,
+            newest_backup: "b3".into(),
+            backups_behind: 0,
+            lag_seconds: 0,
+            restoring: None,
+            last_step_bytes: None,
+            activated_at: None,
+            activation_millis: None,
+        });
+        let everything = Allowed {
+            patch: true,
+            delete: true,
+            snapshot: true,
+            delete_snapshot: true,
+            back_up: true,
+            delete_backup: true,
+            delete_replica: true,
+            create: true,
+        };
+        let offered = actions(&standby, &everything).into_string();
+        assert!(offered.contains("/v1/volumes/web/activate"), "{offered}");
+        for used in ["Attach", "Take snapshot", "Back up", "Clone"] {
+            assert!(!offered.contains(used), "{used}: {offered}");
+        }
+        assert!(
+            !actions(&standby, &may(false))
+                .into_string()
+                .contains("activate")
+        );
+        assert!(facts(&standby).into_string().contains("holds b3"));
+        let plain = actions(&volume("detached"), &everything).into_string();
+        assert!(!plain.contains("activate") && plain.contains("Attach"));
     }
 }

@@ -3,9 +3,10 @@
 //! dashboards and alerts find it.
 //!
 //! Series per volume: 16 (6 gauges, 6 state and 4 robustness series), its
-//! last backup's time once it has one, one per backup state it has, and 7
-//! for its scrub once it had one (6 while the first runs), and 2 per
-//! recurring job it is in (1 until the job first succeeds on it).
+//! last backup's time once it has one, one per backup state it has, 7
+//! for its scrub once it had one (6 while the first runs), 4 while it
+//! is a standby volume, and 2 per recurring job it is in (1 until the job
+//! first succeeds on it).
 //! Attached (its engine running), 1 for its rebuild limit, 3 mode series
 //! per replica, one progress series per rebuilding replica, and 75 for its
 //! engine's I/O (8 counters, 4 error series, 3 histograms of 18 bounds,
@@ -24,7 +25,9 @@ use prometheus_client::registry::Unit;
 
 use super::view::{DiskRow, Flag, View, VolumeRow};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
-use crate::types::{ReplicaMode, Robustness, ScrubReport, VolumeJobState, VolumeState};
+use crate::types::{
+    ReplicaMode, Robustness, ScrubReport, StandbyStatus, VolumeJobState, VolumeState,
+};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -87,6 +90,14 @@ const SCRUB_GAUGES: [ValueOf<ScrubReport, i64>; 6] = [
     ("volume_last_scrub_repaired", "Bytes its running or last scrub rewrote from another replica's intact copy", Bytes, |s| s.repaired_bytes),
     ("volume_last_scrub_unrepaired", "Rotten bytes its running or last scrub found no intact copy of", Bytes, |s| s.unrepaired_bytes),
     ("volume_last_scrub_unsettled_chunks", "Comparisons of a 1 MiB chunk of one layer its running or last scrub found differing and could not settle", Count, |s| s.mismatched_chunks.saturating_sub(s.resolved_chunks)),
+];
+
+#[rustfmt::skip]
+const STANDBY_GAUGES: [ValueOf<StandbyStatus, i64>; 4] = [
+    ("volume_standby_backups_behind", "Completed backups newer than the one the standby volume holds", Count, |s| s.backups_behind),
+    ("volume_standby_lag_seconds", "Seconds between the completion of the backup the standby volume holds and that of the newest", Count, |s| s.lag_seconds),
+    ("volume_standby_last_restored_backup_timestamp_seconds", "When the backup the standby volume holds was completed, in seconds since the epoch", Count, |s| s.last_restored_backup_at.as_ref().map_or(0, |t| t.0.as_second())),
+    ("volume_standby_last_restore", "Bytes of block data the standby volume's last restore wrote", Bytes, |s| s.last_step.as_ref().map_or(0, |s| s.bytes_restored)),
 ];
 
 const REBUILD_LIMIT: &str =
@@ -299,6 +310,12 @@ fn volumes(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         ("volume_last_backup_timestamp_seconds", help, Count),
         backed_up,
     )?;
+    for (name, help, measure, value) in STANDBY_GAUGES {
+        let samples = rows
+            .iter()
+            .filter_map(|v| Some((volume_labels(v), value(v.standby.as_ref()?))));
+        gauges(e, (name, help, measure), samples)?;
+    }
     scrubs(e, rows)?;
     recurring_jobs(e, rows)
 }

@@ -224,6 +224,53 @@ fn volume_families_carry_the_claim_and_one_series_per_state() {
 }
 
 #[test]
+fn a_standby_volume_says_how_far_behind_it_is_until_activated() {
+    let standby = |activated: bool| -> Arc<Volume> {
+        let activation = activated.then(|| json!({"activatedAt": "2026-11-28T05:00:00.000000Z"}));
+        object(json!({
+            "apiVersion": "oxhorn.io/v1beta1", "kind": "Volume",
+            "metadata": {"name": "dr"},
+            "spec": {"size": 1 << 30, "fromBackup": "b1", "standby": !activated},
+            "status": {"ownerID": "n1", "standby": {
+                "backupsBehind": 2, "lagSeconds": 120,
+                "lastRestoredBackupAt": "2026-11-28T04:00:00.000000Z",
+                "lastStep": {"backup": "b1", "bytesRestored": 4194304},
+                "activation": activation,
+            }}
+        }))
+    };
+    let text = |volume: Arc<Volume>| {
+        let objects = Objects {
+            volumes: &[volume],
+            engines: &[],
+            replicas: &[],
+            nodes: &[],
+            targets: &[],
+            backups: &[],
+        };
+        exposition(View::from_objects("n1", &objects))
+    };
+    let following = text(standby(false));
+    let labels = r#"volume="dr",pvc="",pvc_namespace="",node="n1""#;
+    for line in [
+        format!("oxhorn_volume_standby_backups_behind{{{labels}}} 2"),
+        format!("oxhorn_volume_standby_lag_seconds{{{labels}}} 120"),
+        format!(
+            "oxhorn_volume_standby_last_restored_backup_timestamp_seconds{{{labels}}} 1795838400"
+        ),
+        format!("oxhorn_volume_standby_last_restore_bytes{{{labels}}} 4194304"),
+    ] {
+        assert!(
+            following.lines().any(|l| l == line),
+            "no line {line:?} in\n{following}"
+        );
+    }
+    let activated = text(standby(true));
+    assert!(samples(&activated, "oxhorn_volume_standby_lag_seconds").is_empty());
+    assert!(activated.contains("# TYPE oxhorn_volume_standby_lag_seconds gauge"));
+}
+
+#[test]
 fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
     let text = exposition(view_of_n1());
     for line in [

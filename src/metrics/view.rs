@@ -10,7 +10,7 @@ use crate::protocol::control::EngineMetrics;
 use crate::types::{
     Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, EngineStatus,
     InstanceState, Node, PVC_NAME, PVC_NAMESPACE, Replica, ReplicaMode, Robustness, ScrubReport,
-    Volume, VolumeState,
+    StandbyStatus, Volume, VolumeState,
 };
 
 use super::process::{self, Usage};
@@ -53,6 +53,8 @@ pub struct VolumeRow {
     pub scrub: Option<ScrubReport>,
     /// How each recurring job it is in last ran on it.
     pub jobs: Vec<crate::types::VolumeJob>,
+    /// What it holds and follows, while it is a standby volume.
+    pub standby: Option<StandbyStatus>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -242,6 +244,7 @@ impl View {
             io: None,
             scrub: status.last_scrub.clone(),
             jobs: status.recurring_jobs.clone(),
+            standby: status.standby.clone().filter(|_| volume.is_standby()),
         });
         if let (Some(engine), Some(status)) = (engine, running) {
             self.add_replicas(&name, engine, status, index);

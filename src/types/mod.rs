@@ -17,6 +17,7 @@ mod replica;
 mod revert;
 mod setting;
 mod snapshot;
+mod standby;
 mod volume;
 
 pub use backup::{
@@ -46,6 +47,7 @@ pub use snapshot::{
     BACKUP_FOR, CLONE_FOR, CSI_SNAPSHOT, Snapshot, SnapshotSpec, SnapshotStatus, clone_source,
     deletion_blocker,
 };
+pub use standby::{Activation, StandbyMethod, StandbyRestore, StandbyStatus, StandbyStep};
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PUBLISHED_READONLY,
     PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Robustness, VOLUME_NAME_MAX, Volume,

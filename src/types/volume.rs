@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Condition, Node, RevertRequest, RevertStatus};
+use super::{Condition, Node, RevertRequest, RevertStatus, StandbyStatus};
 
 /// A replicated block volume.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -60,6 +60,9 @@ use super::{Condition, Node, RevertRequest, RevertStatus};
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.chapSecret) || self.chapSecret == '' || !has(self.frontend) || self.frontend != 'fuse'").message("chapSecret authenticates iSCSI logins; frontend fuse has none"))]
 #[x_kube(validation = Rule::new("!has(self.fromBackup) || self.fromBackup == '' || !has(self.dataSource) || self.dataSource == ''").message("a volume is filled from a backup or from a data source, not both"))]
+#[x_kube(validation = Rule::new("!has(self.standby) || !self.standby || (has(self.fromBackup) && self.fromBackup != '')").message("a standby volume follows the backups of the volume its fromBackup is of: set fromBackup"))]
+#[x_kube(validation = Rule::new("!has(self.standby) || !self.standby || !has(self.nodeID) || self.nodeID == ''").message("a standby volume cannot be attached: activate it first (standby: false)"))]
+#[x_kube(validation = Rule::new("!has(self.standby) || !self.standby || (has(oldSelf.standby) && oldSelf.standby)").message("standby can only go from true to false (activation): a volume cannot become a standby"))]
 pub struct VolumeSpec {
     /// Size in bytes: a whole number of 4096-byte blocks. It can grow, never shrink.
     #[schemars(range(min = 4096))]
@@ -138,6 +141,12 @@ pub struct VolumeSpec {
     /// status.revert); absent for none. It does not attach until done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert: Option<RevertRequest>,
+    /// A disaster-recovery volume: it follows the backups of the volume
+    /// fromBackup is of, restoring each new one (see status.standby), and
+    /// cannot be attached, snapshotted or backed up. Set to false to
+    /// activate it; it cannot be set again.
+    #[serde(default)]
+    pub standby: bool,
 }
 
 impl VolumeSpec {
@@ -376,6 +385,9 @@ pub struct VolumeStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub recurring_jobs: Vec<super::VolumeJob>,
+    /// What a standby volume holds and follows, and its activation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<StandbyStatus>,
 }
 
 /// Where the volume is in its life.

@@ -118,6 +118,7 @@ async fn every_kind_round_trips_with_status_through_the_subresource() {
             access_mode: AccessMode::Rwo,
             data_source: None,
             revert: None,
+            standby: false,
         },
     );
     round_trip(

@@ -235,7 +235,7 @@ pub(crate) async fn create_backup(cluster: &Cluster, name: &str, volume: &str) {
         .unwrap();
 }
 
-async fn until_backup_completed(cluster: &Cluster, name: &str) -> BackupStatus {
+pub(crate) async fn until_backup_completed(cluster: &Cluster, name: &str) -> BackupStatus {
     cluster
         .until(&format!("backup {name} completed"), || async {
             let backup = cluster.api::<Backup>().get_opt(name).await.unwrap()?;
@@ -244,7 +244,7 @@ async fn until_backup_completed(cluster: &Cluster, name: &str) -> BackupStatus {
         .await
 }
 
-async fn delete_backup(cluster: &Cluster, name: &str) {
+pub(crate) async fn delete_backup(cluster: &Cluster, name: &str) {
     cluster
         .api::<Backup>()
         .delete(name, &DeleteParams::default())

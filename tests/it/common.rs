@@ -576,16 +576,24 @@ impl Cluster {
     }
 
     /// How to reach `volume`'s replicas as its current engine does: the
-    /// volume's key (from the managers' Secret) and the engine generation.
-    /// Never a higher generation: that would fence the running engine out.
+    /// volume's key (from the managers' Secret) and the engine generation
+    /// (or a standby's restores'). Never a higher generation: that would
+    /// fence the running engine out.
     pub async fn access(&self, volume: &str) -> oxhorn::protocol::Access {
         let key = oxhorn::controller::cluster_key(&self.client, self.ns.name())
             .await
             .unwrap();
-        let generation = self
+        let engine = self
             .engine_of(volume)
             .await
             .map_or(0, |e| e.spec.generation);
+        // A standby's restores write as generations of their own.
+        let restored = self
+            .volume(volume)
+            .await
+            .and_then(|v| v.status?.standby)
+            .map_or(0, |s| s.generation);
+        let generation = engine.max(restored);
         oxhorn::protocol::Access {
             volume: volume.to_string(),
             key: key.for_volume(volume),
@@ -702,15 +710,7 @@ pub fn write_pattern(device: &str, len: usize, seed: u64) -> Vec<u8> {
 /// Writes `len` bytes of a seeded pattern `offset_mib` MiB into `device`,
 /// bypassing the page cache, and returns them.
 pub fn write_pattern_at(device: &str, offset_mib: usize, len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 56) as u8
-        })
-        .collect();
+    let data = pattern(len, seed);
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &data).unwrap();
     let input = format!("if={}", file.path().display());
@@ -723,6 +723,19 @@ pub fn write_pattern_at(device: &str, offset_mib: usize, len: usize, seed: u64) 
         "conv=fsync,notrunc",
     ]);
     data
+}
+
+/// `len` bytes of a pattern made from `seed`.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 56) as u8
+        })
+        .collect()
 }
 
 /// Reads `len` bytes from the start of `device`, bypassing the page cache.

@@ -39,6 +39,7 @@ pub mod rest_api;
 mod revert;
 mod sanity;
 mod snapshots;
+mod standby;
 mod support_bundle;
 mod uninstall;
 mod user_flow;

@@ -88,7 +88,8 @@ fn by_chunk(extents: &ExtentSet, per_chunk: u64) -> BTreeMap<u64, Vec<(u64, u64)
 }
 
 impl ReplicaStore {
-    /// Summaries of the chunks of snapshot `name` that hold data, in order.
+    /// Summaries of the chunks of snapshot `name` (or the head, as
+    /// [`VOLUME_HEAD`](crate::replica::VOLUME_HEAD)) that hold data, in order.
     /// Checksums cost a full read of the layer; ask for them only when there
     /// is something to compare with.
     pub fn layer_chunks(
@@ -99,7 +100,7 @@ impl ReplicaStore {
     ) -> Result<Vec<ChunkSummary>> {
         let per_chunk = chunk_blocks(chunk_size)?;
         let state = lock::read(&self.state)?;
-        let layer = state.layer_or_err(name)?;
+        let layer = state.any_layer(name)?;
         let mut buf = Vec::new();
         by_chunk(&layer.extents()?, per_chunk)
             .into_iter()
@@ -383,6 +384,21 @@ mod tests {
             user_created: false,
             labels: BTreeMap::new(),
         }
+    }
+
+    /// A standby volume's restore asks which chunks the head holds.
+    #[test]
+    fn the_heads_chunks_are_listed_like_a_snapshots() {
+        let (_tmp, store) = new_store(8);
+        store.write_at(0, &blocks(1, 1)).unwrap();
+        store.snapshot("s1", true, BTreeMap::new()).unwrap();
+        store.write_at(5 * BLOCK_SIZE, &blocks(2, 2)).unwrap();
+        let indexes = |layer: &str| -> Vec<u64> {
+            let chunks = store.layer_chunks(layer, 2 * BLOCK_SIZE, false).unwrap();
+            chunks.iter().map(|c| c.index).collect()
+        };
+        assert_eq!(indexes(crate::replica::VOLUME_HEAD), [2, 3]);
+        assert_eq!(indexes("s1"), [0]);
     }
 
     /// The engine snapshots a rebuild target with every other replica; a

@@ -71,7 +71,7 @@ pub struct VolumeChange {
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not patch the volume", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "Attached elsewhere, being deleted or reverted, or changed meanwhile", body = ErrorBody),
+        (status = 409, description = "Attached elsewhere, being deleted or reverted, a standby, or changed meanwhile", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -91,6 +91,9 @@ pub async fn attach(
         return Err(ApiError::Conflict(format!(
             "volume {name} is being deleted; it takes no new attachment"
         )));
+    }
+    if let Some(refusal) = volume.standby_refusal(&format!("attach to {node}")) {
+        return Err(ApiError::Conflict(refusal));
     }
     match volume.spec.node_id.as_str() {
         "" if volume.revert_pending() => {

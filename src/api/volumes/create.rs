@@ -163,7 +163,7 @@ pub async fn create(
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 403, description = "The caller may not read the volume, or create volumes and snapshots", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
-        (status = 409, description = "A volume of that name exists, or the source is being deleted", body = ErrorBody),
+        (status = 409, description = "A volume of that name exists, or the source is being deleted or is a standby", body = ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -187,6 +187,9 @@ pub async fn clone(
         return Err(ApiError::Conflict(format!(
             "volume {name} is being deleted"
         )));
+    }
+    if let Some(refusal) = source.standby_refusal("be cloned") {
+        return Err(ApiError::Conflict(refusal));
     }
     let size = size_for(new.size, source.spec.size)?;
     let snapshot = clone_source(&new.name, &name);
@@ -293,6 +296,7 @@ fn spec(settings: &Settings, size: i64, source: Source) -> VolumeSpec {
         access_mode: AccessMode::default(),
         data_source,
         revert: None,
+        standby: false,
     }
 }
 

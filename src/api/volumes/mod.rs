@@ -1,11 +1,12 @@
 //! `/v1/volumes`: the volumes, as the caches hold them; making them
-//! (`create.rs`), what may be done to one (`actions.rs`, `revert.rs`),
-//! deleting one.
+//! (`create.rs`), what may be done to one (`actions.rs`, `revert.rs`,
+//! `standby.rs`), deleting one.
 //! The controllers do the rest.
 
 pub mod actions;
 pub mod create;
 pub mod revert;
+pub mod standby;
 
 use std::sync::Arc;
 
@@ -51,6 +52,8 @@ pub struct VolumeView {
     pub created: Option<String>,
     /// The last revert to a snapshot asked, and where it is.
     pub revert: Option<revert::RevertView>,
+    /// For a standby volume, or one that was: what it holds and follows.
+    pub standby: Option<standby::StandbyView>,
 }
 
 /// A page of volumes.
@@ -110,6 +113,7 @@ pub fn view(state: &ApiState, volume: &Volume) -> VolumeView {
             .as_ref()
             .map(|t| t.0.to_string()),
         revert: revert::RevertView::of(volume),
+        standby: standby::StandbyView::of(volume),
         name,
     }
 }
@@ -315,6 +319,7 @@ mod tests {
             pvc: None,
             created: None,
             revert: None,
+            standby: None,
         }
     }
 

@@ -17,9 +17,10 @@ mod volume;
 
 pub use default_target::{FROM_SETTINGS, run as run_default_target};
 pub use reader::SnapshotReader;
-pub use target::{AVAILABLE, go_duration, reconcile as reconcile_target};
+pub(in crate::controller) use target::request_sync;
+pub use target::{AVAILABLE, backup_volume_name, go_duration, reconcile as reconcile_target};
 pub use upload::reconcile as reconcile_backup;
-pub use volume::{from_store, reconcile as reconcile_volume};
+pub use volume::{SYNCED, from_store, reconcile as reconcile_volume};
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{LazyLock, Mutex};

@@ -104,7 +104,10 @@ fn retry_after(status: &BackupTargetStatus) -> Duration {
 }
 
 /// Sets `name`'s spec.syncRequestedAt to now.
-pub(super) async fn request_sync<K>(ctx: &Context, name: &str) -> Result<(), ControllerError>
+pub(in crate::controller) async fn request_sync<K>(
+    ctx: &Context,
+    name: &str,
+) -> Result<(), ControllerError>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone

@@ -236,6 +236,10 @@ impl Job {
             let message = format!("volume {} does not exist", self.backup.spec.volume_name);
             return Ok(Err(Wait::Pending("VolumeNotFound", message, None)));
         };
+        if let Some(refusal) = volume.standby_refusal("be backed up") {
+            // Nothing is taken: its data is another volume's backup.
+            return Ok(Err(Wait::Failed("VolumeIsStandby", refusal)));
+        }
         let snapshot = match self.snapshot(volume).await? {
             Ok(snapshot) => snapshot,
             Err(wait) => return Ok(Err(wait)),
@@ -484,7 +488,7 @@ impl Job {
         status.blocks = i64::try_from(config.blocks.len()).unwrap_or(i64::MAX);
         status.blocks_uploaded =
             report.map_or(0, |r| i64::try_from(r.blocks_uploaded).unwrap_or(i64::MAX));
-        status.backup_created_at = config.created.parse().ok().map(Time);
+        status.backup_created_at = config.completed_at().map(Time);
         status.error.clear();
         let message = format!("{} blocks in the store", config.blocks.len());
         self.condition(ConditionStatus::True, COMPLETED, message);

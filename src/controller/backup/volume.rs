@@ -22,7 +22,9 @@ use crate::types::{
     ConditionStatus,
 };
 
-const SYNCED: &str = "Synced";
+/// The condition saying whether the last sync of the volume's backups
+/// succeeded.
+pub const SYNCED: &str = "Synced";
 /// Label on a Backup made by a sync: it is never uploaded, only read from
 /// the store (a sync racing a deletion may make one the store lacks).
 pub const FROM_STORE: &str = "oxhorn.io/from-store";

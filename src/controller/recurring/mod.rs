@@ -156,6 +156,9 @@ fn members(ctx: &Context, job: &RecurringJob) -> Vec<(Arc<Volume>, Option<Volume
         .state()
         .into_iter()
         .filter(|v| v.metadata.deletion_timestamp.is_none())
+        // A standby's data comes from another volume's backups: it takes no
+        // snapshot or backup, and is trimmed by no one, until activated.
+        .filter(|v| !v.is_standby())
         .filter(|v| joins(v.labels(), &name, &job.spec.groups))
         .map(|v| {
             let record = v

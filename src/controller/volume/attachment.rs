@@ -57,8 +57,14 @@ impl Pass<'_> {
             || spec.replica_address_map != addresses
             || spec.instance.volume_size != self.volume.spec.size;
         if changed {
-            // A new engine fences every older one out of the replicas.
-            let generation = spec.generation + u64::from(starting);
+            // A new engine fences every older one out of the replicas, and
+            // a standby's restores, which wrote as generations of their own.
+            let restored = self.status.standby.as_ref().map_or(0, |s| s.generation);
+            let generation = if starting {
+                spec.generation.max(restored) + 1
+            } else {
+                spec.generation
+            };
             info!(replicas = ?addresses.keys().collect::<Vec<_>>(), generation, "engine wanted on {target}");
             let mut patch = json!({"spec": {
                 "nodeID": target,

@@ -68,10 +68,12 @@ impl Pass<'_> {
         }
         if self.engine_started() {
             // An engine starts only once the volume holds its data: this one
-            // means a fill completed whose record a lost status write
-            // dropped. Filling again would write over what the volume's
-            // users wrote since, and fence its engine out.
+            // means a fill (or a standby's activation) completed whose
+            // record a lost status write dropped. Filling again would write
+            // over what the volume's users wrote since, and fence its
+            // engine out.
             warn!("the engine runs but Filled was not recorded; recording it");
+            self.activated_unrecorded();
             let message = "holds its data source's data".to_owned();
             Condition::set(
                 &mut self.status.conditions,
@@ -81,6 +83,9 @@ impl Pass<'_> {
                 message,
             );
             return Ok(Filling::Done);
+        }
+        if self.follows_backups() {
+            return self.follow_backups().await;
         }
         let spec = &self.volume.spec;
         let (snapshot, backup) = (spec.source_snapshot(), spec.source_backup());
@@ -167,7 +172,7 @@ impl Pass<'_> {
             let source = (address.as_str(), &source);
             copy_layers(replica, target, &access, source, &layers, limit).await?;
         }
-        settle(&targets, &access).await?;
+        settle(&targets, &access, 0).await?;
         Ok(Step::Done(format!("holds the data of snapshot {name}")))
     }
 
@@ -298,13 +303,15 @@ async fn copy_layers(
 
 /// Gives the filled replicas one revision counter and marks them clean:
 /// they hold the same data, and the first engine start must trust each of
-/// them rather than pick one and rebuild the others.
+/// them rather than pick one and rebuild the others. The revision is at
+/// least `floor`; returns it.
 pub(super) async fn settle(
     replicas: &[(Arc<Replica>, String)],
     access: &Access,
-) -> Result<(), ControllerError> {
+    floor: u64,
+) -> Result<u64, ControllerError> {
     let mut controls = Vec::new();
-    let mut revision = 0;
+    let mut revision = floor;
     for (replica, address) in replicas {
         let mut control = data_plane::replica(replica, address, Some(CALL_TIMEOUT), access).await?;
         let status = control.status().await?;
@@ -324,5 +331,5 @@ pub(super) async fn settle(
             .await
             .map_err(|e| control.failed(e))?;
     }
-    Ok(())
+    Ok(revision)
 }

@@ -42,10 +42,12 @@ impl Pass<'_> {
         let name = self.name();
         let jobs = self.ctx.ds.recurring_jobs.store.state();
         let labels = self.volume.labels().clone();
+        let standby = self.volume.is_standby();
         self.status.recurring_jobs.retain(|record| {
-            jobs.iter().any(|j| {
-                j.name_any() == record.name && joins(&labels, &record.name, &j.spec.groups)
-            })
+            !standby
+                && jobs.iter().any(|j| {
+                    j.name_any() == record.name && joins(&labels, &record.name, &j.spec.groups)
+                })
         });
         for job in jobs {
             let turn = job.status.as_ref().and_then(|s| {
@@ -93,7 +95,7 @@ impl Pass<'_> {
             return Ok(());
         }
         let step = if this_run {
-            self.follow(job, &mut record).await?
+            self.follow_job(job, &mut record).await?
         } else {
             record.scheduled_at = Some(due);
             record.message.clear();
@@ -152,7 +154,7 @@ impl Pass<'_> {
     }
 
     /// A later look at a turn whose snapshot or backup was being made.
-    async fn follow(
+    async fn follow_job(
         &mut self,
         job: &RecurringJob,
         record: &mut VolumeJob,

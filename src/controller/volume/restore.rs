@@ -92,7 +92,7 @@ impl Pass<'_> {
                 .await
                 .map_err(|e| restore_failed(replica, e))?;
         }
-        settle(&targets, &access).await?;
+        settle(&targets, &access, 0).await?;
         Ok(Step::Done(format!("holds the data of backup {name}")))
     }
 }

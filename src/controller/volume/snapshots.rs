@@ -185,6 +185,10 @@ impl Pass<'_> {
         status: &mut SnapshotStatus,
     ) -> Result<(), ControllerError> {
         let name = snapshot.name_any();
+        if let Some(refusal) = self.volume.standby_refusal("be snapshotted") {
+            self.not_yet(status, "VolumeIsStandby", &refusal);
+            return Ok(());
+        }
         if !self.holds_its_data() {
             let why = "the volume is still being filled from its data source";
             self.not_yet(status, "WaitingForFill", why);

@@ -102,10 +102,13 @@ pub async fn create(
     match existing {
         Some(backup) => same_backup(&backup, name, volume)?,
         None => {
-            if service.get_volume(volume).await?.is_none() {
+            let Some(source) = service.get_volume(volume).await? else {
                 return Err(ControllerServiceError::NotFound(format!(
                     "source volume {volume} does not exist"
                 )));
+            };
+            if let Some(refusal) = source.standby_refusal("be backed up") {
+                return Err(ControllerServiceError::FailedPrecondition(refusal));
             }
             let mut backup = Backup::new(
                 &id,
@@ -183,7 +186,7 @@ pub async fn delete(
         .store
         .state()
         .iter()
-        .filter(|v| v.spec.source_backup() == Some(id) && !v.is_filled())
+        .filter(|v| v.needs_backup(id))
         .map(|v| v.name_any())
         .collect();
     if !restoring.is_empty() {

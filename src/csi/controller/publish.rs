@@ -32,6 +32,9 @@ impl ControllerService {
         let _guard = self.locks.try_lock(id)?;
         let volume = self.existing_volume(id).await?;
         self.existing_node(node)?;
+        if let Some(refusal) = volume.standby_refusal(&format!("attach to {node}")) {
+            return Err(ControllerServiceError::FailedPrecondition(refusal));
+        }
         let readonly = request.readonly.to_string();
         let published_readonly = volume.annotations().get(PUBLISHED_READONLY);
         match volume.spec.node_id.as_str() {

@@ -76,10 +76,13 @@ pub async fn create(
     match existing {
         Some(snapshot) => same_snapshot(&snapshot, name, volume)?,
         None => {
-            if service.get_volume(volume).await?.is_none() {
+            let Some(source) = service.get_volume(volume).await? else {
                 return Err(ControllerServiceError::NotFound(format!(
                     "source volume {volume} does not exist"
                 )));
+            };
+            if let Some(refusal) = source.standby_refusal("be snapshotted") {
+                return Err(ControllerServiceError::FailedPrecondition(refusal));
             }
             let mut snapshot = Snapshot::new(
                 &id,

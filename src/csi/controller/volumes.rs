@@ -106,6 +106,7 @@ impl ControllerService {
             },
             data_source,
             revert: None,
+            standby: false,
         }
     }
 
@@ -146,6 +147,9 @@ impl ControllerService {
                         "source volume {volume_id} does not exist"
                     ))
                 })?;
+                if let Some(refusal) = volume.standby_refusal("be cloned") {
+                    return Err(ControllerServiceError::FailedPrecondition(refusal));
+                }
                 (clone_source(id, volume_id).name_any(), volume.spec.size)
             }
         };

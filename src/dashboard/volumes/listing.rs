@@ -287,6 +287,7 @@ mod tests {
             pvc: None,
             created: None,
             revert: None,
+            standby: None,
         };
         let mut rows = vec![
             (volume("b", 2), Health::Healthy),

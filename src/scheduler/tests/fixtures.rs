@@ -137,6 +137,7 @@ pub(super) fn volume(size: i64, replicas: i32) -> Volume {
             access_mode: Default::default(),
             data_source: None,
             revert: None,
+            standby: false,
         },
     )
 }
