@@ -17,6 +17,7 @@ mod replica;
 mod revert;
 mod setting;
 mod snapshot;
+mod system_backup;
 mod volume;
 
 pub use backup::{
@@ -45,6 +46,11 @@ pub use setting::{Setting, SettingSpec, SettingStatus};
 pub use snapshot::{
     BACKUP_FOR, CLONE_FOR, CSI_SNAPSHOT, Snapshot, SnapshotSpec, SnapshotStatus, clone_source,
     deletion_blocker,
+};
+pub use system_backup::{
+    ObjectCounts, RESTORED_BY, RestoreOutcome, RestoredObject, SYSTEM_BACKUP_FROM_STORE,
+    SYSTEM_BACKUP_LABEL, SystemBackup, SystemBackupSpec, SystemBackupState, SystemBackupStatus,
+    SystemRestore, SystemRestoreSpec, SystemRestoreState, SystemRestoreStatus, VolumeBackupPolicy,
 };
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PUBLISHED_READONLY,
@@ -83,6 +89,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         BackupVolume::crd(),
         Backup::crd(),
         RecurringJob::crd(),
+        SystemBackup::crd(),
+        SystemRestore::crd(),
     ]
 }
 
