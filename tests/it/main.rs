@@ -40,6 +40,7 @@ mod revert;
 mod sanity;
 mod snapshots;
 mod support_bundle;
+mod system_backup;
 mod uninstall;
 mod user_flow;
 mod volume;

@@ -158,16 +158,23 @@ async fn restore_all(
 }
 
 async fn restore_one(ctx: &Context, restore: &str, item: Item) -> RestoredObject {
+    // Oxhorn's own objects go to this Oxhorn's namespace, whichever the
+    // old one was; a claim goes to its own.
+    let namespace = match &item {
+        Item::PersistentVolumeClaim(o) => o.metadata.namespace.clone().unwrap_or_default(),
+        Item::StorageClass(_) | Item::PersistentVolume(_) => String::new(),
+        _ => ctx.ds.namespace.clone(),
+    };
     let mut report = RestoredObject {
         kind: item.kind().to_owned(),
-        namespace: item.meta().namespace.clone().unwrap_or_default(),
+        namespace,
         name: item.meta().name.clone().unwrap_or_default(),
         outcome: RestoreOutcome::Failed,
         message: String::new(),
     };
     let client = ctx.client.clone();
     let created = match item {
-        Item::Setting(o) => create(&ctx.api(), o, restore).await,
+        Item::Setting(o) => create(&ctx.api(), here(o), restore).await,
         Item::BackupTarget(o) => {
             let secret = o.spec.credential_secret.clone();
             if !secret.is_empty() && ctx.ds.secrets.get(&secret).is_none() {
@@ -175,9 +182,9 @@ async fn restore_one(ctx: &Context, restore: &str, item: Item) -> RestoredObject
                     "its credential Secret {secret} does not exist: make it in Oxhorn's namespace"
                 );
             }
-            create(&ctx.api(), o, restore).await
+            create(&ctx.api(), here(o), restore).await
         }
-        Item::RecurringJob(o) => create(&ctx.api(), o, restore).await,
+        Item::RecurringJob(o) => create(&ctx.api(), here(o), restore).await,
         Item::StorageClass(o) => create(&Api::<StorageClass>::all(client), o, restore).await,
         Item::Volume(mut o, backup) => {
             let Some(backup) = backup else {
@@ -185,7 +192,7 @@ async fn restore_one(ctx: &Context, restore: &str, item: Item) -> RestoredObject
                 return report;
             };
             o.spec.from_backup = backup;
-            create(&ctx.api(), o, restore).await
+            create(&ctx.api(), here(o), restore).await
         }
         Item::PersistentVolume(o) => {
             create(&Api::<PersistentVolume>::all(client), *o, restore).await
@@ -200,6 +207,12 @@ async fn restore_one(ctx: &Context, restore: &str, item: Item) -> RestoredObject
         Err(error) => report.message = error.to_string(),
     }
     report
+}
+
+/// `object`, to be made in this Oxhorn's namespace.
+fn here<K: Resource>(mut object: K) -> K {
+    object.meta_mut().namespace = None;
+    object
 }
 
 /// Makes `object`, marked as made by `restore`: Restored, or Exists when
