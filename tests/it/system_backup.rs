@@ -321,3 +321,79 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
         .await
         .unwrap();
 }
+
+/// What the API server says when it refuses `object`.
+async fn refusal<K>(api: &Api<K>, object: &K) -> String
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(made) => panic!("accepted: {made:?}"),
+        Err(kube::Error::Api(status)) => status.message,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_system_backups_and_restores_are_refused_with_a_reason() {
+    let control_plane = oxhorn_testbed::shared();
+    let ns = TestNamespace::create(control_plane, "sysbk-schema")
+        .await
+        .unwrap();
+    let client = control_plane.client().unwrap();
+    let backups: Api<SystemBackup> = Api::namespaced(client.clone(), ns.name());
+    let restores: Api<SystemRestore> = Api::namespaced(client, ns.name());
+    let backup = |spec: serde_json::Value| {
+        let mut object = SystemBackup::new("sb", serde_json::from_value(json!({})).unwrap());
+        object.spec = serde_json::from_value(spec).unwrap_or(object.spec);
+        object
+    };
+
+    // An unknown policy: the schema's enum.
+    let mut wrong = serde_json::to_value(backup(json!({}))).unwrap();
+    wrong["spec"]["volumeBackupPolicy"] = json!("sometimes");
+    let dynamic: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        control_plane.client().unwrap(),
+        ns.name(),
+        &kube::api::ApiResource::erase::<SystemBackup>(&()),
+    );
+    let wrong: kube::api::DynamicObject = serde_json::from_value(wrong).unwrap();
+    let message = refusal(&dynamic, &wrong).await;
+    assert!(
+        message.contains("volumeBackupPolicy") && message.contains("if-not-present"),
+        "{message}"
+    );
+    let bad_target = backup(json!({"backupTargetName": "Not_A_Name"}));
+    let message = refusal(&backups, &bad_target).await;
+    assert!(message.contains("backupTargetName"), "{message}");
+
+    // A system backup's target and policy are fixed once made.
+    let made = backups
+        .create(&PostParams::default(), &backup(json!({})))
+        .await
+        .unwrap();
+    let mut moved = made.clone();
+    moved.spec.backup_target_name = "offsite".into();
+    let message = match backups.replace("sb", &PostParams::default(), &moved).await {
+        Ok(_) => panic!("its target changed"),
+        Err(kube::Error::Api(status)) => status.message,
+        Err(error) => panic!("{error}"),
+    };
+    assert!(
+        message.contains("the target of a system backup cannot change"),
+        "{message}"
+    );
+
+    let restore = SystemRestore::new(
+        "r",
+        SystemRestoreSpec {
+            system_backup: String::new(),
+        },
+    );
+    let message = refusal(&restores, &restore).await;
+    assert!(message.contains("systemBackup"), "{message}");
+    backups
+        .delete("sb", &DeleteParams::default())
+        .await
+        .unwrap();
+}
