@@ -1,15 +1,17 @@
 //! System backup and restore across two clusters, as a user moving to a
-//! new cluster does it. In the shared control plane: a volume with data,
-//! a StorageClass, a PersistentVolume and its claim, a RecurringJob and a
-//! Setting; a SystemBackup to MinIO (policy if-not-present: it backs the
-//! volume up). Then a second, fresh control plane (its own etcd and
-//! kube-apiserver, kube-controller-manager's claim binder, managers on
-//! data directories of their own) pointed at the same bucket: the sync
-//! shows the system backup, a SystemRestore makes everything again, the
-//! claim is Bound, the volume reads back byte for byte, and what existed
-//! there already (the target, a setting) is reported as left alone. A
-//! system backup whose recorded version is newer than this Oxhorn is
-//! refused with a message naming both versions.
+//! new cluster does it. In the shared control plane: two volumes with
+//! data (one attached, one detached), a StorageClass, a PersistentVolume
+//! and its claim, a RecurringJob and a Setting; a SystemBackup to MinIO
+//! (policy if-not-present: it backs both volumes up). Then a second,
+//! fresh control plane (its own etcd and kube-apiserver,
+//! kube-controller-manager's claim binder, managers on data directories
+//! of their own) pointed at the same bucket: the sync shows the system
+//! backup, a SystemRestore makes everything again, the claim is Bound,
+//! both volumes read back byte for byte, and what existed there already
+//! (the target, a setting) is reported as left alone. A system backup
+//! whose recorded version is newer than this Oxhorn is refused with a
+//! message naming both versions. Bad SystemBackups and SystemRestores are
+//! refused by their schema with a reason.
 
 use bytes::Bytes;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
@@ -179,6 +181,12 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     let device = first.attach("vol", &node).await;
     let mut expected = vec![0; usize::try_from(SIZE).unwrap()];
     expected[..WRITTEN].copy_from_slice(&write_pattern(&device, WRITTEN, 7));
+    // A second volume, detached when the system backup is taken.
+    first.create_volume("cold", SIZE, 2).await;
+    let cold_device = first.attach("cold", &node).await;
+    let mut cold = vec![0; usize::try_from(SIZE).unwrap()];
+    cold[..WRITTEN].copy_from_slice(&write_pattern(&cold_device, WRITTEN, 8));
+    first.detach("cold").await;
     let (_class, pv_name) = claim_objects(&first, "vol").await;
     let job = json!({"task": "backup", "cron": "0 3 * * *", "groups": ["nightly"], "retain": 3});
     create(
@@ -199,7 +207,9 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     assert_eq!(status.version, env!("CARGO_PKG_VERSION"));
     let volume_backup = status.volume_backups.get("vol").cloned();
     let volume_backup = volume_backup.unwrap_or_else(|| panic!("no backup of vol: {status:?}"));
-    assert_eq!(status.counts.volumes, 1);
+    let cold_backup = status.volume_backups.get("cold").cloned();
+    let cold_backup = cold_backup.unwrap_or_else(|| panic!("no backup of cold: {status:?}"));
+    assert_eq!(status.counts.volumes, 2);
     assert_eq!(status.counts.persistent_volumes, 1);
     assert_eq!(status.counts.persistent_volume_claims, 1);
     assert!(status.counts.recurring_jobs >= 1 && status.counts.settings >= 2);
@@ -253,6 +263,7 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     );
     let restored_kinds = [
         ("Volume", "vol"),
+        ("Volume", "cold"),
         ("PersistentVolume", pv_name.as_str()),
         ("PersistentVolumeClaim", "data"),
         ("RecurringJob", "nightly"),
@@ -288,6 +299,9 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     let device = second.attach("vol", &node).await;
     let read = read_device(&device, expected.len());
     assert!(read == expected, "the restored volume's data differs");
+    let device = second.attach("cold", &node).await;
+    let read = read_device(&device, cold.len());
+    assert!(read == cold, "the restored detached volume's data differs");
     steps.report("data equal");
 
     let refused = restore(&second, "r2", "sb-future").await;
@@ -300,26 +314,30 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
 
     // Clean up: the second cluster goes with its control plane; the
     // first's volume, claim objects and backups here.
-    second.detach("vol").await;
-    second.delete_volume("vol").await;
+    for volume in ["vol", "cold"] {
+        second.detach(volume).await;
+        second.delete_volume(volume).await;
+    }
     drop(second);
-    first.delete_volume("vol").await;
+    for volume in ["vol", "cold"] {
+        first.delete_volume(volume).await;
+    }
     let pvs: Api<PersistentVolume> = Api::all(first.client.clone());
     pvs.delete(&pv_name, &DeleteParams::default())
         .await
         .unwrap();
-    for name in ["sb1"] {
+    first
+        .api::<SystemBackup>()
+        .delete("sb1", &DeleteParams::default())
+        .await
+        .unwrap();
+    for backup in [volume_backup, cold_backup] {
         first
-            .api::<SystemBackup>()
-            .delete(name, &DeleteParams::default())
+            .api::<Backup>()
+            .delete(&backup, &DeleteParams::default())
             .await
             .unwrap();
     }
-    first
-        .api::<Backup>()
-        .delete(&volume_backup, &DeleteParams::default())
-        .await
-        .unwrap();
 }
 
 /// What the API server says when it refuses `object`.
