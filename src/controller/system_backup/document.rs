@@ -9,7 +9,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{BackupTarget, ObjectCounts, RecurringJob, Setting, Volume};
+use crate::types::{
+    BackupTarget, ObjectCounts, RecurringJob, RestoreOutcome, RestoredObject, Setting, Volume,
+};
 
 /// The format of `objects.json` this Oxhorn writes, and the newest it
 /// reads.
@@ -201,6 +203,29 @@ impl Item {
     }
 }
 
+/// Why `item` is not to be made, when what it names failed to be:
+/// a PersistentVolume whose Volume, or a claim whose PersistentVolume,
+/// was not restored (a claim bound to nothing is worse than none).
+pub fn unmet(item: &Item, done: &[RestoredObject]) -> Option<String> {
+    let failed = |kind: &str, name: &str| {
+        done.iter()
+            .any(|o| o.kind == kind && o.name == name && o.outcome == RestoreOutcome::Failed)
+    };
+    match item {
+        Item::PersistentVolume(pv) => {
+            let csi = pv.spec.as_ref()?.csi.as_ref()?;
+            failed("Volume", &csi.volume_handle)
+                .then(|| format!("its Volume {} was not restored", csi.volume_handle))
+        }
+        Item::PersistentVolumeClaim(pvc) => {
+            let pv = pvc.spec.as_ref()?.volume_name.as_deref()?;
+            failed("PersistentVolume", pv)
+                .then(|| format!("its PersistentVolume {pv} was not restored"))
+        }
+        _ => None,
+    }
+}
+
 /// The objects in the order they are made again: what the others use
 /// first (settings, where backups are, schedules, classes), then the
 /// volumes, then the PersistentVolumes naming them and the claims naming
@@ -365,6 +390,42 @@ mod tests {
             })
             .collect();
         assert_eq!(backups, [Some("b1".to_owned()), None]);
+    }
+
+    #[test]
+    fn what_names_an_object_not_restored_is_not_made() {
+        let failed = |kind: &str, name: &str| RestoredObject {
+            kind: kind.into(),
+            namespace: String::new(),
+            name: name.into(),
+            outcome: RestoreOutcome::Failed,
+            message: String::new(),
+        };
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pv-1"},
+            "spec": {"csi": {"driver": "driver.oxhorn.io", "volumeHandle": "v1"}},
+        }))
+        .unwrap();
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "data"},
+            "spec": {"volumeName": "pv-1"},
+        }))
+        .unwrap();
+        let (pv, pvc) = (
+            Item::PersistentVolume(Box::new(pv)),
+            Item::PersistentVolumeClaim(pvc),
+        );
+        assert_eq!(unmet(&pv, &[]), None);
+        let mut done = vec![failed("Volume", "v2")];
+        assert_eq!(unmet(&pv, &done), None);
+        done.push(failed("Volume", "v1"));
+        assert_eq!(
+            unmet(&pv, &done).as_deref(),
+            Some("its Volume v1 was not restored")
+        );
+        assert_eq!(unmet(&pvc, &done), None);
+        done.push(failed("PersistentVolume", "pv-1"));
+        assert!(unmet(&pvc, &done).is_some());
     }
 
     #[test]

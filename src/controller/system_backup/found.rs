@@ -103,3 +103,28 @@ fn found_status(meta: &SystemBackupMeta) -> SystemBackupStatus {
         ..SystemBackupStatus::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(version: &str) -> SystemBackupMeta {
+        SystemBackupMeta {
+            name: "sb".into(),
+            format_version: 1,
+            oxhorn_version: version.into(),
+            created: "2026-01-01T00:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn a_found_system_backup_is_ready_and_says_when_it_cannot_be_restored() {
+        let status = found_status(&meta(OXHORN_VERSION));
+        assert_eq!(status.state, SystemBackupState::Ready);
+        assert_eq!(status.version, OXHORN_VERSION);
+        assert_eq!(status.message, "found in the store");
+        assert!(status.created_at.is_some());
+        let newer = found_status(&meta("99.0.0"));
+        assert!(newer.message.contains("newer"), "{}", newer.message);
+    }
+}

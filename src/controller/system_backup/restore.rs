@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::WAIT;
-use super::document::{Item, OXHORN_VERSION, SystemObjects, refusal, restore_order};
+use super::document::{Item, OXHORN_VERSION, SystemObjects, refusal, restore_order, unmet};
 use crate::controller::backup::{bounded, unavailable};
 use crate::controller::{Context, ControllerError, update_status};
 use crate::types::{
@@ -132,7 +132,16 @@ async fn restore_all(
     let name = restore.name_any();
     status.objects.clear();
     for item in restore_order(objects) {
-        let outcome = restore_one(ctx, &name, item).await;
+        let outcome = match unmet(&item, &status.objects) {
+            Some(why) => RestoredObject {
+                kind: item.kind().to_owned(),
+                namespace: item.meta().namespace.clone().unwrap_or_default(),
+                name: item.meta().name.clone().unwrap_or_default(),
+                outcome: RestoreOutcome::Failed,
+                message: why,
+            },
+            None => restore_one(ctx, &name, item).await,
+        };
         if outcome.outcome == RestoreOutcome::Failed {
             warn!(kind = %outcome.kind, object = %outcome.name, message = %outcome.message, "not restored");
         }
@@ -191,6 +200,12 @@ async fn restore_one(ctx: &Context, restore: &str, item: Item) -> RestoredObject
                 report.message = "the system backup has no backup of this volume".into();
                 return report;
             };
+            let chap = o.spec.chap_secret.clone();
+            if !chap.is_empty() && ctx.ds.secrets.get(&chap).is_none() {
+                report.message = format!(
+                    "its CHAP Secret {chap} does not exist: make it in Oxhorn's namespace before it attaches"
+                );
+            }
             o.spec.from_backup = backup;
             create(&ctx.api(), here(o), restore).await
         }
