@@ -567,6 +567,21 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("{e} waiting for {what}\n{}", self.logs()))
     }
 
+    /// Creates `object` in the cluster's namespace.
+    pub async fn create<K>(&self, object: &K)
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + fmt::Debug,
+    {
+        self.api::<K>()
+            .create(&PostParams::default(), object)
+            .await
+            .unwrap();
+    }
+
     pub async fn create_volume(&self, name: &str, size: i64, replicas: i32) {
         self.create_volume_with(name, json!({"size": size, "numberOfReplicas": replicas}))
             .await;

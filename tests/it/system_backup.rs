@@ -99,27 +99,8 @@ async fn claim_objects(cluster: &Cluster, volume: &str) -> (ClassGuard, String) 
         },
     }))
     .unwrap();
-    cluster
-        .api::<PersistentVolumeClaim>()
-        .create(&PostParams::default(), &claim)
-        .await
-        .unwrap();
+    cluster.create(&claim).await;
     (guard, pv_name)
-}
-
-async fn create<K>(cluster: &Cluster, object: K)
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    cluster
-        .api::<K>()
-        .create(&PostParams::default(), &object)
-        .await
-        .unwrap();
 }
 
 async fn until_system_backup(cluster: &Cluster, name: &str) -> SystemBackupStatus {
@@ -140,7 +121,7 @@ async fn restore(cluster: &Cluster, name: &str, system_backup: &str) -> SystemRe
             system_backup: system_backup.into(),
         },
     );
-    create(cluster, restore).await;
+    cluster.create(&restore).await;
     cluster
         .until(&format!("system restore {name} done"), || async {
             let restore = cluster.api::<SystemRestore>().get(name).await.unwrap();
@@ -189,11 +170,8 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     first.detach("cold").await;
     let (_class, pv_name) = claim_objects(&first, "vol").await;
     let job = json!({"task": "backup", "cron": "0 3 * * *", "groups": ["nightly"], "retain": 3});
-    create(
-        &first,
-        RecurringJob::new("nightly", serde_json::from_value(job).unwrap()),
-    )
-    .await;
+    let job = RecurringJob::new("nightly", serde_json::from_value(job).unwrap());
+    first.create(&job).await;
     first.set("backup-compression-method", "zstd").await;
     steps.report("first cluster ready");
 
@@ -201,7 +179,7 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
         "sb1",
         serde_json::from_value(json!({"volumeBackupPolicy": "if-not-present"})).unwrap(),
     );
-    create(&first, backup).await;
+    first.create(&backup).await;
     let status = until_system_backup(&first, "sb1").await;
     steps.report("system backup Ready");
     assert_eq!(status.version, env!("CARGO_PKG_VERSION"));
