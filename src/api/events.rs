@@ -42,6 +42,8 @@ const KINDS: &[(&str, &str)] = &[
     ("BackupVolume", "backupvolumes"),
     ("Setting", "settings"),
     ("RecurringJob", "recurringjobs"),
+    ("SystemBackup", "systembackups"),
+    ("SystemRestore", "systemrestores"),
 ];
 
 /// Whose events.
@@ -50,7 +52,8 @@ const KINDS: &[(&str, &str)] = &[
 #[into_params(parameter_in = Query)]
 pub struct EventQuery {
     /// The object's kind: Volume, Engine, Replica, Node, Snapshot, Backup,
-    /// BackupTarget, BackupVolume, Setting or RecurringJob.
+    /// BackupTarget, BackupVolume, Setting, RecurringJob, SystemBackup or
+    /// SystemRestore.
     pub kind: Option<String>,
     /// The object's name.
     pub name: Option<String>,

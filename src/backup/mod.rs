@@ -18,11 +18,15 @@
 //! - `volumes/<volume>/lock`: held by the one backup or deletion of the
 //!   volume under way (see `lock.rs`): a deletion never removes a block a
 //!   backup being written counts on.
+//!
+//! And `system-backups/<name>/`: a system backup of Oxhorn's objects (see
+//! `system.rs`).
 
 mod block;
 mod lock;
 pub mod nfs;
 mod store;
+mod system;
 pub mod target;
 #[cfg(test)]
 mod tests;
@@ -33,6 +37,7 @@ pub use store::{
     BLOCK_SIZE, BackupConfig, BackupReport, Backupstore, BlockRef, NewBackup, VolumeReader,
     VolumeWriter, on_cpu,
 };
+pub use system::SystemBackupMeta;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {

@@ -117,8 +117,8 @@ pub struct BackupReport {
 
 /// The backups of a backup target: an object store and a path in it.
 pub struct Backupstore {
-    store: Arc<dyn ObjectStore>,
-    root: Path,
+    pub(super) store: Arc<dyn ObjectStore>,
+    pub(super) root: Path,
 }
 
 impl Backupstore {
@@ -494,7 +494,7 @@ impl Backupstore {
         lock::break_for(&*self.store, &self.lock_path(volume), owner).await
     }
 
-    async fn exists(&self, path: &Path) -> Result<bool, BackupError> {
+    pub(super) async fn exists(&self, path: &Path) -> Result<bool, BackupError> {
         match self.store.head(path).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -502,7 +502,11 @@ impl Backupstore {
         }
     }
 
-    async fn put_json(&self, path: &Path, value: &impl Serialize) -> Result<(), BackupError> {
+    pub(super) async fn put_json(
+        &self,
+        path: &Path,
+        value: &impl Serialize,
+    ) -> Result<(), BackupError> {
         let body = serde_json::to_vec(value)
             .map_err(|e| BackupError::Malformed(path.to_string(), e.to_string()))?;
         self.store.put(path, body.into()).await?;
@@ -511,11 +515,14 @@ impl Backupstore {
 }
 
 /// Names become object paths: only Kubernetes object names are taken.
-fn check_name(what: &str, name: &str) -> Result<(), BackupError> {
+pub(super) fn check_name(what: &str, name: &str) -> Result<(), BackupError> {
     validate_dns_subdomain(what, name).map_err(BackupError::InvalidName)
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(path: &Path, bytes: &[u8]) -> Result<T, BackupError> {
+pub(super) fn parse<T: for<'de> Deserialize<'de>>(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<T, BackupError> {
     serde_json::from_slice(bytes)
         .map_err(|e| BackupError::Malformed(path.to_string(), e.to_string()))
 }

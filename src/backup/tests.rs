@@ -395,3 +395,37 @@ async fn a_deletion_racing_a_backup_never_removes_a_block_it_needs() {
     f.store.delete("vol", "b1", "node-2").await.unwrap();
     assert!(f.restored("b2").await == expected);
 }
+
+#[tokio::test]
+async fn a_system_backup_exists_once_its_meta_is_written_and_reads_back() {
+    let f = fixture();
+    assert!(f.store.system_backups().await.unwrap().is_empty());
+    // Objects without their meta: an upload cut short, not a system backup.
+    let orphan = Path::from("cluster-a/system-backups/cut/objects.json");
+    f.objects
+        .put(&orphan, Bytes::from("{}").into())
+        .await
+        .unwrap();
+    let meta = SystemBackupMeta {
+        name: "sb1".into(),
+        format_version: 1,
+        oxhorn_version: "0.1.0".into(),
+        created: "2026-01-01T00:00:00Z".into(),
+    };
+    let objects = Bytes::from(r#"{"volumes":[]}"#);
+    f.store
+        .put_system_backup(&meta, objects.clone())
+        .await
+        .unwrap();
+    assert_eq!(f.store.system_backups().await.unwrap(), ["sb1"]);
+    assert_eq!(f.store.system_backup("sb1").await.unwrap(), meta);
+    assert_eq!(f.store.system_backup_objects("sb1").await.unwrap(), objects);
+    assert!(matches!(
+        f.store.system_backup("cut").await,
+        Err(BackupError::NotFound(..))
+    ));
+    assert!(matches!(
+        f.store.system_backup("../x").await,
+        Err(BackupError::InvalidName(_))
+    ));
+}

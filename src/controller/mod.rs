@@ -21,6 +21,7 @@ mod replica;
 mod retries;
 pub mod settings;
 mod snapshot;
+mod system_backup;
 mod volume;
 mod watches;
 mod writes;
@@ -125,6 +126,16 @@ pub async fn run(ctx: Arc<Context>) {
         |c| c.follows(&ds.volumes, jobs_of(&ds.recurring_jobs)),
         recurring::reconcile,
     );
+    let system_backups = wiring.run(
+        &ds.system_backups,
+        identity,
+        system_backup::reconcile_backup,
+    );
+    let system_restores = wiring.run(
+        &ds.system_restores,
+        identity,
+        system_backup::reconcile_restore,
+    );
 
     futures::join!(
         volumes,
@@ -137,7 +148,9 @@ pub async fn run(ctx: Arc<Context>) {
         backup_volumes,
         backups,
         default_backup_target,
-        recurring_jobs
+        recurring_jobs,
+        system_backups,
+        system_restores
     );
 }
 

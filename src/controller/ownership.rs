@@ -6,7 +6,8 @@
 
 use crate::datastore::{Down, Liveness};
 use crate::types::{
-    Backup, BackupTarget, BackupVolume, Engine, Node, RecurringJob, Replica, Snapshot, Volume,
+    Backup, BackupTarget, BackupVolume, Engine, Node, RecurringJob, Replica, Snapshot,
+    SystemBackup, SystemRestore, Volume,
 };
 
 /// Whether `me` acts on an object whose preferred owner is `preferred` and
@@ -110,7 +111,14 @@ macro_rules! owned_by_anyone {
         }
     )*};
 }
-owned_by_anyone!(BackupTarget, BackupVolume, Backup, RecurringJob);
+owned_by_anyone!(
+    BackupTarget,
+    BackupVolume,
+    Backup,
+    RecurringJob,
+    SystemBackup,
+    SystemRestore
+);
 
 impl Owned for Node {
     fn preferred_owner(&self) -> &str {

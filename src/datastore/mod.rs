@@ -38,7 +38,7 @@ use tracing::{Instrument, warn};
 
 use crate::types::{
     Backup, BackupTarget, BackupVolume, Engine, Node, RecurringJob, Replica, Setting, Snapshot,
-    Volume,
+    SystemBackup, SystemRestore, Volume,
 };
 
 /// One kind's cache and the fan-out controllers follow its changes through.
@@ -105,6 +105,8 @@ pub struct Datastore {
     pub backup_volumes: Cache<BackupVolume>,
     pub backups: Cache<Backup>,
     pub recurring_jobs: Cache<RecurringJob>,
+    pub system_backups: Cache<SystemBackup>,
+    pub system_restores: Cache<SystemRestore>,
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
     pub secrets: Cache<Secret>,
@@ -129,6 +131,7 @@ impl Datastore {
         let (nodes, settings, snapshots) = (w.ours(), w.ours(), w.ours());
         let (backup_targets, backup_volumes, backups) = (w.ours(), w.ours(), w.ours());
         let (secrets, recurring_jobs) = (w.ours(), w.ours());
+        let (system_backups, system_restores) = (w.ours(), w.ours());
         let kube_nodes = cache::<KubeNode>(
             &mut tasks,
             &mut synced,
@@ -170,6 +173,8 @@ impl Datastore {
             backup_volumes,
             backups,
             recurring_jobs,
+            system_backups,
+            system_restores,
             kube_nodes,
             leases,
             secrets,

@@ -92,6 +92,8 @@ pub const OXHORN_RESOURCES: &[&str] = &[
     "backupvolumes",
     "backups",
     "recurringjobs",
+    "systembackups",
+    "systemrestores",
 ];
 
 /// What a bundle reads, the oxhorn.io kinds aside (`list` on each, in

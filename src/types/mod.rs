@@ -18,6 +18,7 @@ mod revert;
 mod setting;
 mod snapshot;
 mod standby;
+mod system_backup;
 mod volume;
 
 pub use backup::{
@@ -48,6 +49,11 @@ pub use snapshot::{
     deletion_blocker,
 };
 pub use standby::{Activation, StandbyMethod, StandbyRestore, StandbyStatus, StandbyStep};
+pub use system_backup::{
+    ObjectCounts, RESTORED_BY, RestoreOutcome, RestoredObject, SYSTEM_BACKUP_FROM_STORE,
+    SYSTEM_BACKUP_LABEL, SystemBackup, SystemBackupSpec, SystemBackupState, SystemBackupStatus,
+    SystemRestore, SystemRestoreSpec, SystemRestoreState, SystemRestoreStatus, VolumeBackupPolicy,
+};
 pub use volume::{
     AccessMode, DELETION_HELD, DataLocality, DataSource, FILLED, Frontend, PUBLISHED_READONLY,
     PVC_NAME, PVC_NAMESPACE, ReplicaAutoBalance, Robustness, VOLUME_NAME_MAX, Volume,
@@ -85,6 +91,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         BackupVolume::crd(),
         Backup::crd(),
         RecurringJob::crd(),
+        SystemBackup::crd(),
+        SystemRestore::crd(),
     ]
 }
 

@@ -36,10 +36,11 @@ pub struct StandbyStatus {
     /// The replicas holding it: each was written by its restore.
     #[serde(default)]
     pub replicas: Vec<String>,
-    /// The engine generation of the last restore begun: each takes a new
-    /// one, recorded before its first write, which fences the writes of
-    /// any earlier one (a manager that lost the volume and goes on) out of
-    /// the replicas. The volume's first engine starts above it.
+    /// The engine generation of the last restore begun: each (and each
+    /// taken over by another manager) takes a new one, recorded before its
+    /// first write, which fences the writes of any earlier one (a manager
+    /// that lost the volume and goes on) out of the replicas. The volume's
+    /// first engine starts above it.
     #[serde(default)]
     pub generation: u64,
     /// The revision the last restore gave the replicas holding its backup:
@@ -85,6 +86,10 @@ pub struct StandbyRestore {
     pub base: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<MicroTime>,
+    /// The manager that began it, as status.standby.generation: another
+    /// that takes it over begins it again as a new generation.
+    #[serde(default)]
+    pub by: String,
 }
 
 /// How a restore found the blocks to write.

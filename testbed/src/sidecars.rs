@@ -97,6 +97,13 @@ impl Sidecars {
         Self::spawn_all(commands, dir)
     }
 
+    /// Only kube-controller-manager's PersistentVolume controllers, which
+    /// bind claims to volumes, as every cluster runs them.
+    pub fn start_claim_binder(kubeconfig: &Path) -> Result<Self> {
+        let binder = kube_controller_manager(kubeconfig, KUBE_CONTROLLERS)?;
+        Self::spawn_all(vec![("kube-controller-manager", binder)], logs_dir()?)
+    }
+
     /// Only Kubernetes' garbage collector, which deletes the dependents of
     /// a deleted owner (its ownerReferences), as every cluster runs it.
     pub fn start_garbage_collector(kubeconfig: &Path) -> Result<Self> {

@@ -156,7 +156,7 @@ impl Store {
     }
 
     /// The store as the test reads it directly.
-    fn backupstore(&self) -> Backupstore {
+    pub(crate) fn backupstore(&self) -> Backupstore {
         oxhorn::backup::target::open(&self.url(BUCKET), "s", &self.credentials(true)).unwrap()
     }
 }

@@ -15,7 +15,9 @@ use kube::{Client, ResourceExt};
 use oxhorn::types::*;
 use oxhorn_testbed::apirelay::ApiRelay;
 use oxhorn_testbed::netns::{Host, Network};
-use oxhorn_testbed::{self as testbed, KubeletNode, ManagerOptions, ManagerProcess, TestNamespace};
+use oxhorn_testbed::{
+    self as testbed, ControlPlane, KubeletNode, ManagerOptions, ManagerProcess, TestNamespace,
+};
 use serde_json::json;
 
 pub const OXHORN: &str = env!("CARGO_BIN_EXE_oxhorn");
@@ -168,6 +170,8 @@ struct Setup<'a> {
     subnet: Option<u8>,
     /// Recurring jobs' clock runs this many times faster.
     job_clock_scale: Option<u32>,
+    /// The control plane, instead of the shared one.
+    control_plane: Option<&'a ControlPlane>,
 }
 
 /// The steps of a long test, each reported on stderr with the time since
@@ -255,6 +259,7 @@ impl Default for Setup<'_> {
             installed: 0,
             subnet: None,
             job_clock_scale: None,
+            control_plane: None,
         }
     }
 }
@@ -344,6 +349,19 @@ impl Cluster {
         cluster
     }
 
+    /// `count` nodes of a control plane of their own, in its namespace
+    /// `ns`; every node Ready and Schedulable.
+    pub async fn start_on(control_plane: &ControlPlane, ns: TestNamespace, count: usize) -> Self {
+        let setup = Setup {
+            namespace: Some(ns),
+            control_plane: Some(control_plane),
+            ..Setup::default()
+        };
+        let cluster = Self::launch_on("", count, setup).await;
+        cluster.until_nodes_schedulable().await;
+        cluster
+    }
+
     /// `count` nodes, each in a network namespace of its own (see
     /// [`Hosts`]), every node Ready and Schedulable.
     pub async fn start_in_namespaces(prefix: &str, count: usize) -> Self {
@@ -368,8 +386,12 @@ impl Cluster {
             installed,
             subnet,
             job_clock_scale,
+            control_plane,
         } = setup;
-        let control_plane = testbed::shared();
+        let control_plane = match control_plane {
+            Some(control_plane) => control_plane,
+            None => testbed::shared(),
+        };
         let ns = match namespace {
             Some(ns) => ns,
             None => TestNamespace::create(control_plane, prefix).await.unwrap(),
@@ -543,6 +565,21 @@ impl Cluster {
         eventually(PATIENCE, check)
             .await
             .unwrap_or_else(|e| panic!("{e} waiting for {what}\n{}", self.logs()))
+    }
+
+    /// Creates `object` in the cluster's namespace.
+    pub async fn create<K>(&self, object: &K)
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + fmt::Debug,
+    {
+        self.api::<K>()
+            .create(&PostParams::default(), object)
+            .await
+            .unwrap();
     }
 
     pub async fn create_volume(&self, name: &str, size: i64, replicas: i32) {

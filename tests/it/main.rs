@@ -41,6 +41,7 @@ mod sanity;
 mod snapshots;
 mod standby;
 mod support_bundle;
+mod system_backup;
 mod uninstall;
 mod user_flow;
 mod volume;

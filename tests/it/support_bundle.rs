@@ -16,7 +16,6 @@ use std::process::Command;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::core::v1::{Event, Pod, Secret, ServiceAccount};
-use kube::api::PostParams;
 use oxhorn::support_bundle::OXHORN_RESOURCES;
 use oxhorn::types::{BackupTarget, Volume};
 use serde_json::json;
@@ -81,11 +80,7 @@ where
         + std::fmt::Debug,
 {
     let object: K = serde_json::from_value(object).unwrap();
-    cluster
-        .api::<K>()
-        .create(&PostParams::default(), &object)
-        .await
-        .unwrap();
+    cluster.create(&object).await;
 }
 
 fn support_bundle(args: &[&str]) -> std::process::Output {

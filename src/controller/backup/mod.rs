@@ -155,7 +155,7 @@ fn secret_strings(secret: &k8s_openapi::api::core::v1::Secret) -> BTreeMap<Strin
 }
 
 /// Why a store could not be used, as a condition's reason and message.
-fn unavailable(error: &Unavailable) -> (&'static str, String) {
+pub(in crate::controller) fn unavailable(error: &Unavailable) -> (&'static str, String) {
     let reason = match error {
         Unavailable::Target(TargetError::Url(..)) => "InvalidURL",
         Unavailable::Target(TargetError::Credentials(..)) => "InvalidCredentials",
@@ -221,7 +221,7 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
 
 /// What kept a sync from the store.
 #[derive(Debug, thiserror::Error)]
-enum Unavailable {
+pub(in crate::controller) enum Unavailable {
     #[error(transparent)]
     Target(#[from] TargetError),
     #[error(transparent)]
@@ -231,7 +231,9 @@ enum Unavailable {
 }
 
 /// Runs `call` on the store, bounded by [`STORE_TIMEOUT`].
-async fn bounded<T>(call: impl Future<Output = Result<T, BackupError>>) -> Result<T, Unavailable> {
+pub(in crate::controller) async fn bounded<T>(
+    call: impl Future<Output = Result<T, BackupError>>,
+) -> Result<T, Unavailable> {
     match tokio::time::timeout(STORE_TIMEOUT, call).await {
         Ok(result) => result.map_err(Unavailable::Store),
         Err(_) => Err(Unavailable::Timeout),
@@ -247,13 +249,13 @@ fn sync_due(requested: Option<&MicroTime>, last: Option<&MicroTime>) -> bool {
     }
 }
 
-fn now() -> MicroTime {
+pub(in crate::controller) fn now() -> MicroTime {
     MicroTime(jiff::Timestamp::now())
 }
 
 /// A reference making `owner` the owner of what it is put on, for the
 /// garbage collector.
-fn owned_by<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
+pub(in crate::controller) fn owned_by<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
     OwnerReference {
         api_version: K::api_version(&()).into_owned(),
         kind: K::kind(&()).into_owned(),

@@ -4,7 +4,8 @@
 //! by setting the field); a sync runs whenever that request is newer than
 //! status.lastSyncedAt. A sync lists the store's volumes, makes a
 //! BackupVolume of each (asking each for a sync of its own backups) and
-//! deletes those of volumes the store no longer has.
+//! deletes those of volumes the store no longer has; and it shows the
+//! store's system backups as SystemBackups.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -19,6 +20,8 @@ use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{RETRY, Unavailable, bounded, hex, now, owned_by, sync_due, unavailable};
+use crate::backup::Backupstore;
+use crate::controller::system_backup::reconcile_found;
 use crate::controller::{Context, ControllerError, delete, update_status};
 use crate::datastore::create_if_absent;
 use crate::types::{
@@ -157,14 +160,15 @@ async fn sync(
     mut status: BackupTargetStatus,
 ) -> Result<Action, ControllerError> {
     let listed = match ctx.open_store(target) {
-        Ok(store) => bounded(store.volumes()).await,
+        Ok(store) => list(&store).await.map(|listed| (store, listed)),
         Err(error) => Err(Unavailable::Target(error)),
     };
     let was_available = status.available;
     status.last_synced_at = Some(now());
     let action = match listed {
-        Ok(volumes) => {
+        Ok((store, (volumes, system_backups))) => {
             reconcile_volumes(ctx, target, &volumes).await?;
+            reconcile_found(ctx, target, &store, &system_backups).await?;
             status.available = true;
             let message = format!("{} volumes with backups", volumes.len());
             Condition::set(
@@ -201,6 +205,12 @@ async fn sync(
     };
     update_status(&ctx.api::<BackupTarget>(), target, status).await?;
     Ok(action)
+}
+
+/// The store's volumes and system backups.
+async fn list(store: &Backupstore) -> Result<(Vec<String>, Vec<String>), Unavailable> {
+    let volumes = bounded(store.volumes()).await?;
+    Ok((volumes, bounded(store.system_backups()).await?))
 }
 
 /// Makes the target's BackupVolumes those of `volumes`, and asks each for

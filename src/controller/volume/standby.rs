@@ -368,17 +368,24 @@ impl Pass<'_> {
             backup: name.to_owned(),
             base: base.as_ref().map(|b| b.name.clone()).unwrap_or_default(),
             started_at: Some(MicroTime(Timestamp::now())),
+            by: self.ctx.node.node_id.clone(),
         };
         // Recorded before the first write, with a generation of its own:
         // a restore cut short is done again, the volume is not activated
         // meanwhile, and the writes of any earlier restore still going
         // (its manager lost the volume) are refused once this one has
         // reached the replicas. A stale status fails to be written here.
+        // This manager doing its own again needs neither.
         let standby = self.standby();
-        standby.applying = Some(restore.clone());
-        standby.generation += 1;
-        let floor = standby.revision;
-        self.persist().await?;
+        let again = standby.applying.as_ref().is_some_and(|a| {
+            (&a.backup, &a.base, &a.by) == (&restore.backup, &restore.base, &restore.by)
+        });
+        if !again || standby.generation == 0 {
+            standby.applying = Some(restore.clone());
+            standby.generation += 1;
+            self.persist().await?;
+        }
+        let floor = self.standby().revision;
         let access = self.access();
         let done = async {
             let mut members = Vec::with_capacity(running.len());
