@@ -22,7 +22,10 @@ use serde::de::DeserializeOwned;
 
 use super::ControlPlane;
 use crate::{Error, Result};
-use oxhorn::types::{Engine, Node, Replica, Setting, Volume};
+use oxhorn::types::{
+    Backup, BackupTarget, BackupVolume, Engine, Node, RecurringJob, Replica, Setting, Snapshot,
+    SystemBackup, SystemRestore, Volume,
+};
 
 pub struct TestNamespace {
     name: String,
@@ -91,6 +94,13 @@ async fn remove(config: Config, name: &str) -> Result<()> {
     purge::<Replica>(&client, name).await?;
     purge::<Node>(&client, name).await?;
     purge::<Setting>(&client, name).await?;
+    purge::<Snapshot>(&client, name).await?;
+    purge::<BackupTarget>(&client, name).await?;
+    purge::<BackupVolume>(&client, name).await?;
+    purge::<Backup>(&client, name).await?;
+    purge::<RecurringJob>(&client, name).await?;
+    purge::<SystemBackup>(&client, name).await?;
+    purge::<SystemRestore>(&client, name).await?;
     purge::<DaemonSet>(&client, name).await?;
     purge::<Deployment>(&client, name).await?;
     purge::<StatefulSet>(&client, name).await?;

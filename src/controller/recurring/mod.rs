@@ -13,7 +13,7 @@ mod retention;
 mod schedule;
 mod turns;
 
-pub use retention::{Item, ItemState, to_delete};
+pub use retention::{Item, ItemState, to_delete, with_complete};
 pub use schedule::{JobClock, Schedule, jitter};
 pub use turns::joins;
 

@@ -71,6 +71,21 @@ pub fn to_delete(
     doomed
 }
 
+/// `items` with `done` complete, made `now` if they lack it: the run that
+/// made it found it complete, whatever an older view of it says (as in
+/// progress, it would keep the one it replaces past the retention).
+pub fn with_complete(mut items: Vec<Item>, done: &str, now: Timestamp) -> Vec<Item> {
+    match items.iter_mut().find(|i| i.name == done) {
+        Some(this_run) => this_run.state = ItemState::Complete,
+        None => items.push(Item {
+            name: done.to_owned(),
+            created: now,
+            state: ItemState::Complete,
+        }),
+    }
+    items
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -90,6 +105,17 @@ mod tests {
     }
 
     use ItemState::{Complete, Failed, InProgress};
+
+    #[test]
+    fn the_run_that_completed_replaces_the_one_before_whatever_a_stale_view_says() {
+        let stale = vec![item("a", 1, Complete), item("b", 2, InProgress)];
+        let policy = RetentionPolicy::CountBased;
+        assert!(to_delete(&stale, policy, 1, None, now()).is_empty());
+        let items = with_complete(stale, "b", now());
+        assert_eq!(to_delete(&items, policy, 1, None, now()), ["a"]);
+        let unseen = with_complete(vec![item("a", 1, Complete)], "b", now());
+        assert_eq!(to_delete(&unseen, policy, 1, None, now()), ["a"]);
+    }
 
     #[test]
     fn count_based_keeps_the_newest_complete_ones() {

@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::super::recurring::{Item, ItemState, to_delete, whole_seconds};
+use super::super::recurring::{Item, ItemState, to_delete, whole_seconds, with_complete};
 use super::super::{ControllerError, data_plane, delete};
 use super::{Pass, SOON, running_status};
 use crate::controller::recurring::joins;
@@ -174,7 +174,7 @@ impl Pass<'_> {
             }
             Some((ItemState::Failed, why)) => Ok(Step::Failed(format!("{name}: {why}"))),
             Some((ItemState::Complete, _)) => {
-                self.retain(job, made).await?;
+                self.retain(job, made, &name).await?;
                 record.data_mark = record.run_mark.take();
                 Ok(Step::Succeeded)
             }
@@ -356,8 +356,14 @@ impl Pass<'_> {
             .map(|b| backup_item_state(&b)))
     }
 
-    /// Deletes what the job made on this volume past its retention.
-    async fn retain(&self, job: &RecurringJob, made: Made) -> Result<(), ControllerError> {
+    /// Deletes what the job made on this volume past its retention, `done`
+    /// (this run's) being complete.
+    async fn retain(
+        &self,
+        job: &RecurringJob,
+        made: Made,
+        done: &str,
+    ) -> Result<(), ControllerError> {
         let job_name = job.name_any();
         let mine = |labels: &std::collections::BTreeMap<String, String>| {
             labels.get(MADE_BY).is_some_and(|j| *j == job_name)
@@ -399,6 +405,9 @@ impl Pass<'_> {
         let mut items = items;
         items.sort_by(|a, b| a.name.cmp(&b.name));
         items.dedup_by(|a, b| a.name == b.name);
+        // The pass's own view of the snapshots may be older than the look-up
+        // that found this run's complete.
+        let items = with_complete(items, done, Timestamp::now());
         let age = super::super::backup::go_duration(&job.spec.retain_age)
             .map(|age| self.ctx.node.job_clock.real_duration(age));
         let retain = usize::try_from(job.spec.retain).unwrap_or(1);
