@@ -147,7 +147,7 @@ async fn deleting_an_attached_volume_waits_until_it_is_detached() {
         .await;
 }
 
-fn publish_request(volume: &str, node: &str) -> ControllerPublishVolumeRequest {
+pub(crate) fn publish_request(volume: &str, node: &str) -> ControllerPublishVolumeRequest {
     ControllerPublishVolumeRequest {
         volume_id: volume.into(),
         node_id: node.into(),

@@ -27,8 +27,6 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use oxhorn::backup::{BLOCK_SIZE, Backupstore, NewBackup, VolumeReader};
 use oxhorn::csi::proto::controller_client::ControllerClient;
-use oxhorn::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
-use oxhorn::csi::proto::{ControllerPublishVolumeRequest, VolumeCapability};
 use oxhorn::protocol::Connection;
 use oxhorn::types::*;
 use oxhorn_testbed::ObjectServerKind;
@@ -211,17 +209,7 @@ async fn a_standby_follows_three_backups_incrementally_and_activates_holding_the
 /// for a pod's PersistentVolume (a static one names the volume).
 async fn csi_publish(cluster: &mut Cluster, volume: &str, node: &str) -> Result<(), tonic::Status> {
     let channel = cluster.nodes[0].connect(PATIENCE).await.unwrap();
-    let publish = ControllerPublishVolumeRequest {
-        volume_id: volume.into(),
-        node_id: node.into(),
-        volume_capability: Some(VolumeCapability {
-            access_type: Some(AccessType::Mount(MountVolume::default())),
-            access_mode: Some(AccessMode {
-                mode: access_mode::Mode::SingleNodeWriter.into(),
-            }),
-        }),
-        ..Default::default()
-    };
+    let publish = crate::held_deletion::publish_request(volume, node);
     let mut client = ControllerClient::new(channel);
     client.controller_publish_volume(publish).await.map(drop)
 }
