@@ -25,26 +25,21 @@
 
 #[path = "dashboard_page.rs"]
 mod dashboard_page;
+#[path = "fleet.rs"]
+mod fleet;
 
-use std::collections::{BTreeMap, HashSet};
-use std::fmt::Debug;
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-
-use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
-use oxhorn::types::{Replica, Setting, SettingSpec, Volume, VolumeState};
+use kube::api::Api;
+use oxhorn::types::{Replica, Volume, VolumeState};
 use oxhorn_testbed::{self as testbed, ControlPlane, ManagerOptions, ManagerProcess};
-use serde_json::json;
 
-/// Volume creations in flight at once, as a CSI provisioner with several
-/// workers would send them.
-const IN_FLIGHT: usize = 16;
+use fleet::{create_namespace, create_volumes, memory, mib, until_all, until_scheduled};
+
 const REPLICAS: usize = 3;
 const NODE: &str = "scale-node";
 /// The node's address, of its own so that the metrics port cannot clash:
@@ -81,27 +76,11 @@ async fn main() {
 
     let baseline = create_namespace(&client, "baseline").await;
     let started = Instant::now();
-    create_volumes(&client, &baseline, count).await;
+    create_volumes(&client, &baseline, count, REPLICAS).await;
     let api_only = started.elapsed();
 
     let ns = create_namespace(&client, "scale").await;
-    for (key, value) in [
-        // One node holds every replica of every volume.
-        ("replica-soft-anti-affinity", "true"),
-        ("storage-over-provisioning-percentage", "10000"),
-        ("storage-minimal-available-percentage", "1"),
-    ] {
-        let setting = Setting::new(
-            key,
-            SettingSpec {
-                value: value.into(),
-            },
-        );
-        Api::<Setting>::namespaced(client.clone(), &ns)
-            .create(&PostParams::default(), &setting)
-            .await
-            .expect("setting");
-    }
+    fleet::one_node_holds_all(&client, &ns).await;
     testbed::register_kube_node(&client, NODE, &[])
         .await
         .expect("kube node");
@@ -134,7 +113,7 @@ async fn main() {
     browser.goto("about:blank").await;
 
     let started = Instant::now();
-    create_volumes(&client, &ns, count).await;
+    create_volumes(&client, &ns, count, REPLICAS).await;
     let created = started.elapsed();
     let replicas: Api<Replica> = Api::namespaced(client.clone(), &ns);
     let scheduled_in = tokio::time::timeout(
@@ -390,90 +369,4 @@ fn report_scrapes(count: usize, before: &[Scrape], after: &[Scrape]) {
         per_volume + (IO_SERIES + 3 * REPLICAS) as f64,
         3 * REPLICAS
     );
-}
-
-async fn create_namespace(client: &Client, prefix: &str) -> String {
-    let name = format!("{prefix}-{}", std::process::id());
-    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let mut namespace = k8s_openapi::api::core::v1::Namespace::default();
-    namespace.metadata.name = Some(name.clone());
-    api.create(&PostParams::default(), &namespace)
-        .await
-        .expect("namespace");
-    name
-}
-
-async fn create_volumes(client: &Client, ns: &str, count: usize) {
-    let api: Api<Volume> = Api::namespaced(client.clone(), ns);
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                let spec =
-                    serde_json::from_value(json!({"size": 16 << 20, "numberOfReplicas": REPLICAS}))
-                        .expect("spec");
-                api.create(
-                    &PostParams::default(),
-                    &Volume::new(&format!("v{i:04}"), spec),
-                )
-                .await
-                .expect("volume");
-            }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .collect::<()>()
-        .await;
-}
-
-/// Follows the replicas with a watch until `wanted` of them have a node.
-async fn until_scheduled(api: Api<Replica>, wanted: usize) {
-    until_all(api, wanted, |replica: &Replica| {
-        !replica.spec.instance.node_id.is_empty()
-    })
-    .await;
-}
-
-/// Follows `api`'s objects with a watch (cheap for the API server, unlike
-/// repeated lists) until `wanted` of them are `done` at once.
-async fn until_all<K>(api: Api<K>, wanted: usize, done: impl Fn(&K) -> bool)
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    let mut finished = HashSet::new();
-    let mut events = std::pin::pin!(
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-    );
-    while finished.len() < wanted {
-        match events.next().await {
-            Some(Ok(object)) if done(&object) => {
-                finished.insert(object.name_any());
-            }
-            Some(Ok(object)) => {
-                finished.remove(&object.name_any());
-            }
-            Some(Err(_)) => {}
-            None => return,
-        }
-    }
-}
-
-/// (VmRSS, VmHWM) of a process, in bytes.
-fn memory(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
 }

@@ -5,6 +5,7 @@
 //! the object is looked at again when its newer version arrives.
 
 pub mod backup;
+mod claim_labels;
 mod cluster_key;
 mod context;
 mod counters;
@@ -57,7 +58,7 @@ use crate::types::{Backup, BackupVolume};
 use watches::{
     Mapper, backup_concerns, backups_of, engine_volume, evicting_node, evictions_on, filled_from,
     instance_changes, jobs_of, liveness_changes, replica_volume, replicas_on, snapshot_concerns,
-    standby_followers, turns_of, watch_liveness,
+    sourcing_claims, standby_followers, turns_of, watch_liveness,
 };
 
 /// Runs every controller until the future is dropped. Call after the caches
@@ -126,6 +127,11 @@ pub async fn run(ctx: Arc<Context>) {
         |c| c.follows(&ds.volumes, jobs_of(&ds.recurring_jobs)),
         recurring::reconcile,
     );
+    let claims = wiring.run(
+        &ds.claims,
+        |c| c.follows(&ds.volumes, sourcing_claims(&ds.claims)),
+        claim_labels::reconcile,
+    );
     let system_backups = wiring.run(
         &ds.system_backups,
         identity,
@@ -149,6 +155,7 @@ pub async fn run(ctx: Arc<Context>) {
         backups,
         default_backup_target,
         recurring_jobs,
+        claims,
         system_backups,
         system_restores
     );

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tokio::sync::broadcast;
@@ -224,6 +225,28 @@ pub(super) fn jobs_of(
                     || super::recurring::joins(volume.labels(), &job.name_any(), &job.spec.groups)
             })
             .map(|job| ObjectRef::from_obj(&**job))
+            .collect()
+    }
+}
+
+/// The claims choosing a volume's recurring jobs that a change of the
+/// volume concerns: those bound to the PersistentVolume named after it, as
+/// the CSI provisioner names them (a volume made before its claim was
+/// bound, or whose labels someone changed, follows its claim again).
+pub(super) fn sourcing_claims(
+    claims: &Cache<PersistentVolumeClaim>,
+) -> impl Mapper<Volume, Vec<ObjectRef<PersistentVolumeClaim>>> {
+    let claims = claims.store.clone();
+    move |volume| {
+        let name = volume.name_any();
+        claims
+            .state()
+            .iter()
+            .filter(|claim| {
+                let bound = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+                bound == Some(name.as_str())
+            })
+            .map(|claim| ObjectRef::from_obj(&**claim))
             .collect()
     }
 }

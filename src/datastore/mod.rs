@@ -27,7 +27,7 @@ use fanout::Fanout;
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node as KubeNode, Secret};
+use k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolumeClaim, Secret};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -110,6 +110,9 @@ pub struct Datastore {
     pub kube_nodes: Cache<KubeNode>,
     pub leases: Cache<Lease>,
     pub secrets: Cache<Secret>,
+    /// The claims, in every namespace, that choose their volume's recurring
+    /// jobs (labelled so; no other claim is watched).
+    pub claims: Cache<PersistentVolumeClaim>,
     /// When each lease was last seen to change, on this process's clock.
     pub lease_clock: Arc<LeaseClock>,
     ready: watch::Receiver<bool>,
@@ -145,6 +148,13 @@ impl Datastore {
             watcher::Config::default().labels(crate::types::MANAGER_LEASE_SELECTOR),
         );
 
+        let claims = cache::<PersistentVolumeClaim>(
+            &mut tasks,
+            &mut synced,
+            Api::all(client.clone()),
+            watcher::Config::default().labels(crate::types::SOURCE_SELECTOR),
+        );
+
         let lease_clock = Arc::new(LeaseClock::new(Instant::now()));
         let clock = Arc::clone(&lease_clock);
         let mut lease_changes = leases.subscribe();
@@ -178,6 +188,7 @@ impl Datastore {
             kube_nodes,
             leases,
             secrets,
+            claims,
             lease_clock,
             ready,
             _tasks: tasks,

@@ -38,8 +38,8 @@ pub use node::{
 };
 pub use recurring_job::{
     DEFAULT_GROUP, DataMark, ENABLED, GROUP_LABEL_PREFIX, JOB_LABEL_PREFIX, JobRun, MADE_BY, Made,
-    RecurringJob, RecurringJobSpec, RecurringJobStatus, RecurringTask, RetentionPolicy, VolumeJob,
-    VolumeJobState,
+    RecurringJob, RecurringJobSpec, RecurringJobStatus, RecurringTask, RetentionPolicy,
+    SOURCE_LABEL, SOURCE_SELECTOR, VolumeJob, VolumeJobState,
 };
 pub use replica::{Replica, ReplicaSpec, ReplicaStatus};
 pub use revert::{RevertPhase, RevertRequest, RevertStatus};

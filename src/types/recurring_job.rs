@@ -21,6 +21,11 @@ pub const JOB_LABEL_PREFIX: &str = "recurring-job.oxhorn.io/";
 /// A volume label naming a group whose jobs it joins:
 /// `recurring-job-group.oxhorn.io/<group>: enabled`.
 pub const GROUP_LABEL_PREFIX: &str = "recurring-job-group.oxhorn.io/";
+/// A claim label: `recurring-job-source.oxhorn.io: enabled` makes the
+/// claim's job and group labels its volume's.
+pub const SOURCE_LABEL: &str = "recurring-job-source.oxhorn.io";
+/// The claims that are such a source, as a label selector.
+pub const SOURCE_SELECTOR: &str = "recurring-job-source.oxhorn.io=enabled";
 /// The value of a job or group label that joins it.
 pub const ENABLED: &str = "enabled";
 /// The group of the volumes that join no job or group by label.

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+
 use crate::process::Supervised;
 use crate::{Error, Result};
 
@@ -115,9 +117,29 @@ impl ObjectServer {
         }
     }
 
+    /// Freezes the server with SIGSTOP: it keeps its port, and requests
+    /// hang unanswered until [`thaw`](Self::thaw) (a store that stalls).
+    pub fn freeze(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Lets a frozen server answer again.
+    pub fn thaw(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        match &self.process {
+            Some(process) => process.signal(signal),
+            None => Err(Error::Failed(format!("{:?} is stopped", self.kind))),
+        }
+    }
+
     /// Stops the server: requests fail until [`resume`](Self::resume).
     pub fn stop(&mut self) -> Result<()> {
         if let Some(mut process) = self.process.take() {
+            // A frozen server would not act on SIGTERM.
+            process.signal(Signal::SIGCONT)?;
             process.terminate(Duration::from_secs(10))?;
         }
         Ok(())

@@ -125,6 +125,15 @@ impl Store {
         self.server.resume().unwrap();
     }
 
+    /// Leaves every request hanging, unanswered, until [`thaw`](Self::thaw).
+    pub(crate) fn freeze(&self) {
+        self.server.freeze().unwrap();
+    }
+
+    pub(crate) fn thaw(&self) {
+        self.server.thaw().unwrap();
+    }
+
     /// The bucket's objects, as a client of the server reads them.
     fn objects(&self) -> Arc<dyn ObjectStore> {
         // reqwest has no crypto provider of its own (see backup::target).
@@ -208,6 +217,21 @@ pub(crate) async fn create_target(
 }
 
 /// Waits until target `name`'s Available condition has `reason`.
+/// Makes `store`'s bucket the cluster's default target, with a Secret of
+/// its credentials, and waits until the target has synced.
+pub(crate) async fn store_as_default_target(cluster: &Cluster, store: &Store) {
+    credential_secret(cluster, "creds", store, true).await;
+    create_target(
+        cluster,
+        DEFAULT_BACKUP_TARGET,
+        &store.url(BUCKET),
+        "creds",
+        "300s",
+    )
+    .await;
+    until_target(cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+}
+
 pub(crate) async fn until_target(
     cluster: &Cluster,
     name: &str,

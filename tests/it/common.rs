@@ -789,6 +789,17 @@ pub fn read_device(device: &str, len: usize) -> Vec<u8> {
     std::fs::read(file.path()).unwrap()
 }
 
+/// Runs `program` with `args`, failing the test with its output if it fails.
+pub fn run(program: &str, args: &[&str]) {
+    let output = Command::new(program).args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 pub fn replica_dir(node: &ManagerProcess, replica: &Replica) -> PathBuf {
     node.data_dir()
         .join("replicas")

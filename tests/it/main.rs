@@ -35,6 +35,7 @@ mod placement;
 mod provisioning;
 mod rebuild;
 mod recurring;
+mod recurring_tasks;
 pub mod rest_api;
 mod revert;
 mod sanity;

@@ -6,25 +6,30 @@
 //! made, a volume nothing was written to is skipped, no more than
 //! `concurrency` volumes run at once, a failing target is a condition, an
 //! Event and a metric and deletes nothing, and a schedule that makes no
-//! sense is refused or said to be so.
+//! sense is refused or said to be so; a run cut short by its managers'
+//! deaths goes on once, making nothing twice; a claim can choose its
+//! volume's jobs.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use oxhorn::types::*;
 use oxhorn_testbed::ObjectServerKind;
 use serde_json::json;
 
-use crate::backup::{BUCKET, Store, create_target, credential_secret, until_target};
+use crate::backup::{Store, store_as_default_target, until_backup_completed};
 use crate::common::*;
 
 const SIZE: i64 = 16 * MIB;
 /// Cron minutes per real second.
-const SCALE: u32 = 60;
+pub(crate) const SCALE: u32 = 60;
 
-async fn create_job(cluster: &Cluster, name: &str, spec: serde_json::Value) {
+pub(crate) async fn create_job(cluster: &Cluster, name: &str, spec: serde_json::Value) {
     let job = RecurringJob::new(name, serde_json::from_value(spec).unwrap());
     cluster
         .api::<RecurringJob>()
@@ -39,7 +44,7 @@ async fn job_status(cluster: &Cluster, name: &str) -> RecurringJobStatus {
 }
 
 /// The job's record on `volume`, once `check` holds of it.
-async fn until_record(
+pub(crate) async fn until_record(
     cluster: &Cluster,
     volume: &str,
     job: &str,
@@ -59,7 +64,7 @@ async fn until_record(
 }
 
 /// The Snapshots `job` made on `volume`, ready ones only.
-async fn made_snapshots(cluster: &Cluster, volume: &str, job: &str) -> BTreeSet<String> {
+pub(crate) async fn made_snapshots(cluster: &Cluster, volume: &str, job: &str) -> BTreeSet<String> {
     let by_job = ListParams::default().labels(&format!("{MADE_BY}={job}"));
     let snapshots = cluster.api::<Snapshot>().list(&by_job).await.unwrap();
     snapshots
@@ -195,6 +200,113 @@ async fn snapshot_jobs_run_on_schedule_keep_retain_and_skip_what_did_not_change(
     assert_eq!(failed, Some(0.0), "{scraped}");
 }
 
+/// The volume's labels that choose its jobs, and `team`.
+async fn job_labels(cluster: &Cluster, volume: &str) -> BTreeSet<(String, String)> {
+    let volume = cluster.volume(volume).await.unwrap();
+    volume
+        .labels()
+        .iter()
+        .filter(|(key, _)| key.starts_with("recurring-job") || *key == "team")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn pairs(labels: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+    labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A claim labelled `recurring-job-source.oxhorn.io: enabled` gives its
+/// volume its job and group labels, added and removed as the claim's
+/// change and put back when someone changes the volume's; the volume's
+/// other labels stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_chooses_the_jobs_of_its_volume() {
+    let cluster = Cluster::start_with_job_clock("rjclaim", 1, SCALE).await;
+    let ns = cluster.ns.name().to_owned();
+    // The volume and its PV share a name, as the CSI provisioner makes
+    // them; named after the namespace, the PV goes with it if this fails.
+    let volume = format!("{ns}-pv");
+    cluster.create_volume(&volume, SIZE, 1).await;
+    cluster
+        .patch_volume(&volume, json!({"metadata": {"labels": {"team": "db"}}}))
+        .await;
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": SIZE.to_string()},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": ns, "name": "db"},
+            "csi": {"driver": oxhorn::csi::DRIVER_NAME, "volumeHandle": volume},
+        },
+    }))
+    .unwrap();
+    let pvs: kube::Api<PersistentVolume> = kube::Api::all(cluster.client.clone());
+    pvs.create(&PostParams::default(), &pv).await.unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "db", "labels": {
+            SOURCE_LABEL: "enabled",
+            "recurring-job.oxhorn.io/nightly": "enabled",
+        }},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": volume,
+            "resources": {"requests": {"storage": SIZE.to_string()}},
+        },
+    }))
+    .unwrap();
+    cluster.create(&claim).await;
+    let until_labels = |what: &'static str, want: BTreeSet<(String, String)>| {
+        let (cluster, volume) = (&cluster, &volume);
+        async move {
+            cluster
+                .until(what, || async {
+                    (job_labels(cluster, volume).await == want).then_some(())
+                })
+                .await;
+        }
+    };
+    until_labels(
+        "the claim's job on the volume",
+        pairs(&[
+            ("recurring-job.oxhorn.io/nightly", "enabled"),
+            ("team", "db"),
+        ]),
+    )
+    .await;
+
+    let claims = cluster.api::<PersistentVolumeClaim>();
+    let relabel = json!({"metadata": {"labels": {
+        "recurring-job.oxhorn.io/nightly": null,
+        "recurring-job-group.oxhorn.io/gold": "enabled",
+    }}});
+    claims
+        .patch("db", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .unwrap();
+    let gold = pairs(&[
+        ("recurring-job-group.oxhorn.io/gold", "enabled"),
+        ("team", "db"),
+    ]);
+    until_labels("the claim's new group, its old job gone", gold.clone()).await;
+
+    // Taken off the volume, the claim's group comes back.
+    cluster
+        .patch_volume(
+            &volume,
+            json!({"metadata": {"labels": {"recurring-job-group.oxhorn.io/gold": null}}}),
+        )
+        .await;
+    until_labels("the claim's group put back", gold).await;
+
+    claims.delete("db", &DeleteParams::default()).await.unwrap();
+    cluster.delete_volume(&volume).await;
+}
+
 /// Twenty volumes in a job of concurrency 3: every one gets its snapshot,
 /// and the job's status never gives more than three a turn at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,16 +368,7 @@ async fn backup_jobs_keep_retain_and_a_failing_store_deletes_nothing() {
     let mut store = Store::start(ObjectServerKind::Minio);
     let cluster = Cluster::start_with_job_clock("rjbkup", 2, SCALE).await;
     let node = cluster.nodes[0].node_id().to_owned();
-    credential_secret(&cluster, "creds", &store, true).await;
-    create_target(
-        &cluster,
-        DEFAULT_BACKUP_TARGET,
-        &store.url(BUCKET),
-        "creds",
-        "300s",
-    )
-    .await;
-    until_target(&cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
+    store_as_default_target(&cluster, &store).await;
     cluster.create_volume("db", SIZE, 1).await;
     let device = cluster.attach("db", &node).await;
     write_pattern(&device, 2 << 20, 1);
@@ -341,6 +444,107 @@ async fn backup_jobs_keep_retain_and_a_failing_store_deletes_nothing() {
         Condition::is_true(&status.conditions, "RecurringJobs"),
         "{status:?}"
     );
+}
+
+/// A run whose backup hangs on a store that stopped answering, and whose
+/// managers are then killed: once they are back, the run goes on with the
+/// backup it began (no backup is made twice, in the cluster or in the
+/// store), and the times the job missed meanwhile are caught up with one
+/// run, for the latest, not one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_managers_die_resumes_once_and_backs_nothing_up_twice() {
+    let store = Store::start(ObjectServerKind::Minio);
+    let mut cluster = Cluster::start_with_job_clock("rjkill", 2, SCALE).await;
+    let node = cluster.nodes[0].node_id().to_owned();
+    store_as_default_target(&cluster, &store).await;
+    cluster.create_volume("db", SIZE, 2).await;
+    let device = cluster.attach("db", &node).await;
+    write_pattern(&device, 2 << 20, 1);
+    // The store stops answering before the first run's backup can finish.
+    store.freeze();
+    let period = jiff::SignedDuration::from_secs(10);
+    create_job(
+        &cluster,
+        "backups",
+        json!({"task": "backup-force-create", "cron": "*/10 * * * *", "retain": 10,
+               "groups": ["default"]}),
+    )
+    .await;
+    let begun = until_record(&cluster, "db", "backups", "the run's backup begun", |r| {
+        r.state == VolumeJobState::Running && !r.made.is_empty()
+    })
+    .await;
+    let first = begun.scheduled_at.clone().unwrap().0;
+    let runs = job_status(&cluster, "backups").await.execution_count;
+    let backup = cluster.api::<Backup>().get(&begun.made).await.unwrap();
+    let state = backup.status.map(|s| s.state);
+    assert_ne!(state, Some(BackupState::Completed), "{begun:?}");
+
+    // Every manager dies mid-run, and stays down over two more of the
+    // job's times; the store answers again meanwhile.
+    let names: Vec<String> = cluster.nodes.iter().map(|n| n.node_id().into()).collect();
+    for name in &names {
+        cluster.node_mut(name).kill();
+    }
+    store.thaw();
+    let back_at = first + period * 2 + jiff::SignedDuration::from_secs(5);
+    cluster
+        .until("two of the job's times passed", || async {
+            (jiff::Timestamp::now() >= back_at).then_some(())
+        })
+        .await;
+    for name in &names {
+        cluster
+            .node_mut(name)
+            .restart(std::path::Path::new(OXHORN))
+            .unwrap();
+    }
+
+    // The run goes on with its backup; the next is the latest time missed.
+    let next = cluster
+        .until("the run after the first", || async {
+            let run = job_status(&cluster, "backups").await.last_run?;
+            (run.scheduled_at.0 > first).then_some(run)
+        })
+        .await;
+    assert!(
+        next.scheduled_at.0 >= first + period * 2,
+        "a run for a time missed before the latest: {next:?} after {first}"
+    );
+    let status = job_status(&cluster, "backups").await;
+    assert_eq!(
+        status.execution_count,
+        runs + 1,
+        "the first run started again, or a run per time missed: {status:?}"
+    );
+    let backup = until_backup_completed(&cluster, &begun.made).await;
+    assert!(backup.error.is_empty(), "{backup:?}");
+
+    // Once the catch-up run finished: a backup each for the two runs, the
+    // same in the cluster and in the store. Read before the job's status,
+    // so that no later run can have added one.
+    let (made, done) = cluster
+        .until("the catch-up run finished", || async {
+            let backups = made_backups(&cluster, "db", "backups").await;
+            let run = job_status(&cluster, "backups").await.last_run?;
+            (run.scheduled_at == next.scheduled_at && run.finished_at.is_some())
+                .then_some((backups, run))
+        })
+        .await;
+    assert_eq!((done.succeeded, done.failed), (1, 0), "{done:?}");
+    let names: BTreeSet<String> = made.iter().map(|b| b.name_any()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&begun.made), "{names:?}");
+    assert_eq!(completed(&made), names);
+    let stored: BTreeSet<String> = store
+        .backupstore()
+        .backups("db")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|config| config.name)
+        .collect();
+    assert_eq!(stored, names, "the store holds another backup");
 }
 
 /// Specs that make no sense are refused by the schema with a message, and

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use oxhorn::protocol::control::{
@@ -16,20 +15,10 @@ use oxhorn::protocol::control::{
 use oxhorn::protocol::{Access, Key};
 use oxhorn_testbed::{EngineProcess, Mounted, ReplicaProcess};
 
-use crate::common::{OXHORN, eventually, require_root};
+use crate::common::{OXHORN, eventually, require_root, run};
 /// xfs wants at least 300 MiB.
 const SIZE: u64 = 320 << 20;
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn run(program: &str, args: &[&str]) {
-    let output = Command::new(program).args(args).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 fn mkfs(fstype: &str, device: &str) {
     match fstype {
