@@ -35,7 +35,7 @@ pub use error::ControllerError;
 pub use expectations::Expectations;
 pub use lease::hold_lease;
 pub use node::ensure_own_node;
-pub use recurring::JobClock;
+pub use recurring::{JobClock, ON_SCHEDULE};
 pub use replica::data_dir as replica_data_dir;
 pub use writes::{delete, hold, patch_guarded, release, replace_status, update_status};
 

@@ -460,6 +460,13 @@ fn backups(e: &mut DescriptorEncoder, view: &View) -> Result<(), Error> {
         .map(|t| flag(vec![("backup_target", t.target.clone())], &t.available));
     let help = "1 when the backup target's store answers, with the reason when not";
     gauges(e, ("backup_target_available", help, Count), targets)?;
+    let jobs = view
+        .jobs
+        .iter()
+        .map(|j| flag(vec![("job", j.job.clone())], &j.on_schedule));
+    let help =
+        "1 while the recurring job's runs finish before their next time, with the reason when not";
+    gauges(e, ("recurring_job_on_schedule", help, Count), jobs)?;
     let backups = view.backups.iter().map(|((volume, state), count)| {
         let labels = vec![("volume", volume.clone()), ("state", (*state).to_owned())];
         (labels, *count as i64)

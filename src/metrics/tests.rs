@@ -16,7 +16,9 @@ use super::process::Usage;
 use super::view::{Objects, View};
 use crate::controller::{BackupMetrics, ControllerMetrics};
 use crate::protocol::control::{EngineMetrics, IoOpStats, LatencyHistogram};
-use crate::types::{Backup, BackupTarget, Engine, Node, Replica, ScrubReport, Volume};
+use crate::types::{
+    Backup, BackupTarget, Engine, Node, RecurringJob, Replica, ScrubReport, Volume,
+};
 
 fn object<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<K> {
     Arc::new(serde_json::from_value(value).unwrap())
@@ -91,6 +93,17 @@ fn target(name: &str, owner: &str, available: bool) -> Arc<BackupTarget> {
     }))
 }
 
+fn job(name: &str, owner: &str, on_schedule: bool) -> Arc<RecurringJob> {
+    object(json!({
+        "apiVersion": "oxhorn.io/v1beta1", "kind": "RecurringJob",
+        "metadata": {"name": name},
+        "spec": {"task": "backup", "cron": "@daily"},
+        "status": {"ownerID": owner, "conditions": [
+            {"type": "OnSchedule", "status": if on_schedule { "True" } else { "False" },
+             "reason": if on_schedule { "OnTime" } else { "Overrun" }}]}
+    }))
+}
+
 fn backup(name: &str, volume: &str, state: &str, created: &str) -> Arc<Backup> {
     object(json!({
         "apiVersion": "oxhorn.io/v1beta1", "kind": "Backup",
@@ -123,6 +136,7 @@ fn view_of_n1() -> View {
             backup("v1-b3", "v1", "Error", "2026-11-28T06:00:00Z"),
             backup("v2-b1", "v2", "Completed", "2026-11-28T07:00:00Z"),
         ],
+        jobs: &[job("nightly", "n1", false), job("hourly", "n2", true)],
     };
     View {
         manager: Some(Usage {
@@ -167,6 +181,8 @@ fn a_manager_reports_only_what_it_owns() {
     assert_eq!(view.own_node.as_ref().unwrap().disks.len(), 1);
     let targets: Vec<_> = view.targets.iter().map(|t| t.target.as_str()).collect();
     assert_eq!(targets, ["default"]);
+    let jobs: Vec<_> = view.jobs.iter().map(|j| j.job.as_str()).collect();
+    assert_eq!(jobs, ["nightly"], "hourly's runs are n2's");
     assert_eq!(view.backups.values().sum::<u64>(), 3, "v1's backups only");
 }
 
@@ -182,6 +198,7 @@ fn a_stopped_engine_reports_no_replicas_and_no_rebuild_limit() {
         nodes: &[],
         targets: &[],
         backups: &[],
+        jobs: &[],
     };
     let view = View::from_objects("n1", &objects);
     assert_eq!(view.volumes[0].rebuild_limit, None);
@@ -247,6 +264,7 @@ fn a_standby_volume_says_how_far_behind_it_is_until_activated() {
             nodes: &[],
             targets: &[],
             backups: &[],
+            jobs: &[],
         };
         exposition(View::from_objects("n1", &objects))
     };
@@ -286,6 +304,7 @@ fn replicas_rebuilds_node_disks_targets_and_backups_are_exported() {
         r#"oxhorn_disk_scheduled_bytes{node="n1",disk="default"} 5000"#,
         r#"oxhorn_disk_schedulable{node="n1",disk="default",reason=""} 1"#,
         r#"oxhorn_backup_target_available{backup_target="default",reason="Unreachable"} 0"#,
+        r#"oxhorn_recurring_job_on_schedule{job="nightly",reason="Overrun"} 0"#,
         r#"oxhorn_backups{volume="v1",state="completed"} 2"#,
         r#"oxhorn_backups{volume="v1",state="error"} 1"#,
         "# TYPE oxhorn_manager_cpu_seconds counter",

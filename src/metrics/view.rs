@@ -9,11 +9,12 @@ use crate::datastore::Datastore;
 use crate::protocol::control::EngineMetrics;
 use crate::types::{
     Backup, BackupState, BackupTarget, Condition, ConditionStatus, Engine, EngineStatus,
-    InstanceState, Node, PVC_NAME, PVC_NAMESPACE, Replica, ReplicaMode, Robustness, ScrubReport,
-    StandbyStatus, Volume, VolumeState,
+    InstanceState, Node, PVC_NAME, PVC_NAMESPACE, RecurringJob, Replica, ReplicaMode, Robustness,
+    ScrubReport, StandbyStatus, Volume, VolumeState,
 };
 
 use super::process::{self, Usage};
+use crate::controller::ON_SCHEDULE;
 use crate::controller::backup::AVAILABLE as TARGET_AVAILABLE;
 
 /// Labels of a volume's series.
@@ -115,6 +116,15 @@ pub struct TargetRow {
     pub available: Flag,
 }
 
+/// A recurring job whose runs this manager starts.
+#[derive(Debug, PartialEq)]
+pub struct JobRow {
+    pub job: String,
+    /// Its `OnSchedule` condition: off while a run is still going at the
+    /// next time it is due.
+    pub on_schedule: Flag,
+}
+
 /// Everything one scrape reports.
 #[derive(Debug, Default)]
 pub struct View {
@@ -124,6 +134,7 @@ pub struct View {
     pub rebuilds: Vec<RebuildRow>,
     pub own_node: Option<NodeRow>,
     pub targets: Vec<TargetRow>,
+    pub jobs: Vec<JobRow>,
     /// Backups of owned volumes by (volume, state).
     pub backups: BTreeMap<(String, &'static str), u64>,
     pub manager: Option<Usage>,
@@ -141,6 +152,7 @@ pub struct Objects<'a> {
     pub nodes: &'a [Arc<Node>],
     pub targets: &'a [Arc<BackupTarget>],
     pub backups: &'a [Arc<Backup>],
+    pub jobs: &'a [Arc<RecurringJob>],
 }
 
 impl View {
@@ -153,6 +165,7 @@ impl View {
             nodes: &ds.nodes.store.state(),
             targets: &ds.backup_targets.store.state(),
             backups: &ds.backups.store.state(),
+            jobs: &ds.recurring_jobs.store.state(),
         };
         Self {
             manager: process::usage(std::process::id()),
@@ -185,6 +198,21 @@ impl View {
             .iter()
             .filter(|t| t.status.as_ref().is_some_and(|s| s.owner_id == node))
             .map(|t| target_row(t))
+            .collect();
+        view.jobs = objects
+            .jobs
+            .iter()
+            .filter(|j| j.status.as_ref().is_some_and(|s| s.owner_id == node))
+            .map(|j| JobRow {
+                job: j.metadata.name.clone().unwrap_or_default(),
+                on_schedule: Flag::of(
+                    &j.status
+                        .as_ref()
+                        .map(|s| s.conditions.clone())
+                        .unwrap_or_default(),
+                    ON_SCHEDULE,
+                ),
+            })
             .collect();
         view
     }

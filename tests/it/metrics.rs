@@ -43,7 +43,7 @@ fn the_shipped_rules_pass_promtool_and_the_prometheusrule_holds_the_same() {
         "{said}{}",
         String::from_utf8_lossy(&checked.stderr)
     );
-    assert!(said.contains("SUCCESS: 12 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 13 rules found"), "{said}");
     assert_eq!(
         yaml("prometheusrule.yaml")["spec"]["groups"],
         yaml("rules.yaml")["groups"],

@@ -450,7 +450,8 @@ async fn backup_jobs_keep_retain_and_a_failing_store_deletes_nothing() {
 /// managers are then killed: once they are back, the run goes on with the
 /// backup it began (no backup is made twice, in the cluster or in the
 /// store), and the times the job missed meanwhile are caught up with one
-/// run, for the latest, not one each.
+/// run, for the latest, not one each. While the run is held up past its
+/// next time, the job says it overran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_managers_die_resumes_once_and_backs_nothing_up_twice() {
     let store = Store::start(ObjectServerKind::Minio);
@@ -476,6 +477,29 @@ async fn a_run_whose_managers_die_resumes_once_and_backs_nothing_up_twice() {
     .await;
     let first = begun.scheduled_at.clone().unwrap().0;
     let runs = job_status(&cluster, "backups").await.execution_count;
+    // Still going at its next time: the job says so, in its condition,
+    // an Event and a metric, for an alert.
+    let overrun = cluster
+        .until("the job said to overrun", || async {
+            let status = job_status(&cluster, "backups").await;
+            let condition = status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "OnSchedule")?;
+            (condition.status == ConditionStatus::False).then_some(condition)
+        })
+        .await;
+    assert_eq!(overrun.reason, "Overrun");
+    assert!(overrun.message.contains("db"), "{overrun:?}");
+    assert!(cluster.event_reasons().await.contains("RunOverrun"));
+    let labels = [r#"job="backups""#, r#"reason="Overrun""#];
+    cluster
+        .until("the overrun's metric", || async {
+            let scraped = cluster.scrape();
+            let metric = sample_sum(&scraped, "oxhorn_recurring_job_on_schedule", &labels);
+            (metric == Some(0.0)).then_some(())
+        })
+        .await;
     let backup = cluster.api::<Backup>().get(&begun.made).await.unwrap();
     let state = backup.status.map(|s| s.state);
     assert_ne!(state, Some(BackupState::Completed), "{begun:?}");
@@ -545,6 +569,11 @@ async fn a_run_whose_managers_die_resumes_once_and_backs_nothing_up_twice() {
         .map(|config| config.name)
         .collect();
     assert_eq!(stored, names, "the store holds another backup");
+    let status = job_status(&cluster, "backups").await;
+    assert!(
+        Condition::is_true(&status.conditions, "OnSchedule"),
+        "{status:?}"
+    );
 }
 
 /// Specs that make no sense are refused by the schema with a message, and

@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, info, info_span, warn};
 
 use super::{Context, ControllerError, update_status};
 use crate::types::{
@@ -35,6 +35,10 @@ use turns::{Member, Turns, grant};
 
 /// The condition saying whether the job's schedule parses.
 pub const VALID: &str = "Valid";
+/// The condition saying whether the job's runs finish before their next
+/// time: a run that is still going then (a volume's turn stuck, its
+/// owner down) holds back every later one, which an alert must say.
+pub const ON_SCHEDULE: &str = "OnSchedule";
 
 pub async fn reconcile(
     job: Arc<RecurringJob>,
@@ -57,12 +61,13 @@ pub async fn reconcile(
         let clock = ctx.node.job_clock;
         let now = Timestamp::now();
         let next_start = step(&ctx, &job, &schedule, clock, now, &mut status).await;
+        let overrun_at = on_schedule(&ctx, &job, &schedule, clock, now, &mut status).await;
         let next_run = schedule
             .next_after(clock.to_job(now))
             .map(|at| clock.to_real(at));
         status.next_run_at = next_run.map(whole_seconds);
         update_status(&ctx.api(), &job, status).await?;
-        let wake = [next_run, next_start]
+        let wake = [next_run, next_start, overrun_at]
             .into_iter()
             .flatten()
             .min()
@@ -218,6 +223,58 @@ async fn invalid(
     }
     update_status(&ctx.api(), job, status).await?;
     Ok(Action::await_change())
+}
+
+/// Sets `OnSchedule`: False while the run going on has passed the next
+/// time it is due, with a Warning Event when it turns so. Returns that
+/// time while it is still ahead.
+async fn on_schedule(
+    ctx: &Context,
+    job: &RecurringJob,
+    schedule: &Schedule,
+    clock: JobClock,
+    now: Timestamp,
+    status: &mut RecurringJobStatus,
+) -> Option<Timestamp> {
+    let going = status
+        .last_run
+        .as_ref()
+        .filter(|run| run.finished_at.is_none());
+    let next_time = going.and_then(|run| {
+        let next = schedule.next_after(clock.to_job(run.scheduled_at.0))?;
+        Some((run, clock.to_real(next)))
+    });
+    let Some((run, due)) = next_time.filter(|(_, due)| *due <= now) else {
+        Condition::set(
+            &mut status.conditions,
+            ON_SCHEDULE,
+            ConditionStatus::True,
+            "OnTime",
+            "each run finished before the next time it was due",
+        );
+        return next_time.map(|(_, due)| due);
+    };
+    let waiting = run.volumes - run.succeeded - run.failed - run.skipped;
+    let message = format!(
+        "the run of {} is still going at the next time, {due}: {} wait to finish ({}), \
+         and no later run starts until it is done",
+        run.scheduled_at.0,
+        waiting,
+        status.running.join(", ")
+    );
+    let turned = Condition::set(
+        &mut status.conditions,
+        ON_SCHEDULE,
+        ConditionStatus::False,
+        "Overrun",
+        message.clone(),
+    );
+    if turned {
+        warn!(%message, "run overran");
+        ctx.event(job, EventType::Warning, "RunOverrun", message)
+            .await;
+    }
+    None
 }
 
 fn valid(job: &RecurringJob, status: &mut RecurringJobStatus) {
