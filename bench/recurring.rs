@@ -9,9 +9,10 @@
 //! over a window as long.
 //!
 //! Prints the CPU time of the manager, the API server and etcd over each
-//! window (and in millicores), their ratios, the manager's memory, and
-//! each run in the window: its volumes, what became of them, and how long
-//! after its time it finished.
+//! window (and in millicores), their ratios, the job's cost per minute
+//! (one run), the manager's memory, and each run due and finished in the
+//! window: its volumes, what became of them, and how long after its time
+//! it finished.
 //!
 //!     cargo bench --bench recurring [-- N] [--concurrency C] [--window SECONDS]
 
@@ -102,7 +103,7 @@ impl Measured {
     }
 }
 
-/// CPU time each process used over `window`, and the job's runs that
+/// CPU time each process used over `window`, and the job's runs due and
 /// finished in it.
 async fn window(
     measured: &Measured,
@@ -111,6 +112,7 @@ async fn window(
 ) -> (BTreeMap<&'static str, Duration>, Vec<JobRun>) {
     let before = measured.cpu();
     let started = Instant::now();
+    let opened = jiff::Timestamp::now();
     let mut runs: BTreeMap<String, JobRun> = BTreeMap::new();
     while started.elapsed() < window {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -119,7 +121,7 @@ async fn window(
             .await
             .expect("job")
             .and_then(|job| job.status?.last_run);
-        if let Some(run) = run.filter(|r| r.finished_at.is_some()) {
+        if let Some(run) = run.filter(|r| r.finished_at.is_some() && r.scheduled_at.0 >= opened) {
             runs.insert(run.scheduled_at.0.to_string(), run);
         }
     }
@@ -209,19 +211,20 @@ fn report(
         "  {:<16} {:>14} {:>14} {:>8} {:>16}",
         "CPU", "no job", "the job", "ratio", "the job's cost"
     );
+    let minutes = seconds / 60.0;
     for (name, busy_cpu) in busy {
         let idle_cpu = idle[name];
         let millicores = |cpu: Duration| cpu.as_secs_f64() * 1000.0 / seconds;
         let cost = busy_cpu.as_secs_f64() - idle_cpu.as_secs_f64();
         println!(
-            "  {:<16} {:>7.2} s {:>3.0} m {:>7.2} s {:>3.0} m {:>8.2} {:>9.2} s/run",
+            "  {:<16} {:>7.2} s {:>3.0} m {:>7.2} s {:>3.0} m {:>8.2} {:>9.2} s/min",
             name,
             idle_cpu.as_secs_f64(),
             millicores(idle_cpu),
             busy_cpu.as_secs_f64(),
             millicores(*busy_cpu),
             busy_cpu.as_secs_f64() / idle_cpu.as_secs_f64().max(0.001),
-            cost / runs.len().max(1) as f64,
+            cost / minutes,
         );
     }
     println!(
@@ -230,7 +233,7 @@ fn report(
         mib(busy_memory.0),
         mib(busy_memory.1)
     );
-    println!("  runs finished in the window:");
+    println!("  runs due and finished in the window (one a minute):");
     for run in runs {
         let took = run
             .finished_at

@@ -68,6 +68,21 @@ impl Backupstore {
         Ok(self.store.get(&path).await?.bytes().await?)
     }
 
+    /// Deletes system backup `name`: what it is first, so that a deletion
+    /// cut short leaves no system backup, then its objects. One already
+    /// gone is no error.
+    pub async fn delete_system_backup(&self, name: &str) -> Result<(), BackupError> {
+        check_name("system backup name", name)?;
+        let dir = self.system_dir(name);
+        for file in [META, OBJECTS] {
+            match self.store.delete(&dir.clone().join(file)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// The system backups in the store: those whose meta was written.
     pub async fn system_backups(&self) -> Result<Vec<String>, BackupError> {
         let listed = self

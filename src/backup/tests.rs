@@ -428,4 +428,15 @@ async fn a_system_backup_exists_once_its_meta_is_written_and_reads_back() {
         f.store.system_backup("../x").await,
         Err(BackupError::InvalidName(_))
     ));
+
+    // Deleted, it is gone whole; deleting it again, or one never stored,
+    // is no error.
+    f.store.delete_system_backup("sb1").await.unwrap();
+    assert!(f.store.system_backups().await.unwrap().is_empty());
+    assert!(matches!(
+        f.store.system_backup_objects("sb1").await,
+        Err(BackupError::Store(_))
+    ));
+    f.store.delete_system_backup("sb1").await.unwrap();
+    f.store.delete_system_backup("cut").await.unwrap();
 }

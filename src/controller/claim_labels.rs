@@ -39,20 +39,28 @@ pub async fn reconcile(
     else {
         return Ok(Action::await_change());
     };
+    // Its owner writes it (a change of owner looks at every claim again):
+    // the other managers skip a volume named after its PV without asking.
+    let owned = |volume: &Volume| {
+        volume
+            .status
+            .as_ref()
+            .is_some_and(|s| s.owner_id == ctx.node.node_id)
+    };
+    if ctx.ds.volumes.get(bound_to).is_some_and(|v| !owned(&v)) {
+        return Ok(Action::await_change());
+    }
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let Some(volume) = unless_gone(pvs.get(bound_to).await)?
+        .filter(|pv| bound_to_claim(pv, &claim))
         .as_ref()
         .and_then(handle_of)
         .and_then(|name| ctx.ds.volumes.get(&name))
+        .filter(|volume| owned(volume))
     else {
         return Ok(Action::await_change());
     };
-    // Its owner writes it; a change of owner looks at every claim again.
-    let owned = volume
-        .status
-        .as_ref()
-        .is_some_and(|s| s.owner_id == ctx.node.node_id);
-    let Some(labels) = label_patch(volume.labels(), claim.labels()).filter(|_| owned) else {
+    let Some(labels) = label_patch(volume.labels(), claim.labels()) else {
         return Ok(Action::await_change());
     };
     let span = info_span!("claim_labels", volume = %volume.name_any(),
@@ -61,6 +69,19 @@ pub async fn reconcile(
     let patch = json!({"metadata": {"labels": labels}});
     patch_guarded(&ctx.api::<Volume>(), &*volume, patch).await?;
     Ok(Action::await_change())
+}
+
+/// Whether `pv` is bound to `claim`: its claimRef names it (and its uid,
+/// once the binder wrote one). A claim that merely names a PV it is not
+/// bound to (another tenant's, or one a second claim names too) chooses
+/// nothing.
+fn bound_to_claim(pv: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool {
+    let Some(by) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
+        return false;
+    };
+    by.namespace == claim.metadata.namespace
+        && by.name == claim.metadata.name
+        && (by.uid.is_none() || by.uid == claim.metadata.uid)
 }
 
 /// The volume name of an Oxhorn PersistentVolume.
@@ -147,6 +168,32 @@ mod tests {
             Value::Object(patch),
             json!({"recurring-job-group.oxhorn.io/gold": null})
         );
+    }
+
+    #[test]
+    fn only_the_claim_a_pv_is_bound_to_chooses() {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "app", "uid": "u1"},
+            "spec": {"volumeName": "pv1"},
+        }))
+        .unwrap();
+        let pv = |claim_ref: Value| -> PersistentVolume {
+            serde_json::from_value(json!({"metadata": {"name": "pv1"},
+                                          "spec": {"claimRef": claim_ref}}))
+            .unwrap()
+        };
+        let bound = pv(json!({"namespace": "app", "name": "db", "uid": "u1"}));
+        assert!(bound_to_claim(&bound, &claim));
+        let named = pv(json!({"namespace": "app", "name": "db"}));
+        assert!(bound_to_claim(&named, &claim), "prebound by name");
+        for other in [
+            json!({"namespace": "app", "name": "db", "uid": "u2"}),
+            json!({"namespace": "other", "name": "db", "uid": "u1"}),
+            json!({"namespace": "app", "name": "web"}),
+            Value::Null,
+        ] {
+            assert!(!bound_to_claim(&pv(other.clone()), &claim), "{other}");
+        }
     }
 
     #[test]

@@ -129,7 +129,7 @@ pub async fn run(ctx: Arc<Context>) {
     );
     let claims = wiring.run(
         &ds.claims,
-        |c| c.follows(&ds.volumes, sourcing_claims(&ds.claims)),
+        |c| c.follows(&ds.volumes, sourcing_claims(&ds.claims, &ctx.node.node_id)),
         claim_labels::reconcile,
     );
     let system_backups = wiring.run(

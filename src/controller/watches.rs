@@ -229,15 +229,21 @@ pub(super) fn jobs_of(
     }
 }
 
-/// The claims choosing a volume's recurring jobs that a change of the
-/// volume concerns: those bound to the PersistentVolume named after it, as
-/// the CSI provisioner names them (a volume made before its claim was
-/// bound, or whose labels someone changed, follows its claim again).
+/// The claims choosing a volume's recurring jobs that a change of a volume
+/// `node` owns concerns: those bound to the PersistentVolume named after
+/// it, as the CSI provisioner names them (a volume made before its claim
+/// was bound, or whose labels someone changed, follows its claim again).
 pub(super) fn sourcing_claims(
     claims: &Cache<PersistentVolumeClaim>,
+    node: &str,
 ) -> impl Mapper<Volume, Vec<ObjectRef<PersistentVolumeClaim>>> {
-    let claims = claims.store.clone();
+    let (claims, node) = (claims.store.clone(), node.to_owned());
     move |volume| {
+        // Only the owner writes the volume's labels.
+        let owned = volume.status.as_ref().is_some_and(|s| s.owner_id == node);
+        if !owned {
+            return Vec::new();
+        }
         let name = volume.name_any();
         claims
             .state()

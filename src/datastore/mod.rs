@@ -148,9 +148,12 @@ impl Datastore {
             watcher::Config::default().labels(crate::types::MANAGER_LEASE_SELECTOR),
         );
 
+        // Only the claims' own controller reads them: the manager is ready
+        // without them (a ClusterRole that cannot watch claims costs the
+        // feature, not the node).
         let claims = cache::<PersistentVolumeClaim>(
             &mut tasks,
-            &mut synced,
+            &mut Vec::new(),
             Api::all(client.clone()),
             watcher::Config::default().labels(crate::types::SOURCE_SELECTOR),
         );

@@ -202,16 +202,15 @@ impl View {
         view.jobs = objects
             .jobs
             .iter()
-            .filter(|j| j.status.as_ref().is_some_and(|s| s.owner_id == node))
-            .map(|j| JobRow {
-                job: j.metadata.name.clone().unwrap_or_default(),
-                on_schedule: Flag::of(
-                    &j.status
-                        .as_ref()
-                        .map(|s| s.conditions.clone())
-                        .unwrap_or_default(),
-                    ON_SCHEDULE,
-                ),
+            .filter_map(|j| {
+                let status = j.status.as_ref().filter(|s| s.owner_id == node)?;
+                // None before its first look, or while its schedule does
+                // not parse (no run goes on).
+                status.conditions.iter().find(|c| c.type_ == ON_SCHEDULE)?;
+                Some(JobRow {
+                    job: j.metadata.name.clone().unwrap_or_default(),
+                    on_schedule: Flag::of(&status.conditions, ON_SCHEDULE),
+                })
             })
             .collect();
         view

@@ -216,7 +216,6 @@ pub(crate) async fn create_target(
         .unwrap();
 }
 
-/// Waits until target `name`'s Available condition has `reason`.
 /// Makes `store`'s bucket the cluster's default target, with a Secret of
 /// its credentials, and waits until the target has synced.
 pub(crate) async fn store_as_default_target(cluster: &Cluster, store: &Store) {
@@ -232,6 +231,7 @@ pub(crate) async fn store_as_default_target(cluster: &Cluster, store: &Store) {
     until_target(cluster, DEFAULT_BACKUP_TARGET, "Synced").await;
 }
 
+/// Waits until target `name`'s Available condition has `reason`.
 pub(crate) async fn until_target(
     cluster: &Cluster,
     name: &str,

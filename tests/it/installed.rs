@@ -463,6 +463,15 @@ const RBAC: &[(&str, bool)] = &[
     ("oxhorn-manager update nodes", false),
     ("oxhorn-manager create pods", false),
     ("oxhorn-manager delete persistentvolumes", false),
+    // The claims that choose their volumes' recurring jobs, anywhere.
+    (
+        "oxhorn-manager watch persistentvolumeclaims -n default",
+        true,
+    ),
+    (
+        "oxhorn-manager update persistentvolumeclaims -n default",
+        false,
+    ),
     // A support bundle's reads, for callers allowed them: the logs of its
     // namespace's pods only, events wherever a volume's are.
     ("oxhorn-manager get pods --subresource=log", true),

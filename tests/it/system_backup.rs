@@ -25,7 +25,7 @@ use oxhorn_testbed::sidecars::Sidecars;
 use oxhorn_testbed::{ControlPlane, MINIO_ACCESS_KEY, ObjectServerKind, TestNamespace};
 use serde_json::json;
 
-use crate::backup::{BUCKET, Store, create_target, credential_secret, until_target};
+use crate::backup::{BUCKET, Store, create_target, credential_secret, request_sync, until_target};
 use crate::common::*;
 
 const SIZE: i64 = 32 * MIB;
@@ -230,6 +230,8 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     until_target(&second, DEFAULT_BACKUP_TARGET, "Synced").await;
     let found = until_system_backup(&second, "sb1").await;
     assert_eq!(found.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(found.counts, status.counts, "{found:?}");
+    assert_eq!(found.volume_backups, status.volume_backups);
     steps.report("system backup found by the sync");
 
     let restored = restore(&second, "r1", "sb1").await;
@@ -304,11 +306,40 @@ async fn a_system_backup_restores_volumes_and_claims_into_a_fresh_cluster() {
     pvs.delete(&pv_name, &DeleteParams::default())
         .await
         .unwrap();
+    // Deleted, the system backup goes from the store too: the next sync
+    // does not bring it back; the volume backups it took are kept.
     first
         .api::<SystemBackup>()
         .delete("sb1", &DeleteParams::default())
         .await
         .unwrap();
+    first
+        .until("sb1 gone", || async {
+            let gone = first.api::<SystemBackup>().get_opt("sb1").await.unwrap();
+            gone.is_none().then_some(())
+        })
+        .await;
+    let stored = objects.system_backups().await.unwrap();
+    assert_eq!(stored, ["sb-future"], "sb1 left in the store");
+    let asked = request_sync(&first, DEFAULT_BACKUP_TARGET).await;
+    first
+        .until("a sync after the deletion", || async {
+            let target = first
+                .api::<BackupTarget>()
+                .get(DEFAULT_BACKUP_TARGET)
+                .await
+                .ok()?;
+            let synced = target.status?.last_synced_at?.0;
+            (synced >= asked).then_some(())
+        })
+        .await;
+    let found = first.api::<SystemBackup>().get_opt("sb1").await.unwrap();
+    assert!(found.is_none(), "the sync found sb1 again: {found:?}");
+    assert_eq!(
+        objects.backups("vol").await.unwrap().len(),
+        1,
+        "sb1's volume backup"
+    );
     for backup in [volume_backup, cold_backup] {
         first
             .api::<Backup>()

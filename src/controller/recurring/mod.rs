@@ -218,6 +218,7 @@ async fn invalid(
     );
     status.next_run_at = None;
     status.running.clear();
+    status.conditions.retain(|c| c.type_ != ON_SCHEDULE);
     if flipped {
         ctx.event(job, EventType::Warning, "InvalidCron", why).await;
     }
@@ -250,17 +251,20 @@ async fn on_schedule(
             ON_SCHEDULE,
             ConditionStatus::True,
             "OnTime",
-            "each run finished before the next time it was due",
+            "no run is going past the next time it was due",
         );
         return next_time.map(|(_, due)| due);
     };
     let waiting = run.volumes - run.succeeded - run.failed - run.skipped;
+    // An Event's note is at most 1 KiB: ten names, as a failed run's.
+    let holding: Vec<&str> = status.running.iter().take(10).map(String::as_str).collect();
     let message = format!(
-        "the run of {} is still going at the next time, {due}: {} wait to finish ({}), \
-         and no later run starts until it is done",
+        "the run of {} is still going at the next time, {due}: {} volumes to finish, \
+         {} holding their turns ({}); no later run starts until it is done",
         run.scheduled_at.0,
         waiting,
-        status.running.join(", ")
+        status.running.len(),
+        holding.join(", ")
     );
     let turned = Condition::set(
         &mut status.conditions,

@@ -1,6 +1,6 @@
 //! The system backups a target's store holds, as SystemBackups: a target's
-//! sync makes one, `Ready` and labelled as found, for each the cluster
-//! lacks (so a fresh cluster pointed at the store can restore them), and
+//! sync makes one, `Ready` and labelled as found, with the counts of what
+//! it holds, for each the cluster lacks (so a fresh cluster pointed at the store can restore them), and
 //! deletes the found ones the store no longer has.
 
 use std::collections::BTreeSet;
@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use tracing::{info, warn};
 
 use super::OXHORN_VERSION;
-use super::document::refusal;
+use super::document::{SystemObjects, refusal};
 use crate::backup::{Backupstore, SystemBackupMeta};
 use crate::controller::backup::owned_by;
 use crate::controller::{Context, ControllerError, delete, replace_status};
@@ -55,7 +55,14 @@ pub async fn reconcile_found(
             continue;
         }
         match store.system_backup(name).await {
-            Ok(meta) => create_found(ctx, target, &meta).await?,
+            Ok(meta) => {
+                // What it holds, for its counts; it is restorable without.
+                let objects = store.system_backup_objects(name).await;
+                let objects = objects
+                    .ok()
+                    .and_then(|bytes| serde_json::from_slice::<SystemObjects>(&bytes).ok());
+                create_found(ctx, target, &meta, objects.as_ref()).await?;
+            }
             Err(error) => warn!(system_backup = %name, %error, "system backup unreadable"),
         }
     }
@@ -66,6 +73,7 @@ async fn create_found(
     ctx: &Context,
     target: &BackupTarget,
     meta: &SystemBackupMeta,
+    objects: Option<&SystemObjects>,
 ) -> Result<(), ControllerError> {
     let mut object = SystemBackup::new(
         &meta.name,
@@ -82,13 +90,14 @@ async fn create_found(
         return Ok(());
     };
     info!(system_backup = %meta.name, version = %meta.oxhorn_version, "found in the store");
-    created.status = Some(found_status(meta));
+    created.status = Some(found_status(meta, objects));
     replace_status(&ctx.api::<SystemBackup>(), &created).await?;
     Ok(())
 }
 
-/// A found system backup's status, from what the store says it is.
-fn found_status(meta: &SystemBackupMeta) -> SystemBackupStatus {
+/// A found system backup's status, from what the store says it is and
+/// holds.
+fn found_status(meta: &SystemBackupMeta, objects: Option<&SystemObjects>) -> SystemBackupStatus {
     let created = meta.created.parse::<jiff::Timestamp>().ok().map(Time);
     let message = refusal(meta.format_version, &meta.oxhorn_version, OXHORN_VERSION).map_or_else(
         || "found in the store".to_owned(),
@@ -100,6 +109,10 @@ fn found_status(meta: &SystemBackupMeta) -> SystemBackupStatus {
         format_version: meta.format_version,
         created_at: created,
         message,
+        counts: objects.map(SystemObjects::counts).unwrap_or_default(),
+        volume_backups: objects
+            .map(|o| o.volume_backups.clone())
+            .unwrap_or_default(),
         ..SystemBackupStatus::default()
     }
 }
@@ -119,12 +132,12 @@ mod tests {
 
     #[test]
     fn a_found_system_backup_is_ready_and_says_when_it_cannot_be_restored() {
-        let status = found_status(&meta(OXHORN_VERSION));
+        let status = found_status(&meta(OXHORN_VERSION), None);
         assert_eq!(status.state, SystemBackupState::Ready);
         assert_eq!(status.version, OXHORN_VERSION);
         assert_eq!(status.message, "found in the store");
         assert!(status.created_at.is_some());
-        let newer = found_status(&meta("99.0.0"));
+        let newer = found_status(&meta("99.0.0"), None);
         assert!(newer.message.contains("newer"), "{}", newer.message);
     }
 }

@@ -2,11 +2,13 @@
 //! owner takes the volume backups its policy asks for, waits for them, and
 //! then writes Oxhorn's objects to the target ([`take`]); a target's sync
 //! makes a SystemBackup of each system backup its store holds that the
-//! cluster lacks ([`found`]); a SystemRestore's owner makes the objects of
+//! cluster lacks ([`found`]); deleting one deletes it from the store
+//! ([`remove`]); a SystemRestore's owner makes the objects of
 //! one again, leaving alone those that exist ([`restore`]).
 
 mod document;
 mod found;
+mod remove;
 mod restore;
 mod take;
 

@@ -24,7 +24,7 @@ use super::document::{
 };
 use crate::backup::SystemBackupMeta;
 use crate::controller::backup::{bounded, unavailable};
-use crate::controller::{Context, ControllerError, update_status};
+use crate::controller::{Context, ControllerError, hold, update_status};
 use crate::csi::DRIVER_NAME;
 use crate::datastore::create_if_absent;
 use crate::types::{
@@ -36,16 +36,25 @@ pub async fn reconcile(
     backup: Arc<SystemBackup>,
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
-    if backup.metadata.deletion_timestamp.is_some()
-        || backup.labels().contains_key(SYSTEM_BACKUP_FROM_STORE)
-    {
+    let found = backup.labels().contains_key(SYSTEM_BACKUP_FROM_STORE);
+    // One a sync is making gets its status from the sync first: a write of
+    // ours in between would make the sync's fail.
+    if found && backup.status.is_none() && backup.metadata.deletion_timestamp.is_none() {
         return Ok(Action::await_change());
     }
-    let Some(backup) = ctx.claim(&*backup).await? else {
+    let Some(mut backup) = ctx.claim(&*backup).await? else {
         return Ok(Action::await_change());
     };
     let span = info_span!("system_backup", name = %backup.name_any());
     async move {
+        if backup.metadata.deletion_timestamp.is_some() {
+            return super::remove::remove(&ctx, &backup).await;
+        }
+        hold(&ctx.api::<SystemBackup>(), &mut backup).await?;
+        // One a sync found is Ready as the store has it.
+        if found {
+            return Ok(Action::await_change());
+        }
         let mut status = backup.status.clone().unwrap_or_default();
         let action = match status.state {
             SystemBackupState::Ready | SystemBackupState::Error => {
