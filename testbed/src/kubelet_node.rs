@@ -460,30 +460,14 @@ fn wait_for_socket(socket: &Path, mut process: Option<&mut Supervised>) -> Resul
 /// Kills every containerd shim whose `-address` (its containerd's socket)
 /// `matches`.
 fn kill_shims(matches: impl Fn(&str) -> bool) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.filter_map(|e| e.ok()) {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let is_shim = args.first().is_some_and(|a| a.contains("containerd-shim"));
+    crate::process::kill_where(|args| {
+        let is_shim = args[0].contains("containerd-shim");
         let address = args
             .iter()
             .position(|a| a == "-address")
             .and_then(|i| args.get(i + 1));
-        if is_shim && address.is_some_and(|a| matches(a)) {
-            let pid = nix::unistd::Pid::from_raw(pid);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
+        is_shim && address.is_some_and(|a| matches(a))
+    });
 }
 
 fn write_containerd_config(dir: &Path, socket: &Path) -> Result<()> {

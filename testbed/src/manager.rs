@@ -213,6 +213,11 @@ impl ManagerProcess {
             instance_manager.kill();
         }
         self.kill_instances();
+        // An instance the manager started but had not recorded yet when it
+        // died (its record is written just after the spawn) is named by no
+        // record: its arguments name the node's directory.
+        let dir = self.dir.path().to_owned();
+        crate::process::kill_where(|args| args.iter().any(|a| Path::new(a).starts_with(&dir)));
     }
 
     /// The pid of the node's `oxhorn instance-manager`, if it has one.

@@ -94,7 +94,6 @@ impl Supervised {
         }
     }
 
-    /// Kills the process with SIGKILL and reaps it; nothing if it is gone.
     /// Sends `signal` (SIGSTOP, SIGCONT: a process that hangs and recovers).
     pub fn signal(&self, signal: Signal) -> Result<()> {
         let pid = Pid::from_raw(self.child.id() as i32);
@@ -102,6 +101,7 @@ impl Supervised {
             .map_err(|e| Error::Failed(format!("{} {signal}: {e}", self.name)))
     }
 
+    /// Kills the process with SIGKILL and reaps it; nothing if it is gone.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -119,6 +119,41 @@ impl Drop for Supervised {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Kills with SIGKILL every process whose arguments (the program first)
+/// `match`, and waits up to 5 s for each to be gone: what a crash left
+/// behind that nothing else names.
+pub(crate) fn kill_where(matches: impl Fn(&[String]) -> bool) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let mut killed = Vec::new();
+    for entry in entries.filter_map(|e| e.ok()) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let args = arguments(&entry.path());
+        if !args.is_empty() && matches(&args) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            killed.push(entry.path());
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // A process gone, or a zombie, has no arguments left.
+    while killed.iter().any(|proc| !arguments(proc).is_empty()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The arguments of the process at `proc` (/proc/PID); none once it is gone.
+fn arguments(proc: &Path) -> Vec<String> {
+    let cmdline = std::fs::read(proc.join("cmdline")).unwrap_or_default();
+    cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
 }
 
 /// Runs `program` with `args` to its end; its output, or an error with what
