@@ -230,6 +230,20 @@ pub(in crate::controller) enum Unavailable {
     Timeout,
 }
 
+/// Opens `target`'s store and runs `call` on it, bounded by
+/// [`STORE_TIMEOUT`].
+pub(in crate::controller) async fn on_store<T, Fut>(
+    ctx: &Context,
+    target: &BackupTarget,
+    call: impl FnOnce(Backupstore) -> Fut,
+) -> Result<T, Unavailable>
+where
+    Fut: Future<Output = Result<T, BackupError>>,
+{
+    let store = ctx.open_store(target)?;
+    bounded(call(store)).await
+}
+
 /// Runs `call` on the store, bounded by [`STORE_TIMEOUT`].
 pub(in crate::controller) async fn bounded<T>(
     call: impl Future<Output = Result<T, BackupError>>,

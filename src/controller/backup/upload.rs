@@ -21,7 +21,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::reader::SnapshotReader;
 use super::volume::from_store;
-use super::{LockOwner, RETRY, Unavailable, bounded, stale_lock, unavailable};
+use super::{LockOwner, RETRY, Unavailable, bounded, on_store, stale_lock, unavailable};
 use crate::backup::{BackupConfig, BackupError, BackupReport, Backupstore, NewBackup};
 use crate::controller::data_plane::{self, replica_control_address};
 use crate::controller::{
@@ -78,10 +78,10 @@ async fn remove(ctx: &Context, backup: &Backup) -> Result<Action, ControllerErro
         .get(&backup.spec.backup_target_name)
         .filter(|t| t.metadata.deletion_timestamp.is_none());
     if let Some(target) = target {
-        let removed = match ctx.open_store(&target) {
-            Ok(store) => bounded(delete_from(ctx, &store, backup)).await,
-            Err(error) => Err(Unavailable::Target(error)),
-        };
+        let removed = on_store(ctx, &target, |store| async move {
+            delete_from(ctx, &store, backup).await
+        })
+        .await;
         if let Err(error) = removed {
             let (reason, message) = unavailable(&error);
             warn!(reason, %message, "backup not deleted from the store; retrying");

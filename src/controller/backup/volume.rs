@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{RETRY, Unavailable, bounded, now, owned_by, sync_due, unavailable};
+use super::{RETRY, now, on_store, owned_by, sync_due, unavailable};
 use crate::backup::BackupConfig;
 use crate::controller::{Context, ControllerError, delete, update_status};
 use crate::datastore::create_if_absent;
@@ -63,10 +63,11 @@ async fn sync(
         // Its target is gone; the garbage collector removes it.
         return Ok(Action::await_change());
     };
-    let listed = match ctx.open_store(&target) {
-        Ok(store) => bounded(store.backups(&volume.spec.volume_name)).await,
-        Err(error) => Err(Unavailable::Target(error)),
-    };
+    let volume_name = &volume.spec.volume_name;
+    let listed = on_store(ctx, &target, |store| async move {
+        store.backups(volume_name).await
+    })
+    .await;
     status.last_synced_at = Some(now());
     let action = match listed {
         Ok(backups) => {

@@ -62,9 +62,7 @@ pub async fn reconcile(
         let now = Timestamp::now();
         let next_start = step(&ctx, &job, &schedule, clock, now, &mut status).await;
         let overrun_at = on_schedule(&ctx, &job, &schedule, clock, now, &mut status).await;
-        let next_run = schedule
-            .next_after(clock.to_job(now))
-            .map(|at| clock.to_real(at));
+        let next_run = schedule.next_on(clock, now);
         status.next_run_at = next_run.map(whole_seconds);
         update_status(&ctx.api(), &job, status).await?;
         let wake = [next_run, next_start, overrun_at]
@@ -241,10 +239,7 @@ async fn on_schedule(
         .last_run
         .as_ref()
         .filter(|run| run.finished_at.is_none());
-    let next_time = going.and_then(|run| {
-        let next = schedule.next_after(clock.to_job(run.scheduled_at.0))?;
-        Some((run, clock.to_real(next)))
-    });
+    let next_time = going.and_then(|run| Some((run, schedule.next_on(clock, run.scheduled_at.0)?)));
     let Some((run, due)) = next_time.filter(|(_, due)| *due <= now) else {
         Condition::set(
             &mut status.conditions,

@@ -44,6 +44,13 @@ impl Schedule {
             .ok()
             .and_then(|t| from_chrono(&t))
     }
+
+    /// [`next_after`](Self::next_after) real time `at`, on `clock`, in real
+    /// time.
+    pub fn next_on(&self, clock: JobClock, at: Timestamp) -> Option<Timestamp> {
+        self.next_after(clock.to_job(at))
+            .map(|next| clock.to_real(next))
+    }
 }
 
 fn to_chrono(at: Timestamp) -> Option<DateTime<Utc>> {

@@ -7,7 +7,7 @@ use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::WAIT;
-use crate::controller::backup::{bounded, unavailable};
+use crate::controller::backup::{on_store, unavailable};
 use crate::controller::{Context, ControllerError, release, update_status};
 use crate::types::SystemBackup;
 
@@ -19,10 +19,10 @@ pub async fn remove(ctx: &Context, backup: &SystemBackup) -> Result<Action, Cont
         .filter(|t| t.metadata.deletion_timestamp.is_none());
     if let Some(target) = target {
         let name = backup.metadata.name.as_deref().unwrap_or_default();
-        let removed = match ctx.open_store(&target) {
-            Ok(store) => bounded(store.delete_system_backup(name)).await,
-            Err(error) => Err(error.into()),
-        };
+        let removed = on_store(ctx, &target, |store| async move {
+            store.delete_system_backup(name).await
+        })
+        .await;
         if let Err(error) = removed {
             let (reason, message) = unavailable(&error);
             warn!(reason, %message, "system backup not deleted from the store; retrying");

@@ -23,7 +23,7 @@ use super::document::{
     FORMAT_VERSION, OXHORN_VERSION, SystemObjects, strip, strip_pv, strip_pvc, strip_volume,
 };
 use crate::backup::SystemBackupMeta;
-use crate::controller::backup::{bounded, unavailable};
+use crate::controller::backup::{on_store, unavailable};
 use crate::controller::{Context, ControllerError, hold, update_status};
 use crate::csi::DRIVER_NAME;
 use crate::datastore::create_if_absent;
@@ -218,10 +218,11 @@ async fn upload(
         created: created.to_string(),
     };
     let body = serde_json::to_vec(&objects)?;
-    let stored = match ctx.open_store(&target) {
-        Ok(store) => bounded(store.put_system_backup(&meta, Bytes::from(body))).await,
-        Err(error) => Err(error.into()),
-    };
+    let stored = on_store(ctx, &target, |store| {
+        let meta = &meta;
+        async move { store.put_system_backup(meta, Bytes::from(body)).await }
+    })
+    .await;
     if let Err(error) = stored {
         let (reason, message) = unavailable(&error);
         warn!(reason, %message, "system backup not stored yet");
