@@ -57,10 +57,12 @@ cpu_ticks() {
 	echo "$total"
 }
 
-# fio_job NAME TARGET RW BS IODEPTH -> $work/NAME.json, and $work/NAME.cpu:
-# the CPU seconds the volume's processes ($volume_pids) used after the ramp.
+# fio_job NAME TARGET RW BS IODEPTH [FIO-ARGS...] -> $work/NAME.json, and
+# $work/NAME.cpu: the CPU seconds the volume's processes ($volume_pids) used
+# after the ramp.
 fio_job() {
 	local name=$1 target=$2 rw=$3 bs=$4 depth=$5 sampler profiler=
+	shift 5
 	# Sampled after the ramp, so the ticks match the bytes fio reports.
 	(sleep "$ramp" && cpu_ticks "${volume_pids[@]}" >"$work/$name.ticks") &
 	sampler=$!
@@ -73,7 +75,7 @@ fio_job() {
 	fio --name="$name" --filename="$target" --size="$size" --rw="$rw" --bs="$bs" \
 		--iodepth="$depth" --ioengine=libaio --direct=1 --time_based --runtime="$runtime" \
 		--ramp_time="$ramp" --group_reporting --randrepeat=0 --output-format=json \
-		--output="$work/$name.json" >/dev/null
+		--output="$work/$name.json" "$@" >/dev/null
 	wait "$sampler" ${profiler:+"$profiler"}
 	echo "$(($(cpu_ticks "${volume_pids[@]}") - $(cat "$work/$name.ticks")))" >"$work/$name.cpu"
 }
@@ -84,6 +86,8 @@ run_jobs() {
 	fio_job "$label-randwrite" "$target" randwrite 4k 32
 	fio_job "$label-randread" "$target" randread 4k 32
 	fio_job "$label-qd1write" "$target" randwrite 4k 1
+	# A database's log: each 4K appended and made durable before the next.
+	fio_job "$label-syncwrite" "$target" write 4k 1 --fdatasync=1
 	# Peak resident memory of the volume's processes, in KiB.
 	local pid kib=0
 	for pid in "${volume_pids[@]}"; do
@@ -151,7 +155,13 @@ def load(name):
     cpu = int(open(f"{work}/{name}.cpu").read()) / hz
     gib = side["io_bytes"] / (1 << 30)
     fio_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100
-    return dict(iops=side["iops"], bw=side["bw"] / 1024, mean=lat["mean"] / 1000,
+    mean = lat["mean"] / 1000
+    sync = job.get("sync", {}).get("lat_ns", {})
+    if sync.get("N"):
+        # A durable write's time is its write's and its fdatasync's.
+        mean += sync["mean"] / 1000
+        p99 += sync.get("percentile", {}).get("99.000000", 0) / 1000
+    return dict(iops=side["iops"], bw=side["bw"] / 1024, mean=mean,
                 p99=p99, cpu_per_gib=cpu / gib if gib else 0, fio_cpu=fio_cpu)
 import os
 labels = {"local": "local file", "r1": "1 replica", "r3": "3 replicas"}
@@ -161,20 +171,22 @@ if baseline:
 print(f"{'job':<16} {'target':<10} {'IOPS':>8} {'MiB/s':>7} {'mean us':>8} {'p99 us':>7} "
       f"{'ratio':>6} {'CPU s/GiB':>9} {'fio CPU':>7}")
 jobs = [("seqwrite", "1M write QD16"), ("randwrite", "4K randwrite QD32"),
-        ("randread", "4K randread QD32"), ("qd1write", "4K randwrite QD1")]
+        ("randread", "4K randread QD32"), ("qd1write", "4K randwrite QD1"),
+        ("syncwrite", "4K write+fdatasync")]
 for job, title in jobs:
     base = load(f"local-{job}")
     for target in labels:
         r = load(f"{target}-{job}")
         # At QD1 the ratio is of latency (lower is better); elsewhere of IOPS.
-        if job == "qd1write":
+        if job in ("qd1write", "syncwrite"):
             ratio = r["mean"] / base["mean"] if base["mean"] else 0
         else:
             ratio = r["iops"] / base["iops"] if base["iops"] else 0
         cpu = f"{r['cpu_per_gib']:.1f}" if target != "local" else "-"
         print(f"{title:<16} {labels[target]:<10} {r['iops']:>8.0f} {r['bw']:>7.1f} {r['mean']:>8.0f} "
               f"{r['p99']:>7.0f} {ratio:>6.2f} {cpu:>9} {r['fio_cpu']:>6.0%}")
-print("ratio: IOPS / the local file's; for QD1, mean latency / the local file's.")
+print("ratio: IOPS / the local file's; at QD1, mean latency / the local file's (with")
+print("fdatasync, the write's and the fdatasync's latency together).")
 print("CPU s/GiB: user + system seconds of the engine and replica processes per GiB moved;")
 print("fio CPU: fio's own share of one CPU.")
 for target in [t for t in labels if t != "local"]:

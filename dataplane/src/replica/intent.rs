@@ -15,10 +15,11 @@
 //!
 //! Opening a region costs an `fdatasync` of the intent file, shared by every
 //! write that opens one meanwhile (group commit); writes to open regions
-//! cost a mutex and a counter. Closing costs nothing: once a flush has made
-//! a region's writes durable and it has been idle for [`CLOSE_AFTER`], it is
-//! dropped from memory, and its bit is cleared the next time its page of
-//! the bitmap is written. A stale bit only costs a recompute. Busy regions
+//! cost a mutex and a counter. Closing costs a sync of the checksums, shared
+//! by all the regions one flush closes: once a flush has made a region's
+//! writes and their checksums durable and it has been idle for
+//! [`CLOSE_AFTER`], it is dropped from memory, and its bit is cleared the
+//! next time its page of the bitmap is written. A stale bit only costs a recompute. Busy regions
 //! stay open across flushes, so a workload that flushes after every write
 //! does not pay a second sync for each, and a volume written all over stays
 //! open all over (a crash then recomputes all it wrote recently).
@@ -100,6 +101,12 @@ struct Region {
 
 /// Regions idle before a flush, with their write counts then.
 pub struct Idle(Vec<(u64, u64)>);
+
+impl Idle {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// The regions of a write in flight; their counts drop with it.
 #[must_use]

@@ -17,7 +17,7 @@
 //! are atomic renames; the chain is `volume.meta` -> head -> parent links.
 //!
 //! Modules: `extents` (block range sets), `layer` (one layer file), `store`
-//! (open/create and I/O), `chain` (snapshot operations), `ownership` (the
+//! (open/create and I/O), `group_commit` (flushes that share syncs), `chain` (snapshot operations), `ownership` (the
 //! volume, id, highest engine generation and I/O-path record a replica
 //! keeps), `fence` (keeping superseded engines out of a running replica),
 //! `rebuild_store` (the store's part of a rebuild: chunk summaries, layer
@@ -33,6 +33,7 @@ mod dir;
 mod error;
 mod extents;
 mod fence;
+mod group_commit;
 mod intent;
 mod layer;
 mod lock;

@@ -1,11 +1,23 @@
-//! The revision counter: bumped in memory on every write or unmap, persisted
-//! by flush. On start the engine trusts the replicas with the highest value.
+//! The revision counter: bumped in memory on every write or unmap, written
+//! to its file after each flush's sync. On start the engine makes the
+//! replicas with the highest value RW and rebuilds the others from them.
+//!
+//! The file never counts writes that are not on disk: a value is written
+//! only after the data it counts was synced. It may count fewer: a flush
+//! writes the record but does not sync it, a third `fdatasync` on every
+//! flush (the data's is the one a flush promises); the kernel writes it
+//! back within seconds, a clean stop syncs it, and a process that dies
+//! leaves it in the page cache. Only a power loss can leave it behind, and
+//! then by the writes of the last seconds, which is safe: the engine
+//! compares the counters only of replicas of the newest I/O path
+//! (`engine/io_path.rs`), and every one of those holds every write a
+//! completed flush covered, so whichever it keeps, no write a flush made
+//! durable is lost; after an unclean stop it keeps only one anyway.
 //!
 //! `revision.counter` holds one fixed-size record, 20 decimal digits and a
-//! newline, rewritten in place and fdatasynced. The record is far smaller
-//! than a disk sector, and sector writes are atomic, so a crash leaves the
-//! old or the new value; in-place rewriting avoids a rename and two fsyncs on
-//! every flush, which the frontends issue often.
+//! newline, rewritten in place. The record is far smaller than a disk
+//! sector, and sector writes are atomic, so a crash leaves the old or the
+//! new value; in-place rewriting avoids a rename and two fsyncs.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -25,9 +37,10 @@ pub struct RevisionCounter {
     path: PathBuf,
     file: File,
     current: AtomicU64,
-    /// The last value made durable. The mutex also orders concurrent
-    /// flushes, so a slow flush cannot persist an older value over a newer.
-    persisted: Mutex<u64>,
+    /// The last value written to the file. The mutex also orders
+    /// concurrent flushes, so a slow flush cannot write an older value over
+    /// a newer.
+    written: Mutex<u64>,
 }
 
 fn record(value: u64) -> String {
@@ -64,7 +77,7 @@ impl RevisionCounter {
             path,
             file,
             current: AtomicU64::new(value),
-            persisted: Mutex::new(value),
+            written: Mutex::new(value),
         })
     }
 
@@ -80,32 +93,43 @@ impl RevisionCounter {
     /// Sets the counter to `value` and makes it durable, even if lower: a
     /// rebuilt replica takes its source's counter while I/O is quiesced.
     pub fn persist_exact(&self, value: u64) -> Result<()> {
-        let mut persisted = lock::mutex(&self.persisted)?;
-        let io = |e| StorageError::io(&self.path, e);
-        self.file
-            .write_all_at(record(value).as_bytes(), 0)
-            .map_err(io)?;
-        self.file.sync_data().map_err(io)?;
-        *persisted = value;
+        let mut written = lock::mutex(&self.written)?;
+        self.write(value)?;
+        *written = value;
+        self.sync()?;
         self.current.store(value, Ordering::Release);
         Ok(())
     }
 
-    /// Makes `value` durable unless a value at least as new already is.
-    /// Callers read `current()` before syncing the data it counts, so the
-    /// persisted counter never claims writes that are not on disk.
-    pub fn persist(&self, value: u64) -> Result<()> {
-        let mut persisted = lock::mutex(&self.persisted)?;
-        if value <= *persisted {
-            return Ok(());
+    /// Writes `value` to the file, unless a value at least as new is
+    /// there, without waiting for the disk. Callers read `current()` before
+    /// syncing the data it counts, so the file never counts writes that are
+    /// not on disk.
+    pub fn note(&self, value: u64) -> Result<()> {
+        let mut written = lock::mutex(&self.written)?;
+        if value > *written {
+            self.write(value)?;
+            *written = value;
         }
-        let io = |e| StorageError::io(&self.path, e);
+        Ok(())
+    }
+
+    /// Notes `value` and makes the file durable (a clean stop).
+    pub fn persist(&self, value: u64) -> Result<()> {
+        self.note(value)?;
+        self.sync()
+    }
+
+    fn write(&self, value: u64) -> Result<()> {
         self.file
             .write_all_at(record(value).as_bytes(), 0)
-            .map_err(io)?;
-        self.file.sync_data().map_err(io)?;
-        *persisted = value;
-        Ok(())
+            .map_err(|e| StorageError::io(&self.path, e))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| StorageError::io(&self.path, e))
     }
 }
 
@@ -132,7 +156,10 @@ mod tests {
         counter.bump();
         assert_eq!(counter.current(), 2);
         assert_eq!(RevisionCounter::open(&dir).unwrap().current(), 0);
+        counter.note(1).unwrap();
+        assert_eq!(RevisionCounter::open(&dir).unwrap().current(), 1);
         counter.persist(2).unwrap();
+        counter.note(1).unwrap();
         counter.persist(1).unwrap();
         assert_eq!(RevisionCounter::open(&dir).unwrap().current(), 2);
         assert_eq!(

@@ -15,6 +15,7 @@ use super::BLOCK_SIZE;
 use super::dir::ReplicaDir;
 use super::error::{Result, StorageError};
 use super::extents::ExtentSet;
+use super::group_commit::GroupCommit;
 use super::layer::{Layer, buf_range, probe_filesystem};
 use super::lock;
 use super::meta::{LayerMeta, VolumeMeta, check_size};
@@ -33,6 +34,8 @@ pub struct ReplicaStore {
     pub(super) revision: RevisionCounter,
     /// Fast-path copy of `meta.dirty`, so writes need not take the write lock.
     dirty: AtomicBool,
+    /// The changes to sync at the next flush.
+    commit: GroupCommit,
 }
 
 /// The layer chain and the metadata describing it.
@@ -178,6 +181,7 @@ impl ReplicaStore {
         Self {
             dir,
             dirty: AtomicBool::new(meta.dirty),
+            commit: GroupCommit::default(),
             state: RwLock::new(State {
                 meta,
                 head,
@@ -271,7 +275,9 @@ impl ReplicaStore {
         self.mark_dirty()?;
         let state = lock::read(&self.state)?;
         let (start, _) = state.blocks(offset, data.len() as u64)?;
-        state.head.write_blocks(start, data)
+        state.head.write_blocks(start, data)?;
+        self.commit.changed();
+        Ok(())
     }
 
     /// Discards `len` bytes at `offset`: they read as zeros afterwards. Holes
@@ -296,6 +302,7 @@ impl ReplicaStore {
         for (s, e) in shadowing.iter() {
             state.head.write_zeros(s, e)?;
         }
+        self.commit.changed();
         self.revision.bump();
         Ok(())
     }
@@ -305,13 +312,18 @@ impl ReplicaStore {
         self.flush_locked(&*lock::read(&self.state)?)
     }
 
-    /// Flush with the chain lock already held (by either kind of guard).
-    /// The counter is read before the sync, so it never counts writes the
-    /// sync may have missed.
+    /// Flush with the chain lock already held (by either kind of guard),
+    /// a no-op if nothing changed since the last (`group_commit.rs`). The
+    /// counter is read before the sync, so it never counts writes the sync
+    /// may have missed, and written after it, durable later (`revision.rs`).
+    /// A layer that stops being the head is flushed first (`chain.rs`), so
+    /// syncing the head covers every change.
     pub(super) fn flush_locked(&self, state: &State) -> Result<()> {
-        let revision = self.revision.current();
-        state.head.sync_data()?;
-        self.revision.persist(revision)
+        self.commit.flush(|| {
+            let revision = self.revision.current();
+            state.head.sync_data()?;
+            self.revision.note(revision)
+        })
     }
 
     /// Flushes and clears the dirty flag: the persisted revision counter now
@@ -325,6 +337,8 @@ impl ReplicaStore {
     pub fn mark_clean(&self) -> Result<()> {
         let mut state = lock::write(&self.state)?;
         self.flush_locked(&state)?;
+        // No write is in flight, and the flush covered every one.
+        self.revision.persist(self.revision.current())?;
         state.head.settle()?;
         state.update_meta(&self.dir, |meta| meta.dirty = false)?;
         self.dirty.store(false, Ordering::Release);
