@@ -244,16 +244,21 @@ impl Engine {
     /// (a clean one if any) becomes RW and the others are rebuilt from it.
     /// Only members of the newest I/O path (`members`, when there is a
     /// record) are candidates: any other replica missed writes.
+    /// Without a record (salvage), the replicas' own records of the I/O
+    /// path rank them first: one that left the path keeps an older record
+    /// than those that stayed and took more writes, and a counter alone
+    /// may lag the last seconds' writes after a power loss (`revision.rs`).
     fn place(&self, mut reachable: Vec<(Arc<Member>, ReplicaStatus)>, members: Option<&[String]>) {
         let trusted = |s: &ReplicaStatus| {
             !s.rebuilding && members.is_none_or(|members| members.contains(&s.id))
         };
+        let rank = |s: &ReplicaStatus| rank(s, members.is_none());
         let newest = reachable
             .iter()
             .filter(|(_, s)| trusted(s))
-            .map(|(_, s)| s.revision)
+            .map(|(_, s)| rank(s))
             .max();
-        let current = |s: &ReplicaStatus| trusted(s) && Some(s.revision) == newest;
+        let current = |s: &ReplicaStatus| trusted(s) && Some(rank(s)) == newest;
         let unclean = reachable.iter().any(|(_, s)| current(s) && s.dirty);
         // Clean replicas first: they are the ones to trust.
         reachable.sort_by_key(|(_, s)| s.dirty);
@@ -544,6 +549,13 @@ impl From<EngineError> for io::Error {
     }
 }
 
+/// How current a replica is, higher first: its revision counter, and in a
+/// salvage first its own record of the I/O path (see [`Engine::place`]).
+fn rank(status: &ReplicaStatus, salvage: bool) -> (Option<(u64, u64)>, u64) {
+    let record = status.io_path.as_ref().filter(|_| salvage);
+    (record.map(|p| (p.generation, p.version)), status.revision)
+}
+
 /// The frontend's I/O, measured by the [`BlockDevice`] methods below.
 impl Engine {
     async fn read_volume(&self, offset: u64, len: usize) -> io::Result<Bytes> {
@@ -629,7 +641,29 @@ impl BlockDevice for Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::{keep_nearest, pieces};
+    use super::{keep_nearest, pieces, rank};
+    use crate::protocol::control::{IoPath, ReplicaStatus};
+
+    /// A replica that left the I/O path at version 2 reports its exact
+    /// counter; one that stayed lost power, and its counter file lags.
+    #[test]
+    fn a_salvage_ranks_who_stayed_in_the_io_path_above_a_higher_counter() {
+        let status = |revision, version| ReplicaStatus {
+            revision,
+            io_path: Some(IoPath {
+                generation: 3,
+                version,
+                members: Vec::new(),
+            }),
+            ..ReplicaStatus::default()
+        };
+        let (left, stayed) = (status(100, 1), status(90, 2));
+        assert!(rank(&stayed, true) > rank(&left, true));
+        assert!(
+            rank(&stayed, false) < rank(&left, false),
+            "members of one record compare counters"
+        );
+    }
 
     #[test]
     fn reads_go_to_replicas_on_this_node_when_there_are_any() {

@@ -11,13 +11,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::error::Result;
 use super::lock;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct GroupCommit {
     /// Changes (writes, repairs, unmaps) completed so far.
     changes: AtomicU64,
     /// How many of `changes` the last successful sync covered. Held while
     /// syncing, so that flushes take turns.
     synced: Mutex<u64>,
+}
+
+impl Default for GroupCommit {
+    /// One change not yet synced: a process that ran before this one (and
+    /// crashed) may have left writes in the page cache, which the first
+    /// flush must make durable too.
+    fn default() -> Self {
+        Self {
+            changes: AtomicU64::new(1),
+            synced: Mutex::new(0),
+        }
+    }
 }
 
 impl GroupCommit {
@@ -62,18 +74,23 @@ mod tests {
             Ok(())
         };
         commit.flush(count).unwrap();
-        assert_eq!(syncs.load(Ordering::Relaxed), 0, "nothing written yet");
+        commit.flush(count).unwrap();
+        assert_eq!(
+            syncs.load(Ordering::Relaxed),
+            1,
+            "only the first syncs: a crash before may have left writes"
+        );
         commit.changed();
         commit.flush(count).unwrap();
         commit.flush(count).unwrap();
-        assert_eq!(syncs.load(Ordering::Relaxed), 1);
+        assert_eq!(syncs.load(Ordering::Relaxed), 2);
         commit.changed();
         let failed = commit.flush(|| Err(StorageError::Poisoned));
         assert!(failed.is_err());
         commit.flush(count).unwrap();
         assert_eq!(
             syncs.load(Ordering::Relaxed),
-            2,
+            3,
             "the failed sync covered nothing"
         );
     }

@@ -306,7 +306,8 @@ impl Intents {
     }
 
     /// Before a flush: the regions with nothing in flight and no write for
-    /// [`CLOSE_AFTER`].
+    /// [`CLOSE_AFTER`]. A region whose bit is not yet durable is not idle:
+    /// a write is waiting for it in [`Self::mark`], not yet counted.
     pub fn idle(&self) -> Idle {
         let state = self.state();
         let now = Instant::now();
@@ -315,7 +316,9 @@ impl Intents {
                 .open
                 .iter()
                 .filter(|(_, region)| {
-                    region.in_flight == 0 && now.duration_since(region.last_write) >= CLOSE_AFTER
+                    region.in_flight == 0
+                        && region.durable_at <= state.written
+                        && now.duration_since(region.last_write) >= CLOSE_AFTER
                 })
                 .map(|(&r, region)| (r, region.writes))
                 .collect(),

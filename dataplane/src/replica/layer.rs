@@ -203,6 +203,11 @@ impl Layer {
                 blocks += e - s;
             }
         }
+        // The data the sums were computed from may be a crashed process's
+        // writes, still in the page cache: durable before the sums are.
+        self.file
+            .sync_data()
+            .map_err(|e| StorageError::io(&self.path, e))?;
         self.checksums.sync()?;
         self.intents.clear()?;
         tracing::info!(layer = %self.path.display(), ?stale, blocks, "recomputed the checksums a stop left unsure");

@@ -6,13 +6,15 @@
 //! only after the data it counts was synced. It may count fewer: a flush
 //! writes the record but does not sync it, a third `fdatasync` on every
 //! flush (the data's is the one a flush promises); the kernel writes it
-//! back within seconds, a clean stop syncs it, and a process that dies
-//! leaves it in the page cache. Only a power loss can leave it behind, and
-//! then by the writes of the last seconds, which is safe: the engine
-//! compares the counters only of replicas of the newest I/O path
-//! (`engine/io_path.rs`), and every one of those holds every write a
-//! completed flush covered, so whichever it keeps, no write a flush made
-//! durable is lost; after an unclean stop it keeps only one anyway.
+//! back within about half a minute (its dirty expiry), a clean stop syncs
+//! it, and a process that dies leaves it in the page cache. Only a power
+//! loss can leave it behind, by the writes of that last half minute, which
+//! is safe: the engine compares the counters only of replicas of the
+//! newest I/O path (`engine/io_path.rs`), and every one of those holds
+//! every write a completed flush covered, so whichever it keeps, no write a
+//! flush made durable is lost (after an unclean stop it keeps only one
+//! anyway); a salvage ranks replicas by their records of the I/O path
+//! before their counters.
 //!
 //! `revision.counter` holds one fixed-size record, 20 decimal digits and a
 //! newline, rewritten in place. The record is far smaller than a disk

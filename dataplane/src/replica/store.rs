@@ -259,7 +259,10 @@ impl ReplicaStore {
     /// 4096. Durable after [`flush`](Self::flush).
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write_head(offset, data)?;
+        // Counted before a flush may see it done, so that the flush that
+        // syncs it notes it too.
         self.revision.bump();
+        self.commit.changed();
         Ok(())
     }
 
@@ -268,16 +271,16 @@ impl ReplicaStore {
     /// too). Not a write of the volume's: the revision counter stays, so
     /// that this replica does not look newer than the others.
     pub fn repair_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.write_head(offset, data)
+        self.write_head(offset, data)?;
+        self.commit.changed();
+        Ok(())
     }
 
     fn write_head(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.mark_dirty()?;
         let state = lock::read(&self.state)?;
         let (start, _) = state.blocks(offset, data.len() as u64)?;
-        state.head.write_blocks(start, data)?;
-        self.commit.changed();
-        Ok(())
+        state.head.write_blocks(start, data)
     }
 
     /// Discards `len` bytes at `offset`: they read as zeros afterwards. Holes
@@ -302,8 +305,8 @@ impl ReplicaStore {
         for (s, e) in shadowing.iter() {
             state.head.write_zeros(s, e)?;
         }
-        self.commit.changed();
         self.revision.bump();
+        self.commit.changed();
         Ok(())
     }
 
