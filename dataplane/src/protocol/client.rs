@@ -359,8 +359,15 @@ async fn write_requests(
     mut queue: mpsc::Receiver<Request>,
 ) {
     let mut sink = FramedWrite::new(write, ClientCodec);
+    sink.set_backpressure_boundary(super::frame::BATCH_BYTES);
     while let Some(request) = queue.recv().await {
         let mut sent = sink.feed(request).await;
+        // Let the tasks ready to run queue their requests too (a queue
+        // depth's worth comes in at once): one send for all of them rather
+        // than one each.
+        if queue.is_empty() {
+            tokio::task::yield_now().await;
+        }
         // Batch whatever else is queued into the same flush.
         while sent.is_ok() {
             match queue.try_recv() {

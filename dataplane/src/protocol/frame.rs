@@ -22,6 +22,12 @@ const VERSION: u8 = 2;
 const REQUEST_HEADER: usize = 24;
 const RESPONSE_HEADER: usize = 16;
 
+/// Frames read or written in one system call, at most: a connection's
+/// read buffer and the bytes its writer gathers before sending. Small
+/// writes come many at once (a queue depth of 32 is 32 frames); tokio's
+/// default of 8 KiB cost a system call for every 4 KiB one.
+pub const BATCH_BYTES: usize = 256 << 10;
+
 /// The largest read or write one frame may carry.
 pub const MAX_PAYLOAD: u32 = 8 << 20;
 /// The largest response: a read's data and, for `Corrupt`, its ranges (at

@@ -16,7 +16,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tracing::{Instrument, debug, warn};
 
 use super::auth::{Claim, Key, Role};
-use super::frame::{MAX_PAYLOAD, Op, Request, Response, ServerCodec};
+use super::frame::{BATCH_BYTES, MAX_PAYLOAD, Op, Request, Response, ServerCodec};
 use super::handshake::{self, HandshakeError};
 
 /// Requests one connection may have in flight; more wait to be read.
@@ -125,7 +125,7 @@ async fn connection<H: Handler>(mut stream: TcpStream, peer: SocketAddr, handler
     };
     debug!(?admitted, "admitted");
     let (read, write) = stream.into_split();
-    let mut requests = FramedRead::new(read, ServerCodec);
+    let mut requests = FramedRead::with_capacity(read, ServerCodec, BATCH_BYTES);
     let (answers, queue) = mpsc::channel(MAX_IN_FLIGHT);
     let writer = tokio::spawn(write_responses(write, queue));
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
@@ -185,6 +185,7 @@ async fn write_responses(
     mut queue: mpsc::Receiver<Response>,
 ) {
     let mut sink = FramedWrite::new(write, ServerCodec);
+    sink.set_backpressure_boundary(BATCH_BYTES);
     while let Some(response) = queue.recv().await {
         let mut sent = sink.feed(response).await;
         while sent.is_ok() {
