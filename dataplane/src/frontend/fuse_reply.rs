@@ -95,3 +95,56 @@ impl Drop for Reply {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use zerocopy::FromBytes;
+
+    use super::*;
+    use crate::frontend::fuse_abi::{OutHeader, WriteOut};
+
+    /// A sink writing into a pipe instead of /dev/fuse, and the pipe's other
+    /// end, holding what it was sent.
+    fn pipe_sink() -> (Sink, std::fs::File) {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        (Sink::Dev(Arc::new(DevFuse::new(write))), read.into())
+    }
+
+    fn sent(sink: Sink, mut read: std::fs::File) -> Vec<u8> {
+        drop(sink);
+        let mut bytes = Vec::new();
+        read.read_to_end(&mut bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_reply_is_its_header_then_its_body() {
+        let (sink, read) = pipe_sink();
+        let Sink::Dev(dev) = &sink;
+        Reply::new(7, Sink::Dev(dev.clone())).value(&WriteOut {
+            size: 4096,
+            padding: 0,
+        });
+        let bytes = sent(sink, read);
+        let (header, body) = OutHeader::read_from_prefix(&bytes).unwrap();
+        assert_eq!((header.len, header.error, header.unique), (24, 0, 7));
+        assert_eq!(body, 4096u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn a_reply_dropped_unanswered_answers_eio_and_a_forget_nothing() {
+        let (sink, read) = pipe_sink();
+        let Sink::Dev(dev) = &sink;
+        drop(Reply::new(9, Sink::Dev(dev.clone())));
+        Reply::new(10, Sink::Dev(dev.clone())).none();
+        let bytes = sent(sink, read);
+        let (header, rest) = OutHeader::read_from_prefix(&bytes).unwrap();
+        assert_eq!(
+            (header.len, header.error, header.unique),
+            (16, -libc::EIO, 9)
+        );
+        assert!(rest.is_empty(), "{rest:?}");
+    }
+}
