@@ -2,7 +2,7 @@
 # Fuzzes one target of fuzz/ with afl for a given time, starting from its
 # committed corpus, and fails if afl saved any crash or hang.
 #
-#   hack/fuzz.sh <frame|iscsi|store> <seconds>
+#   hack/fuzz.sh <frame|fuse|iscsi|store> <seconds>
 #
 # Needs cargo-afl and its AFL++ runtime, which hack/install-test-deps.sh
 # installs into $OXHORN_CACHE (default ~/.cache/oxhorn). The instrumented
@@ -14,7 +14,7 @@
 # at exit.
 #
 #
-#   hack/fuzz.sh <frame|iscsi|store> <seconds> --update-corpus
+#   hack/fuzz.sh <frame|fuse|iscsi|store> <seconds> --update-corpus
 #
 # also replaces fuzz/corpus/<target> with the run's queue minimised by
 # afl-cmin (inputs named by their content's hash), when the run found
@@ -22,10 +22,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { echo "usage: $0 <frame|iscsi|store> <seconds> [--update-corpus]" >&2; exit 2; }
+usage() { echo "usage: $0 <frame|fuse|iscsi|store> <seconds> [--update-corpus]" >&2; exit 2; }
 [ $# -eq 2 ] || { [ $# -eq 3 ] && [ "$3" = --update-corpus ]; } || usage
 target=$1 seconds=$2 update=${3:-}
-case $target in frame | iscsi | store) ;; *) usage ;; esac
+case $target in frame | fuse | iscsi | store) ;; *) usage ;; esac
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || usage
 
 cache=${OXHORN_CACHE:-${HOME}/.cache/oxhorn}

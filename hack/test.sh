@@ -22,6 +22,7 @@ hack/build-image.sh --binary "${CARGO_TARGET_DIR:-target}/release/oxhorn" >/dev/
 cargo test --locked --workspace
 # A short coverage-guided run of each fuzz target from its corpus (fuzz/).
 hack/fuzz.sh frame 30
+hack/fuzz.sh fuse 30
 hack/fuzz.sh iscsi 30
 hack/fuzz.sh store 30
 sanity-tests/run.sh

@@ -6,6 +6,8 @@
 //! - [`frame`]: the data protocol decoders, fed arbitrary bytes as a socket
 //!   would deliver them;
 //! - [`iscsi`]: the iSCSI target's PDU decoder and text parser, likewise;
+//! - [`fuse`]: the FUSE request parser, fed requests as `/dev/fuse` would
+//!   deliver them;
 //! - [`store`]: a sequence of operations on a real `ReplicaStore`, checked
 //!   against an in-memory model after every step.
 //!
@@ -18,10 +20,12 @@
 //! one store input step by step: `OXHORN_FUZZ_TRACE=1`.
 
 mod frame;
+mod fuse;
 mod iscsi;
 mod store;
 
 pub use frame::frame;
+pub use fuse::fuse;
 pub use iscsi::iscsi;
 pub use store::store;
 
@@ -51,6 +55,11 @@ mod tests {
     #[test]
     fn frame_corpus_replays_cleanly() {
         assert!(replay("frame", super::frame) > 0);
+    }
+
+    #[test]
+    fn fuse_corpus_replays_cleanly() {
+        assert!(replay("fuse", super::fuse) > 0);
     }
 
     #[test]

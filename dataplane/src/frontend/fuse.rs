@@ -10,24 +10,22 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fuser::{BackgroundSession, Config, Session, SessionACL};
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 use nix::libc;
-use nix::mount::{MntFlags, MsFlags};
-use nix::sys::stat::Mode;
+use nix::mount::MntFlags;
 use tokio::runtime::Handle;
 use tracing::{Span, info, info_span, warn};
 
 use super::device_link::{self, DeviceLink};
 use super::error::{FrontendError, Result};
+use super::fuse_dev;
+use super::fuse_session::Session;
 use super::fusefs::{FILE_INO, FILE_NAME, VolumeFs};
 use super::loopdev::{self, Detached, LoopDevice};
 use super::{BLOCK_SIZE, BlockDevice};
@@ -110,7 +108,7 @@ impl Paths {
 pub struct FuseFrontend {
     span: Span,
     paths: Paths,
-    session: Option<BackgroundSession>,
+    session: Option<Session>,
     mounted: bool,
     loop_device: Option<LoopDevice>,
     device_path: PathBuf,
@@ -201,12 +199,9 @@ impl FuseFrontend {
     /// (so it sees the device's new size) and the loop device re-reads it.
     pub fn refresh_size(&self) -> Result<()> {
         if let Some(session) = &self.session {
-            session
-                .notifier()
-                .inval_inode(FILE_INO, 0, 0)
-                .map_err(|e| {
-                    FrontendError::io("invalidating the size of", &self.paths.backing_file, e)
-                })?;
+            session.inval_inode(FILE_INO).map_err(|e| {
+                FrontendError::io("invalidating the size of", &self.paths.backing_file, e)
+            })?;
         }
         if let Some(device) = &self.loop_device {
             device
@@ -230,14 +225,10 @@ impl FuseFrontend {
         let mount_point = &self.paths.mount_point;
         fs::create_dir_all(mount_point)
             .map_err(|e| FrontendError::io("creating", mount_point, e))?;
-        let fuse = mount_fuse(mount_point)?;
+        let fuse = fuse_dev::mount(mount_point)?;
         self.mounted = true;
-        let mut config = Config::default();
-        config.acl = SessionACL::All;
-        config.n_threads = Some(threads.max(1));
-        config.clone_fd = true;
-        let session = Session::from_fd(fs, fuse, SessionACL::All, config)
-            .and_then(Session::spawn)
+        let span = self.span.clone();
+        let session = Session::start(fuse, fs, threads, span)
             .map_err(|e| FrontendError::io("serving FUSE at", mount_point, e))?;
         self.session = Some(session);
         Ok(())
@@ -362,34 +353,6 @@ fn attach_preferring_direct_io(backing: &File, path: &Path) -> Result<LoopDevice
         other => other,
     }
     .map_err(|e| FrontendError::io("attaching a loop device to", path, e))
-}
-
-/// Mounts a FUSE filesystem at `mount_point` and returns the `/dev/fuse`
-/// descriptor that serves it. We are root, so mount(2) directly rather than
-/// through fusermount, which also leaves unmounting entirely to us.
-fn mount_fuse(mount_point: &Path) -> Result<OwnedFd> {
-    let dev = Path::new("/dev/fuse");
-    let fuse = nix::fcntl::open(dev, OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(|e| FrontendError::io("opening", dev, e))?;
-    // allow_other: the volume's users are not only us (the loop driver, pods);
-    // default_permissions: so the kernel enforces the file's 0600.
-    let options = format!(
-        "fd={},rootmode={:o},user_id={},group_id={},allow_other,default_permissions",
-        fuse.as_raw_fd(),
-        libc::S_IFDIR | 0o755,
-        nix::unistd::geteuid(),
-        nix::unistd::getegid(),
-    );
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    nix::mount::mount(
-        Some("oxhorn"),
-        mount_point,
-        Some("fuse.oxhorn"),
-        flags,
-        Some(options.as_str()),
-    )
-    .map_err(|e| FrontendError::io("mounting FUSE at", mount_point, e))?;
-    Ok(fuse)
 }
 
 enum Unmount {

@@ -1,34 +1,32 @@
 //! The FUSE filesystem of one volume: a root directory holding one regular
 //! file, [`FILE_NAME`], whose contents are the volume.
 //!
-//! fuser calls these methods on its session threads, one request at a time
-//! per thread. Every data request is therefore handed to the tokio runtime
+//! The session's reader threads hand it their requests, one at a time per
+//! thread. Every data request is therefore passed on to the tokio runtime
 //! and answered from there, so that a slow replica never holds up the
 //! requests behind it; metadata is answered on the spot.
 
-use std::ffi::OsStr;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, WriteFlags,
-};
 use nix::libc;
 use tokio::runtime::Handle;
-use tracing::{Instrument, Span, debug, warn};
+use tracing::{Instrument, Span, debug};
 
 use super::aligned::AlignedIo;
+use super::fuse_abi::{Attr, InHeader, ROOT_ID, StatfsOut, WriteOut, fopen, init_flags, opcode};
+use super::fuse_proto::{self, DirEntry, InitSettings, Request, Ttl};
+use super::fuse_reply::Reply;
+use super::fuse_session::Handler;
 use super::{BLOCK_SIZE, BlockDevice};
 
 /// The name of the volume's file in the mount.
 pub const FILE_NAME: &str = "volume";
 
-pub(crate) const FILE_INO: INodeNo = INodeNo(2);
+pub(crate) const FILE_INO: u64 = 2;
 
 /// Largest read or write the kernel sends in one request. 1 MiB is the
 /// kernel's default cap (`fs.fuse.max_pages_limit` = 256 pages) and large
@@ -40,38 +38,42 @@ pub const MAX_REQUEST: u32 = 1 << 20;
 /// holds 128 requests by default; matching it lets all of them through.
 const MAX_BACKGROUND: u16 = 128;
 
+const INIT_SETTINGS: InitSettings = InitSettings {
+    max_write: MAX_REQUEST,
+    max_background: MAX_BACKGROUND,
+    congestion_threshold: MAX_BACKGROUND / 4 * 3,
+    // Without it the kernel submits a loop device's direct I/O to us one
+    // request at a time.
+    flags: init_flags::ASYNC_DIO,
+};
+
 /// The inodes' attributes change only when the volume grows, and then the
 /// frontend tells the kernel to drop them, so it may cache them for long.
-const TTL: Duration = Duration::from_secs(3600);
+const TTL: Ttl = Ttl {
+    secs: 3600,
+    nanos: 0,
+};
+
+const DT_DIR: u32 = 4;
+const DT_REG: u32 = 8;
 
 pub(crate) struct VolumeFs<D> {
     io: Arc<AlignedIo<D>>,
     runtime: Handle,
     span: Span,
-    root: FileAttr,
 }
 
 impl<D: BlockDevice> VolumeFs<D> {
     pub(crate) fn new(device: Arc<D>, runtime: Handle, span: Span) -> Self {
         let io = Arc::new(AlignedIo::new(device));
-        let root = attr(INodeNo::ROOT, FileType::Directory, 0o755, 0);
-        VolumeFs {
-            io,
-            runtime,
-            span,
-            root,
-        }
+        VolumeFs { io, runtime, span }
     }
 
-    /// The volume file's attributes, sized as the device is now.
-    fn file_attr(&self) -> FileAttr {
-        attr(FILE_INO, FileType::RegularFile, 0o600, self.io.size())
-    }
-
-    fn attr_of(&self, ino: INodeNo) -> Option<FileAttr> {
+    fn attr_of(&self, ino: u64) -> Option<Attr> {
         match ino {
-            INodeNo::ROOT => Some(self.root),
-            FILE_INO => Some(self.file_attr()),
+            ROOT_ID => Some(attr(ROOT_ID, libc::S_IFDIR | 0o755, 0)),
+            // Sized as the device is now.
+            FILE_INO => Some(attr(FILE_INO, libc::S_IFREG | 0o600, self.io.size())),
             _ => None,
         }
     }
@@ -82,19 +84,27 @@ impl<D: BlockDevice> VolumeFs<D> {
     }
 }
 
-fn attr(ino: INodeNo, kind: FileType, perm: u16, size: u64) -> FileAttr {
-    let now = SystemTime::now();
-    FileAttr {
+fn attr(ino: u64, mode: u32, size: u64) -> Attr {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let (secs, nanos) = (now.as_secs(), now.subsec_nanos());
+    Attr {
         ino,
         size,
         blocks: size / 512,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-        kind,
-        perm,
-        nlink: if kind == FileType::Directory { 2 } else { 1 },
+        atime: secs,
+        mtime: secs,
+        ctime: secs,
+        atimensec: nanos,
+        mtimensec: nanos,
+        ctimensec: nanos,
+        mode,
+        nlink: if mode & libc::S_IFMT == libc::S_IFDIR {
+            2
+        } else {
+            1
+        },
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
         rdev: 0,
@@ -105,9 +115,9 @@ fn attr(ino: INodeNo, kind: FileType, perm: u16, size: u64) -> FileAttr {
 
 /// The errno the caller sees for a failed request: the device's own when it
 /// has one (ENOSPC, EFBIG), EIO otherwise.
-fn errno(op: &'static str, err: &io::Error) -> Errno {
+fn errno(op: &'static str, err: &io::Error) -> i32 {
     debug!(op, %err, "request failed");
-    Errno::from_i32(err.raw_os_error().unwrap_or(libc::EIO))
+    err.raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// What an `fallocate(2)` mode asks of a fixed-size, thinly provisioned file.
@@ -136,88 +146,94 @@ fn allocate_action(mode: i32, end: u64, size: u64) -> Allocate {
     }
 }
 
-impl<D: BlockDevice> Filesystem for VolumeFs<D> {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        if let Err(max) = config.set_max_write(MAX_REQUEST) {
-            warn!(max, "kernel caps FUSE writes lower than wanted");
-            let _ = config.set_max_write(max);
-        }
-        let _ = config.set_max_background(MAX_BACKGROUND);
-        let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
-        // Without it the kernel submits a loop device's direct I/O to us one
-        // request at a time.
-        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO) {
-            warn!(?missing, "kernel lacks asynchronous direct I/O for FUSE");
-        }
-        Ok(())
+impl<D: BlockDevice> Handler for VolumeFs<D> {
+    fn init_settings(&self) -> InitSettings {
+        INIT_SETTINGS
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent == INodeNo::ROOT && name == FILE_NAME {
-            reply.entry(&TTL, &self.file_attr(), Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
+    fn handle(&self, header: &InHeader, request: Request<'_>, reply: Reply) {
+        let ino = header.nodeid;
+        match request {
+            Request::Lookup { name } => self.lookup(ino, name, reply),
+            Request::Getattr { .. } => match self.attr_of(ino) {
+                Some(attr) => reply.value(&fuse_proto::attr_out(attr, TTL)),
+                None => reply.error(libc::ENOENT),
+            },
+            Request::Setattr {
+                mode,
+                uid,
+                gid,
+                size,
+            } => self.setattr(
+                ino,
+                size,
+                mode.is_some() || uid.is_some() || gid.is_some(),
+                reply,
+            ),
+            Request::Open { .. } => self.open(ino, reply),
+            Request::Read { offset, size, .. } => self.read(offset, size, reply),
+            Request::Write { offset, data, .. } => self.write(offset, data, reply),
+            // FLUSH comes on every close(2) of the file: makes its writes
+            // durable, so that closing after writing is enough, as on a disk.
+            Request::Flush { .. } => self.flush("flush", reply),
+            Request::Fsync { .. } => self.flush("fsync", reply),
+            Request::Readdir { offset, size, .. } => self.readdir(ino, offset, size, reply),
+            Request::Statfs => self.statfs(reply),
+            Request::Fallocate {
+                offset,
+                length,
+                mode,
+                ..
+            } => self.fallocate(offset, length, mode as i32, reply),
+            Request::Opendir => reply.value(&fuse_proto::open_out(0, 0)),
+            Request::Release { .. } | Request::Releasedir { .. } => reply.ok(),
+            // We keep no lookup counts.
+            Request::Forget { .. } | Request::BatchForget { .. } => reply.none(),
+            // The kernel then stops sending them.
+            Request::Interrupt { .. } => reply.error(libc::ENOSYS),
+            // fuser's answers to these, kept.
+            Request::Unknown(opcode::SYMLINK | opcode::LINK) => reply.error(libc::EPERM),
+            Request::Unknown(_) => reply.error(libc::ENOSYS),
+            // The session answers these itself.
+            Request::Init(_) | Request::Destroy => reply.error(libc::EIO),
         }
     }
+}
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr_of(ino) {
-            Some(attr) => reply.attr(&TTL, &attr),
-            None => reply.error(Errno::ENOENT),
+impl<D: BlockDevice> VolumeFs<D> {
+    fn lookup(&self, parent: u64, name: &[u8], reply: Reply) {
+        match self.attr_of(FILE_INO) {
+            Some(attr) if parent == ROOT_ID && name == FILE_NAME.as_bytes() => {
+                reply.value(&fuse_proto::entry_out(attr, TTL));
+            }
+            _ => reply.error(libc::ENOENT),
         }
     }
 
     /// Only no-op changes succeed: the size is the volume's, and ownership and
     /// permissions are fixed (root only).
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, ino: u64, size: Option<u64>, owner_or_mode: bool, reply: Reply) {
         let Some(attr) = self.attr_of(ino) else {
-            return reply.error(Errno::ENOENT);
+            return reply.error(libc::ENOENT);
         };
         let changes_size = size.is_some_and(|size| size != attr.size);
-        if changes_size || mode.is_some() || uid.is_some() || gid.is_some() {
-            return reply.error(Errno::EPERM);
+        if changes_size || owner_or_mode {
+            return reply.error(libc::EPERM);
         }
-        reply.attr(&TTL, &attr);
+        reply.value(&fuse_proto::attr_out(attr, TTL));
     }
 
     /// Direct I/O: the kernel must not cache the volume a second time (the
     /// block device on top caches it), and every read must see the device.
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, ino: u64, reply: Reply) {
         if ino != FILE_INO {
-            return reply.error(Errno::EISDIR);
+            return reply.error(libc::EISDIR);
         }
-        let flags = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
-        reply.opened(FileHandle(0), flags);
+        let flags = fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES;
+        reply.value(&fuse_proto::open_out(0, flags));
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, offset: u64, size: u32, reply: Reply) {
         let io = self.io.clone();
         self.spawn(async move {
             match io.read(offset, size as usize).await {
@@ -227,104 +243,71 @@ impl<D: BlockDevice> Filesystem for VolumeFs<D> {
         });
     }
 
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
+    fn write(&self, offset: u64, data: &[u8], reply: Reply) {
         // The request buffer is reused for the next request: copy out.
         let data = Bytes::copy_from_slice(data);
         let io = self.io.clone();
         self.spawn(async move {
             match io.write(offset, data).await {
                 // At most MAX_REQUEST bytes: fits.
-                Ok(written) => reply.written(written as u32),
+                Ok(written) => reply.value(&WriteOut {
+                    size: written as u32,
+                    padding: 0,
+                }),
                 Err(err) => reply.error(errno("write", &err)),
             }
         });
     }
 
-    /// Called on every close(2) of the file: makes its writes durable, so that
-    /// closing after writing is enough, as on a disk.
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        self.fsync_reply("flush", reply);
+    fn flush(&self, op: &'static str, reply: Reply) {
+        let io = self.io.clone();
+        self.spawn(async move {
+            match io.flush().await {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(errno(op, &err)),
+            }
+        });
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.fsync_reply("fsync", reply);
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        if ino != INodeNo::ROOT {
-            return reply.error(Errno::ENOTDIR);
+    fn readdir(&self, ino: u64, offset: u64, size: u32, reply: Reply) {
+        if ino != ROOT_ID {
+            return reply.error(libc::ENOTDIR);
         }
         let entries = [
-            (INodeNo::ROOT, FileType::Directory, "."),
-            (INodeNo::ROOT, FileType::Directory, ".."),
-            (FILE_INO, FileType::RegularFile, FILE_NAME),
-        ];
-        // An entry's offset is the one to resume after it.
-        for (next, (ino, kind, name)) in (1..).zip(entries).skip(offset as usize) {
-            if reply.add(ino, next, kind, name) {
-                break;
-            }
-        }
-        reply.ok();
+            (ROOT_ID, DT_DIR, "."),
+            (ROOT_ID, DT_DIR, ".."),
+            (FILE_INO, DT_REG, FILE_NAME),
+        ]
+        .map(|(ino, kind, name)| DirEntry {
+            ino,
+            kind,
+            name: name.as_bytes(),
+        });
+        reply.data(&fuse_proto::dir_entries(&entries, offset, size as usize));
     }
 
     /// Block size and capacity of the volume: the loop driver takes its
     /// discard granularity from the block size.
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let blocks = self.io.size() / BLOCK_SIZE;
+    fn statfs(&self, reply: Reply) {
         let block = BLOCK_SIZE as u32;
-        reply.statfs(blocks, 0, 0, 2, 0, block, 255, block);
+        reply.value(&StatfsOut {
+            blocks: self.io.size() / BLOCK_SIZE,
+            files: 2,
+            bsize: block,
+            namelen: 255,
+            frsize: block,
+            ..StatfsOut::default()
+        });
     }
 
     /// Loop devices turn discards and write-zeroes into punch hole and zero
     /// range; both become an unmap.
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn fallocate(&self, offset: u64, length: u64, mode: i32, reply: Reply) {
         let end = offset.saturating_add(length);
         match allocate_action(mode, end, self.io.size()) {
             Allocate::Nothing => reply.ok(),
-            Allocate::TooBig => reply.error(Errno::EFBIG),
-            Allocate::Unsupported => reply.error(Errno::EOPNOTSUPP),
+            Allocate::TooBig => reply.error(libc::EFBIG),
+            Allocate::Unsupported => reply.error(libc::EOPNOTSUPP),
             Allocate::Discard => {
                 let io = self.io.clone();
                 self.spawn(async move {
@@ -338,21 +321,49 @@ impl<D: BlockDevice> Filesystem for VolumeFs<D> {
     }
 }
 
-impl<D: BlockDevice> VolumeFs<D> {
-    fn fsync_reply(&self, op: &'static str, reply: ReplyEmpty) {
-        let io = self.io.clone();
-        self.spawn(async move {
-            match io.flush().await {
-                Ok(()) => reply.ok(),
-                Err(err) => reply.error(errno(op, &err)),
-            }
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use zerocopy::IntoBytes;
+
     use super::*;
+    use crate::frontend::fuse_proto::{Frame, InitAnswer};
+
+    /// The INIT a 6.18 kernel sent at mount (protocol 7.45, 104 bytes) and
+    /// fuser 0.18's reply to it with our settings (80 bytes), as strace
+    /// showed them on /dev/fuse (x86_64); all bytes after these are zero.
+    const KERNEL_INIT: &[u8] = &[
+        0x68, 0, 0, 0, 0x1a, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0x2d, 0, 0, 0, 0, 0, 2, 0, 0xfb, 0xff,
+        0xff, 0x73, 0xfd, 0x05, 0, 0,
+    ];
+    const FUSER_REPLY: &[u8] = &[
+        0x50, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0x28, 0, 0, 0, 0, 0, 2, 0,
+        0x21, 0x80, 0x40, 0x40, 0x80, 0, 0x60, 0, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 1,
+    ];
+
+    fn padded(bytes: &[u8], len: usize) -> Vec<u8> {
+        let mut padded = bytes.to_vec();
+        padded.resize(len, 0);
+        padded
+    }
+
+    #[test]
+    fn init_is_answered_as_fuser_answered_it() {
+        let kernel_init = padded(KERNEL_INIT, 104);
+        let frame = Frame::split_dev(&kernel_init).unwrap();
+        let Ok(Request::Init(init)) = fuse_proto::parse(&frame) else {
+            panic!("not an INIT");
+        };
+        let InitAnswer::Accepted { reply, missing } =
+            fuse_proto::negotiate(&init, &INIT_SETTINGS, 4096)
+        else {
+            panic!("INIT refused");
+        };
+        assert_eq!(missing, 0);
+        let header = fuse_proto::out_header(frame.header.unique, 0, reply.bytes().len());
+        let ours = [header.as_bytes(), reply.bytes()].concat();
+        assert_eq!(ours, padded(FUSER_REPLY, 80));
+    }
 
     #[test]
     fn fallocate_modes_map_to_what_a_fixed_size_thin_file_can_do() {
