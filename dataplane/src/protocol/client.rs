@@ -17,7 +17,7 @@ use tokio::task::AbortHandle;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::auth::{Access, Claim, Role};
-use super::frame::{ClientCodec, Op, Request, Response, Status, decode_corrupt};
+use super::frame::{BATCH_BYTES, ClientCodec, Op, Request, Response, Status, decode_corrupt};
 use super::handshake::{self, HandshakeError};
 
 /// A replica that does not answer a request within this is failed.
@@ -359,7 +359,7 @@ async fn write_requests(
     mut queue: mpsc::Receiver<Request>,
 ) {
     let mut sink = FramedWrite::new(write, ClientCodec);
-    sink.set_backpressure_boundary(super::frame::BATCH_BYTES);
+    sink.set_backpressure_boundary(BATCH_BYTES);
     while let Some(request) = queue.recv().await {
         let mut sent = sink.feed(request).await;
         // Let the tasks ready to run queue their requests too (a queue

@@ -2,8 +2,8 @@
 //! completed since the last sync began, and flushes that arrive while one
 //! syncs share the next sync rather than pay one each. A database that
 //! commits from several connections at once, or a filesystem's journal
-//! and its fsyncs, issue many flushes a second; each sync is several
-//! `fdatasync`s.
+//! and its fsyncs, issue many flushes a second; each sync is an
+//! `fdatasync` that waits for the disk.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,10 +19,11 @@
 //! by all the regions one flush closes: once a flush has made a region's
 //! writes and their checksums durable and it has been idle for
 //! [`CLOSE_AFTER`], it is dropped from memory, and its bit is cleared the
-//! next time its page of the bitmap is written. A stale bit only costs a recompute. Busy regions
-//! stay open across flushes, so a workload that flushes after every write
-//! does not pay a second sync for each, and a volume written all over stays
-//! open all over (a crash then recomputes all it wrote recently).
+//! next time its page of the bitmap is written. A stale bit only costs a
+//! recompute. Busy regions stay open across flushes, so a workload that
+//! flushes after every write does not pay a second sync for each, and a
+//! volume written all over stays open all over (a crash then recomputes all
+//! it wrote recently).
 //!
 //! A layer that takes bulk writes (a rebuild filling it, a snapshot merged
 //! into it) is instead marked open whole once, and closed whole after the

@@ -205,9 +205,7 @@ impl Layer {
         }
         // The data the sums were computed from may be a crashed process's
         // writes, still in the page cache: durable before the sums are.
-        self.file
-            .sync_data()
-            .map_err(|e| StorageError::io(&self.path, e))?;
+        self.sync_file()?;
         self.checksums.sync()?;
         self.intents.clear()?;
         tracing::info!(layer = %self.path.display(), ?stale, blocks, "recomputed the checksums a stop left unsure");
@@ -359,9 +357,7 @@ impl Layer {
     /// with none to close costs one `fdatasync`, not two.
     pub fn sync_data(&self) -> Result<()> {
         let idle = self.intents.idle();
-        self.file
-            .sync_data()
-            .map_err(|e| StorageError::io(&self.path, e))?;
+        self.sync_file()?;
         if !idle.is_empty() {
             self.checksums.sync()?;
             self.intents.close(idle);
@@ -370,10 +366,15 @@ impl Layer {
     }
 
     fn sync_files(&self) -> Result<()> {
+        self.sync_file()?;
+        self.checksums.sync()
+    }
+
+    /// Makes the written data durable, not the checksums.
+    fn sync_file(&self) -> Result<()> {
         self.file
             .sync_data()
-            .map_err(|e| StorageError::io(&self.path, e))?;
-        self.checksums.sync()
+            .map_err(|e| StorageError::io(&self.path, e))
     }
 
     /// Makes written data and checksums durable and closes every region:

@@ -17,12 +17,13 @@
 //! are atomic renames; the chain is `volume.meta` -> head -> parent links.
 //!
 //! Modules: `extents` (block range sets), `layer` (one layer file), `store`
-//! (open/create and I/O), `group_commit` (flushes that share syncs), `chain` (snapshot operations), `ownership` (the
-//! volume, id, highest engine generation and I/O-path record a replica
-//! keeps), `fence` (keeping superseded engines out of a running replica),
-//! `rebuild_store` (the store's part of a rebuild: chunk summaries, layer
-//! reads, staged layers), `rebuild_pull` (pulling a source replica's layers
-//! over its control API), `service` (the `oxhorn replica` process: data
+//! (open/create and I/O), `group_commit` (flushes that share syncs),
+//! `chain` (snapshot operations), `ownership` (the volume, id, highest
+//! engine generation and I/O-path record a replica keeps), `fence`
+//! (keeping superseded engines out of a running replica), `rebuild_store`
+//! (the store's part of a rebuild: chunk summaries, layer reads, staged
+//! layers), `rebuild_pull` (pulling a source replica's layers over its
+//! control API), `service` (the `oxhorn replica` process: data
 //! protocol and control API), and small helpers for the directory,
 //! metadata, names and the revision counter. The engine's part of a rebuild
 //! is `engine/rebuild.rs`.

@@ -339,10 +339,10 @@ impl ReplicaStore {
     /// stopped cleanly); the next write sets it again.
     pub fn mark_clean(&self) -> Result<()> {
         let mut state = lock::write(&self.state)?;
-        self.flush_locked(&state)?;
-        // No write is in flight, and the flush covered every one.
-        self.revision.persist(self.revision.current())?;
+        // No write is in flight: settling syncs every one (and their
+        // checksums), which the counter may then count exactly.
         state.head.settle()?;
+        self.revision.persist(self.revision.current())?;
         state.update_meta(&self.dir, |meta| meta.dirty = false)?;
         self.dirty.store(false, Ordering::Release);
         Ok(())
