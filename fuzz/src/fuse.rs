@@ -4,7 +4,10 @@
 //!
 //! Input: the first byte's bit 0 set makes the header's length that of the
 //! input (so that most inputs get past the length check); the rest is one
-//! request.
+//! request. The same bytes go through the io_uring splitter too, as an
+//! entry's header area (the first 288) and payload buffer (the rest); and
+//! a request that splits from `/dev/fuse` is laid out as the kernel lays it
+//! in an io_uring entry, where it must parse the same.
 //!
 //! Findings (panics): a panic anywhere; a frame whose parts do not add up
 //! to the request it came from; a write whose data is not the size it
@@ -12,13 +15,16 @@
 //! for flags the kernel did not offer, or is not as long as its minor
 //! version takes; a directory listing longer than asked for or not in
 //! whole 8-byte records; an error answered with another errno than EIO or
-//! EINVAL.
+//! EINVAL; an io_uring frame larger than its buffers, or a request that
+//! parses otherwise from an io_uring entry than from `/dev/fuse`.
 
+use oxhorn_dataplane::frontend::fuse_abi::uring::{self, EntInOut};
 use oxhorn_dataplane::frontend::fuse_abi::{InHeader, init_flags};
 use oxhorn_dataplane::frontend::fuse_proto::{
     DirEntry, Frame, InitAnswer, InitSettings, Request, dir_entries, negotiate, offered_flags,
     parse,
 };
+use zerocopy::IntoBytes;
 
 /// What the volume's filesystem asks for at INIT.
 const SETTINGS: InitSettings = InitSettings {
@@ -39,10 +45,12 @@ pub fn fuse(data: &[u8]) {
         let len = u32::try_from(request.len()).unwrap_or(u32::MAX);
         request[..4].copy_from_slice(&len.to_ne_bytes());
     }
+    as_ring_entry(&request);
     let frame = match Frame::split_dev(&request) {
         Ok(frame) => frame,
         Err(err) => return assert_errno(err.errno()),
     };
+    same_from_a_ring(&frame);
     let extensions = usize::from(frame.header.total_extlen) * 8;
     assert_eq!(
         HEADER + frame.op_in.len() + frame.payload.len() + extensions,
@@ -54,6 +62,44 @@ pub fn fuse(data: &[u8]) {
         Ok(parsed) => check(&parsed, &frame),
         Err(err) => assert_errno(err.errno()),
     }
+}
+
+/// The bytes as an io_uring entry's header area and payload buffer.
+fn as_ring_entry(bytes: &[u8]) {
+    let (headers, payload) = bytes.split_at(bytes.len().min(uring::REQ_HEADER_SIZE));
+    match Frame::split_uring(headers, payload) {
+        Ok(frame) => {
+            assert!(frame.op_in.len() <= uring::OP_IN_SIZE);
+            assert!(frame.payload.len() <= payload.len());
+            match parse(&frame) {
+                Ok(parsed) => check(&parsed, &frame),
+                Err(err) => assert_errno(err.errno()),
+            }
+        }
+        Err(err) => assert_errno(err.errno()),
+    }
+}
+
+/// `frame` laid out as the kernel puts it in an io_uring entry parses as it
+/// did from `/dev/fuse`.
+fn same_from_a_ring(frame: &Frame<'_>) {
+    if frame.op_in.len() > uring::OP_IN_SIZE {
+        return;
+    }
+    let extensions = usize::from(frame.header.total_extlen) * 8;
+    let mut payload = frame.payload.to_vec();
+    payload.resize(payload.len() + extensions, 0);
+    let mut headers = vec![0; uring::REQ_HEADER_SIZE];
+    headers[..HEADER].copy_from_slice(frame.header.as_bytes());
+    headers[uring::OP_IN..uring::OP_IN + frame.op_in.len()].copy_from_slice(frame.op_in);
+    let ent = EntInOut {
+        payload_sz: payload.len() as u32,
+        ..EntInOut::default()
+    };
+    headers[uring::ENT_IN_OUT..].copy_from_slice(ent.as_bytes());
+    let ring =
+        Frame::split_uring(&headers, &payload).expect("a ring entry that split from /dev/fuse");
+    assert_eq!(parse(&ring), parse(frame));
 }
 
 fn assert_errno(errno: i32) {

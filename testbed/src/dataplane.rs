@@ -251,8 +251,24 @@ impl EngineProcess {
         size: u64,
         replicas: &[String],
     ) -> Result<Self> {
+        Self::spawn_fuse(binary, dir, access, size, replicas, "auto")
+    }
+
+    /// Like [`spawn`](Self::spawn), the FUSE frontend taking the kernel's
+    /// requests through `transport` (`--fuse-transport`).
+    pub fn spawn_fuse(
+        binary: &Path,
+        dir: &Path,
+        access: &Access,
+        size: u64,
+        replicas: &[String],
+        transport: &str,
+    ) -> Result<Self> {
         Self::spawn_with(binary, dir, access, size, replicas, |_| {
-            vec!["--frontend=fuse".into()]
+            vec![
+                "--frontend=fuse".into(),
+                format!("--fuse-transport={transport}"),
+            ]
         })
     }
 

@@ -17,6 +17,7 @@ mod controlplane;
 pub mod csi_client;
 mod dataplane;
 mod error;
+pub mod fuse_uring;
 mod host_state;
 pub mod images;
 pub mod install;

@@ -20,7 +20,7 @@ use super::{Engine, EngineControlService, EngineError};
 use crate::frontend::iscsi::chap::{ChapSecrets, Credential};
 use crate::frontend::iscsi::{Target, TargetConfig};
 use crate::frontend::scsi::luns::DISK_LUN;
-use crate::frontend::{FuseFrontend, FuseOptions};
+use crate::frontend::{FuseFrontend, FuseOptions, FuseTransport};
 use crate::names;
 use crate::protocol::{Access, Key, RequireToken};
 use tonic::service::interceptor::InterceptedService;
@@ -77,6 +77,11 @@ pub struct EngineConfig {
     /// Where the device link `/dev/oxhorn/<volume>` is published.
     #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
+    /// How the FUSE frontend takes the kernel's requests: `auto` uses
+    /// io_uring where the kernel offers it (its fuse module's
+    /// `enable_uring`), else `/dev/fuse`.
+    #[arg(long, value_enum, default_value_t = FuseTransport::Auto)]
+    pub fuse_transport: FuseTransport,
 }
 
 /// Mounts the FUSE file and attaches the loop device. Both block on the
@@ -87,6 +92,7 @@ async fn start_fuse(
 ) -> Result<FuseFrontend, EngineError> {
     let mut options = FuseOptions::new(&config.run_dir);
     options.dev_dir.clone_from(&config.dev_dir);
+    options.transport = config.fuse_transport;
     let (engine, volume) = (Arc::clone(engine), config.volume.clone());
     let runtime = tokio::runtime::Handle::current();
     let frontend = tokio::task::spawn_blocking(move || {

@@ -25,7 +25,7 @@ use tracing::{Span, info, info_span, warn};
 use super::device_link::{self, DeviceLink};
 use super::error::{FrontendError, Result};
 use super::fuse_dev;
-use super::fuse_session::Session;
+use super::fuse_session::{FuseTransport, Session};
 use super::fusefs::{FILE_INO, FILE_NAME, VolumeFs};
 use super::loopdev::{self, Detached, LoopDevice};
 use super::{BLOCK_SIZE, BlockDevice};
@@ -47,6 +47,8 @@ pub struct FuseOptions {
     /// Threads reading requests from the kernel. They only parse requests and
     /// hand them to the runtime, so few are needed.
     pub session_threads: usize,
+    /// How the kernel's requests reach us.
+    pub transport: FuseTransport,
 }
 
 impl FuseOptions {
@@ -55,6 +57,7 @@ impl FuseOptions {
             run_dir: run_dir.into(),
             dev_dir: PathBuf::from(DEFAULT_DEV_DIR),
             session_threads: 2,
+            transport: FuseTransport::Auto,
         }
     }
 }
@@ -145,7 +148,7 @@ impl FuseFrontend {
         };
         // From here on, dropping `frontend` on an error undoes what was done.
         let fs = VolumeFs::new(device, runtime, span.clone());
-        frontend.mount(fs, options.session_threads)?;
+        frontend.mount(fs, options)?;
         frontend.attach_loop()?;
         frontend.link = Some(DeviceLink::publish(
             &frontend.paths.link,
@@ -155,6 +158,7 @@ impl FuseFrontend {
             device = %frontend.device_path.display(),
             link = %frontend.paths.link.display(),
             direct_io = frontend.direct_io,
+            transport = ?frontend.transport(),
             "volume exposed"
         );
         Ok(frontend)
@@ -195,6 +199,19 @@ impl FuseFrontend {
         self.direct_io
     }
 
+    /// How the kernel's requests reach us: [`FuseTransport::IoUring`] or
+    /// [`FuseTransport::DevFuse`].
+    pub fn transport(&self) -> FuseTransport {
+        self.session
+            .as_ref()
+            .map_or(FuseTransport::DevFuse, Session::transport)
+    }
+
+    /// The requests that arrived through io_uring so far.
+    pub fn ring_requests(&self) -> u64 {
+        self.session.as_ref().map_or(0, Session::ring_requests)
+    }
+
     /// Shows a grown volume: the kernel drops the file's cached attributes
     /// (so it sees the device's new size) and the loop device re-reads it.
     pub fn refresh_size(&self) -> Result<()> {
@@ -221,14 +238,14 @@ impl FuseFrontend {
         self.teardown()
     }
 
-    fn mount<D: BlockDevice>(&mut self, fs: VolumeFs<D>, threads: usize) -> Result<()> {
+    fn mount<D: BlockDevice>(&mut self, fs: VolumeFs<D>, options: &FuseOptions) -> Result<()> {
         let mount_point = &self.paths.mount_point;
         fs::create_dir_all(mount_point)
             .map_err(|e| FrontendError::io("creating", mount_point, e))?;
         let fuse = fuse_dev::mount(mount_point)?;
         self.mounted = true;
         let span = self.span.clone();
-        let session = Session::start(fuse, fs, threads, span)
+        let session = Session::start(fuse, fs, options.session_threads, options.transport, span)
             .map_err(|e| FrontendError::io("serving FUSE at", mount_point, e))?;
         self.session = Some(session);
         Ok(())

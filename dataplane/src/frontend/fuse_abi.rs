@@ -325,3 +325,47 @@ wire!(
     /// less: to the end).
     NotifyInvalInodeOut { ino: u64, off: i64, len: i64 } = 24
 );
+
+/// FUSE over io_uring (protocol 7.42): what the kernel and the daemon
+/// exchange in a ring entry's buffers and commands.
+pub mod uring {
+    use super::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+    /// `FUSE_IO_URING_CMD_REGISTER`: hands the kernel an entry's buffers.
+    pub const CMD_REGISTER: u32 = 1;
+    /// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`: answers the entry's request and
+    /// makes the entry available for the next one.
+    pub const CMD_COMMIT_AND_FETCH: u32 = 2;
+    /// `fuse_uring_req_header`'s parts: the in (or out) header, the opcode's
+    /// fixed argument, then [`EntInOut`].
+    pub const IN_OUT: usize = 0;
+    pub const OP_IN: usize = 128;
+    pub const OP_IN_SIZE: usize = 128;
+    pub const ENT_IN_OUT: usize = 256;
+    pub const REQ_HEADER_SIZE: usize = 288;
+
+    wire!(
+        /// `fuse_uring_ent_in_out`: the request's id and the length of what
+        /// is in the payload buffer, in either direction.
+        EntInOut {
+            flags: u64,
+            commit_id: u64,
+            payload_sz: u32,
+            padding: u32,
+            reserved: u64,
+        } = 32
+    );
+
+    wire!(
+        /// `fuse_uring_cmd_req`: a command's argument, in the SQE's command
+        /// area.
+        CmdReq {
+            flags: u64,
+            commit_id: u64,
+            qid: u16,
+            padding: [u8; 6],
+        } = 24
+    );
+
+    const _: () = assert!(ENT_IN_OUT + size_of::<EntInOut>() == REQ_HEADER_SIZE);
+}

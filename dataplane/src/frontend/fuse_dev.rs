@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -70,6 +70,12 @@ impl DevFuse {
             Ok(_) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl AsFd for DevFuse {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
     }
 }
 

@@ -1,6 +1,6 @@
 //! The FUSE protocol without any I/O: a request [`Frame`] parsed into a
 //! [`Request`], the INIT negotiation, and the bytes of replies and
-//! notifications. The transports (`/dev/fuse` now, io_uring later) only move
+//! notifications. The transports (`/dev/fuse`, io_uring) only move
 //! these bytes, so the parser sees the same frame from both: a header, the
 //! opcode's fixed argument (`op_in`) and what follows it (`payload`: a name,
 //! a write's data).
@@ -17,8 +17,9 @@ use super::fuse_abi::{
     COMPAT_INIT_OUT_SIZE, Dirent, EntryOut, FallocateIn, FlushIn, ForgetIn, ForgetOne, FsyncIn,
     GETATTR_FH, GetattrIn, InHeader, InitIn, InitOut, InterruptIn, KERNEL_MINOR_VERSION,
     KERNEL_VERSION, NOTIFY_INVAL_INODE, NotifyInvalInodeOut, OpenIn, OpenOut, OutHeader, ReadIn,
-    ReleaseIn, SetattrIn, WriteIn, fattr, init_flags, opcode,
+    ReleaseIn, SetattrIn, WriteIn, fattr, init_flags, opcode, uring,
 };
+use uring::EntInOut;
 
 /// Why a frame is not a request we can act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,6 +87,52 @@ impl<'a> Frame<'a> {
         Ok(Frame {
             header,
             op_in,
+            payload,
+        })
+    }
+
+    /// Splits a request delivered through an io_uring entry: `headers` is
+    /// the entry's `fuse_uring_req_header` (the in header, the opcode's
+    /// argument, then the payload's length), `payload` its payload buffer,
+    /// which holds what follows the argument and then any extensions.
+    pub fn split_uring(headers: &'a [u8], payload: &'a [u8]) -> Result<Self, ParseError> {
+        let area = |at: usize, len: usize| {
+            headers
+                .get(at..at + len)
+                .ok_or(ParseError::NoHeader { len: headers.len() })
+        };
+        let (header, _) = InHeader::read_from_prefix(area(uring::IN_OUT, size_of::<InHeader>())?)
+            .map_err(|_| ParseError::NoHeader { len: headers.len() })?;
+        let (ent, _) = EntInOut::read_from_prefix(area(uring::ENT_IN_OUT, size_of::<EntInOut>())?)
+            .map_err(|_| ParseError::NoHeader { len: headers.len() })?;
+        let truncated = |what, need: usize, have: usize| ParseError::Truncated {
+            opcode: header.opcode,
+            what,
+            need,
+            have,
+        };
+        let filled = ent.payload_sz as usize;
+        let payload = payload
+            .get(..filled)
+            .ok_or(truncated("payload", filled, payload.len()))?;
+        // The kernel copies the argument into its own area and everything
+        // else into the payload, so the argument's length is what the header
+        // counts beyond those two.
+        let op_in_len = (header.len as usize)
+            .checked_sub(size_of::<InHeader>() + filled)
+            .filter(|&len| len <= uring::OP_IN_SIZE)
+            .ok_or(ParseError::Length {
+                declared: header.len,
+                actual: size_of::<InHeader>() + filled,
+            })?;
+        let extensions = usize::from(header.total_extlen) * 8;
+        let payload = filled
+            .checked_sub(extensions)
+            .map(|len| &payload[..len])
+            .ok_or(truncated("extensions", extensions, filled))?;
+        Ok(Frame {
+            header,
+            op_in: area(uring::OP_IN, op_in_len)?,
             payload,
         })
     }
@@ -387,6 +434,12 @@ pub struct InitReply {
 impl InitReply {
     pub fn bytes(&self) -> &[u8] {
         &self.out.as_bytes()[..self.len]
+    }
+
+    /// Accepts `flags` too (the caller knows the kernel offered them).
+    pub fn add_flags(&mut self, flags: u64) {
+        self.out.flags |= flags as u32;
+        self.out.flags2 |= (flags >> 32) as u32;
     }
 
     /// The flags the connection has, `flags2` included.

@@ -12,12 +12,16 @@ use zerocopy::{Immutable, IntoBytes};
 
 use super::fuse_dev::DevFuse;
 use super::fuse_proto;
+use super::fuse_uring::Queue;
 
 /// Where a reply goes: the transport that brought its request.
 #[derive(Debug)]
 pub(crate) enum Sink {
     /// The `/dev/fuse` descriptor the request was read from.
     Dev(Arc<DevFuse>),
+    /// The io_uring entry the request arrived in, which the reply owns:
+    /// made only by the queue's thread (`fuse_uring`), for that entry.
+    Uring { queue: Arc<Queue>, slot: u16 },
 }
 
 impl Sink {
@@ -25,6 +29,10 @@ impl Sink {
         let header = fuse_proto::out_header(unique, errno, body.len());
         let sent = match self {
             Sink::Dev(dev) => dev.reply(&header, body),
+            // SAFETY: only the queue's thread makes a `Sink::Uring`, for
+            // the entry it hands to the reply, which sends once (`Reply`
+            // takes its sink to send).
+            Sink::Uring { queue, slot } => unsafe { queue.answer(*slot, &header, body) },
         };
         match sent {
             Ok(()) => {}
@@ -72,9 +80,13 @@ impl Reply {
         self.send(0, value.as_bytes());
     }
 
-    /// For the requests the kernel expects no answer to (FORGET).
+    /// For the requests the kernel expects no answer to (FORGET). An
+    /// io_uring entry goes back to the kernel only with an answer, so one
+    /// gets ENOSYS (the kernel sends these through `/dev/fuse` only).
     pub(crate) fn none(mut self) {
-        self.sink = None;
+        if let Some(sink @ Sink::Uring { .. }) = self.sink.take() {
+            sink.send(self.unique, libc::ENOSYS, &[]);
+        }
     }
 
     fn send(mut self, errno: i32, body: &[u8]) {
@@ -122,7 +134,9 @@ mod tests {
     #[test]
     fn a_reply_is_its_header_then_its_body() {
         let (sink, read) = pipe_sink();
-        let Sink::Dev(dev) = &sink;
+        let Sink::Dev(dev) = &sink else {
+            unreachable!()
+        };
         Reply::new(7, Sink::Dev(dev.clone())).value(&WriteOut {
             size: 4096,
             padding: 0,
@@ -136,7 +150,9 @@ mod tests {
     #[test]
     fn a_reply_dropped_unanswered_answers_eio_and_a_forget_nothing() {
         let (sink, read) = pipe_sink();
-        let Sink::Dev(dev) = &sink;
+        let Sink::Dev(dev) = &sink else {
+            unreachable!()
+        };
         drop(Reply::new(9, Sink::Dev(dev.clone())));
         Reply::new(10, Sink::Dev(dev.clone())).none();
         let bytes = sent(sink, read);

@@ -10,6 +10,7 @@ mod fuse_dev;
 pub mod fuse_proto;
 mod fuse_reply;
 mod fuse_session;
+mod fuse_uring;
 mod fusefs;
 pub mod iscsi;
 pub mod loopdev;
@@ -17,6 +18,7 @@ pub mod scsi;
 
 pub use error::{FrontendError, Result};
 pub use fuse::{DEFAULT_DEV_DIR, FuseFrontend, FuseOptions, StopOutcome};
+pub use fuse_session::{ENABLE_URING, FuseTransport};
 pub use fusefs::FILE_NAME;
 
 use std::future::Future;

@@ -8,7 +8,9 @@
 //! must be byte-identical (and pass the same check).
 //!
 //! Data-plane rows run `oxhorn replica` processes on loopback and an `oxhorn
-//! engine` process with the FUSE frontend; cluster rows run `oxhorn manager`
+//! engine` process with the FUSE frontend, over io_uring where the kernel
+//! has it (killing the engine and killing a replica also run on
+//! `/dev/fuse`); cluster rows run `oxhorn manager`
 //! nodes and attach a volume through the controllers. Each test prints its
 //! row of the matrix (`fault matrix |` lines; `--nocapture` shows them).
 //!
@@ -37,13 +39,16 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use oxhorn::frontend::FuseTransport;
 use oxhorn::protocol::control::engine_control_client::EngineControlClient;
 use oxhorn::protocol::control::{
     AddReplicaRequest, EngineReplica, EngineStatus, EngineStatusRequest, ReplicaMode,
 };
 use oxhorn::protocol::{Access, Connection, Key, TokenChannel};
 use oxhorn_testbed::writer::{Running, Stats};
-use oxhorn_testbed::{self as testbed, EngineProcess, Mounted, ReplicaProcess, Verdict, Writer};
+use oxhorn_testbed::{
+    self as testbed, EngineProcess, Mounted, ReplicaProcess, Verdict, Writer, fuse_uring,
+};
 use oxhorn_testbed::{WriterOptions, writer::BLOCK};
 use tempfile::TempDir;
 
@@ -79,8 +84,19 @@ fn spawn_replica(dir: &Path, volume: &str) -> ReplicaProcess {
     ReplicaProcess::spawn(Path::new(OXHORN), dir, SIZE, &access(volume)).unwrap()
 }
 
-fn spawn_engine(dir: &Path, volume: &str, replicas: &[String]) -> EngineProcess {
-    EngineProcess::spawn(Path::new(OXHORN), dir, &access(volume), SIZE, replicas).unwrap()
+fn spawn_engine(
+    dir: &Path,
+    volume: &str,
+    replicas: &[String],
+    transport: FuseTransport,
+) -> EngineProcess {
+    let transport = match transport {
+        FuseTransport::IoUring => "io-uring",
+        FuseTransport::DevFuse => "dev-fuse",
+        FuseTransport::Auto => "auto",
+    };
+    let (binary, access) = (Path::new(OXHORN), access(volume));
+    EngineProcess::spawn_fuse(binary, dir, &access, SIZE, replicas, transport).unwrap()
 }
 
 /// Reads through a reader's connection, which leaves the engine's in place.
@@ -274,13 +290,32 @@ struct DataPlane {
     _release: ReleaseUnder,
     _work: TempDir,
     device: PathBuf,
+    /// FUSE over io_uring kept on for the engine, where the kernel has it.
+    _uring: Option<fuse_uring::On>,
 }
 
 impl DataPlane {
     /// Starts three replicas, replica `small.0` on a tmpfs of `small.1`
     /// (e.g. "8m") if given, and an engine over them; waits until all are RW.
     async fn start(volume: &str, small: Option<(usize, &str)>) -> Self {
+        Self::start_on(volume, small, FuseTransport::IoUring).await
+    }
+
+    /// Like [`DataPlane::start`], the engine's FUSE frontend on `transport`
+    /// (io_uring only where the kernel has it: `/dev/fuse` elsewhere).
+    async fn start_on(
+        volume: &str,
+        small: Option<(usize, &str)>,
+        transport: FuseTransport,
+    ) -> Self {
         require_root();
+        let uring = (transport == FuseTransport::IoUring)
+            .then(fuse_uring::on)
+            .flatten();
+        let transport = match uring {
+            Some(_) => FuseTransport::IoUring,
+            None => FuseTransport::DevFuse,
+        };
         let work = tempfile::Builder::new()
             .prefix("oxhorn-faults-")
             .tempdir()
@@ -310,7 +345,7 @@ impl DataPlane {
             replicas.push(replica);
         }
         let addresses: Vec<String> = replicas.iter().map(ReplicaProcess::address).collect();
-        let mut engine = spawn_engine(&root, volume, &addresses);
+        let mut engine = spawn_engine(&root, volume, &addresses, transport);
         let device = engine.wait_device(PATIENCE).await.unwrap();
         let plane = Self {
             access: access(volume),
@@ -320,6 +355,7 @@ impl DataPlane {
             _release: release,
             _work: work,
             device,
+            _uring: uring,
         };
         plane.until_all_rw().await;
         plane
@@ -440,9 +476,15 @@ impl DataPlane {
 
 /// Kills replicas `victims` under writes, waits until each is out of the
 /// I/O path and writes go on, then restarts and adds them back.
-async fn kill_replicas(name: &'static str, prefix: &str, seed: u64, victims: &[usize]) {
+async fn kill_replicas(
+    name: &'static str,
+    prefix: &str,
+    seed: u64,
+    victims: &[usize],
+    transport: FuseTransport,
+) {
     let mut row = Row::new(name);
-    let mut plane = DataPlane::start(prefix, None).await;
+    let mut plane = DataPlane::start_on(prefix, None, transport).await;
     let writer = Writer::new(SIZE, writer_options(seed));
     let running = writer.start(&plane.device).unwrap();
     until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;
@@ -471,18 +513,44 @@ async fn kill_replicas(name: &'static str, prefix: &str, seed: u64, victims: &[u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_one_replica() {
-    kill_replicas("kill -9 one replica", "fm-kill-one", 1, &[1]).await;
+    let transport = FuseTransport::IoUring;
+    kill_replicas("kill -9 one replica", "fm-kill-one", 1, &[1], transport).await;
+}
+
+/// The same on the other FUSE transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_one_replica_on_dev_fuse() {
+    let (name, transport) = ("kill -9 one replica, /dev/fuse", FuseTransport::DevFuse);
+    kill_replicas(name, "fm-kill-one-dev", 1, &[1], transport).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_two_replicas() {
-    kill_replicas("kill -9 two replicas", "fm-kill-two", 2, &[1, 2]).await;
+    let transport = FuseTransport::IoUring;
+    kill_replicas("kill -9 two replicas", "fm-kill-two", 2, &[1, 2], transport).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_the_engine() {
-    let mut row = Row::new("kill -9 the engine");
-    let mut plane = DataPlane::start("fm-kill-engine", None).await;
+    let transport = FuseTransport::IoUring;
+    kill_engine("kill -9 the engine", "fm-kill-engine", transport).await;
+}
+
+/// The same on the other FUSE transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_the_engine_on_dev_fuse() {
+    let transport = FuseTransport::DevFuse;
+    kill_engine(
+        "kill -9 the engine, /dev/fuse",
+        "fm-kill-engine-dev",
+        transport,
+    )
+    .await;
+}
+
+async fn kill_engine(name: &'static str, prefix: &str, transport: FuseTransport) {
+    let mut row = Row::new(name);
+    let mut plane = DataPlane::start_on(prefix, None, transport).await;
     let writer = Writer::new(SIZE, writer_options(3));
     let running = writer.start(&plane.device).unwrap();
     until_acknowledged(&writer, &running, 0, PHASE_WRITES).await;

@@ -338,6 +338,97 @@ proptest! {
     }
 }
 
+/// The same request as an io_uring entry holds it: the in header and the
+/// opcode's argument in the entry's header area, the rest in its payload
+/// buffer (`capacity` bytes), the payload's length after them.
+fn uring_entry(dev: &[u8], capacity: usize) -> (Vec<u8>, Vec<u8>) {
+    let (header, body) = InHeader::read_from_prefix(dev).unwrap();
+    let op_in = op_in_size(header.opcode).map_or(0, |size| size.min(body.len()));
+    let (op_in, rest) = body.split_at(op_in);
+    let mut headers = vec![0xee; uring::REQ_HEADER_SIZE];
+    headers[..40].copy_from_slice(header.as_bytes());
+    headers[uring::OP_IN..uring::OP_IN + op_in.len()].copy_from_slice(op_in);
+    let ent = EntInOut {
+        payload_sz: rest.len() as u32,
+        commit_id: header.unique,
+        ..EntInOut::default()
+    };
+    headers[uring::ENT_IN_OUT..].copy_from_slice(ent.as_bytes());
+    let mut payload = vec![0xdd; capacity];
+    payload[..rest.len()].copy_from_slice(rest);
+    (headers, payload)
+}
+
+#[test]
+fn an_io_uring_write_parses_as_it_does_from_dev_fuse() {
+    let mut write_in = WriteIn {
+        fh: 7,
+        offset: 8192,
+        size: 4096,
+        ..WriteIn::default()
+    };
+    let data = vec![0x5a; 4096];
+    let dev = request(opcode::WRITE, 9, 2, write_in.as_bytes(), &data);
+    let (headers, payload) = uring_entry(&dev, 1 << 20);
+    let frame = Frame::split_uring(&headers, &payload).unwrap();
+    assert_eq!(frame, Frame::split_dev(&dev).unwrap());
+    assert_eq!(
+        parse(&frame),
+        Ok(Request::Write {
+            fh: 7,
+            offset: 8192,
+            data: &data
+        })
+    );
+
+    write_in.size = 1;
+    let dev = request(opcode::WRITE, 9, 2, write_in.as_bytes(), &data);
+    let (headers, payload) = uring_entry(&dev, 1 << 20);
+    let frame = Frame::split_uring(&headers, &payload).unwrap();
+    assert_eq!(parse(&frame).unwrap_err().errno(), libc::EINVAL);
+}
+
+#[test]
+fn an_io_uring_entry_with_inconsistent_lengths_is_an_error() {
+    let dev = request(opcode::LOOKUP, 3, 1, &[], b"volume\0");
+    let (mut headers, payload) = uring_entry(&dev, 8);
+    assert!(Frame::split_uring(&headers, &payload).is_ok());
+    // More payload than the buffer holds.
+    assert!(matches!(
+        Frame::split_uring(&headers, &payload[..4]),
+        Err(ParseError::Truncated { .. })
+    ));
+    // A header shorter than its payload.
+    headers[..4].copy_from_slice(&ne32(41));
+    assert_eq!(
+        Frame::split_uring(&headers, &payload).unwrap_err().errno(),
+        libc::EIO
+    );
+    // An argument longer than its area.
+    headers[..4].copy_from_slice(&ne32(40 + 129 + 7));
+    assert!(Frame::split_uring(&headers, &payload).is_err());
+    // A header area shorter than the kernel's.
+    assert!(Frame::split_uring(&headers[..200], &payload).is_err());
+}
+
+proptest! {
+    #[test]
+    fn both_framings_of_a_request_parse_alike(
+        op in prop::sample::select(vec![
+            opcode::LOOKUP, opcode::GETATTR, opcode::SETATTR, opcode::OPEN, opcode::READ,
+            opcode::WRITE, opcode::STATFS, opcode::RELEASE, opcode::FSYNC, opcode::FLUSH,
+            opcode::OPENDIR, opcode::READDIR, opcode::RELEASEDIR, opcode::FALLOCATE, 99,
+        ]),
+        body in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let dev = request(op, 11, 2, &body, &[]);
+        let (headers, payload) = uring_entry(&dev, 512);
+        let uring = Frame::split_uring(&headers, &payload).unwrap();
+        let dev = Frame::split_dev(&dev).unwrap();
+        prop_assert_eq!(parse(&uring), parse(&dev));
+    }
+}
+
 const SETTINGS: InitSettings = InitSettings {
     max_write: 1 << 20,
     max_background: 128,

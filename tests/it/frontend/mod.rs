@@ -5,13 +5,15 @@
 //! Every test works under its own temporary directory and cleans up through
 //! guards, so that a failing test leaves no mount or loop device behind.
 //!
-//! One of the tests re-runs the test binary as a frontend that crashes.
+//! Each test runs on both FUSE transports, `/dev/fuse` and io_uring
+//! (`transport.rs`: what is particular to either). One of the tests
+//! re-runs the test binary as a frontend that crashes (`crash.rs`).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader};
+use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
@@ -20,14 +22,52 @@ use std::time::Duration;
 use bytes::Bytes;
 use nix::libc;
 use oxhorn::frontend::{
-    BLOCK_SIZE, BlockDevice, FILE_NAME, FrontendError, FuseFrontend, FuseOptions, StopOutcome,
-    loopdev,
+    BLOCK_SIZE, BlockDevice, FILE_NAME, FrontendError, FuseFrontend, FuseOptions, FuseTransport,
+    StopOutcome, loopdev,
 };
 use oxhorn_testbed::{self as testbed, Mounted, loop_devices_under, mounts_under};
 
 use crate::common::{eventually, init_tracing, require_root};
 
 const MIB: usize = 1 << 20;
+
+/// Each test named runs on both transports, as `<test>::dev_fuse` and
+/// `<test>::io_uring`; the latter is skipped, with a line saying so, where
+/// the kernel has no FUSE over io_uring.
+macro_rules! on_both_transports {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            use super::*;
+
+            #[test]
+            fn dev_fuse() {
+                super::$test(FuseTransport::DevFuse);
+            }
+
+            #[test]
+            fn io_uring() {
+                if let Some(_on) = testbed::fuse_uring::on() {
+                    super::$test(FuseTransport::IoUring);
+                }
+            }
+        }
+    )*};
+}
+
+mod crash;
+mod transport;
+
+on_both_transports!(
+    loop_device_does_direct_io_and_round_trips_random_writes,
+    requests_reach_the_device_concurrently,
+    concurrent_unaligned_writes_to_the_file_lose_nothing,
+    the_file_has_the_volume_size_and_keeps_it,
+    discards_unmap_and_holes_zero_exactly_their_range,
+    device_errors_reach_the_caller,
+    stop_with_the_device_open_detaches_lazily,
+    ext4_survives_fsck_and_remount,
+    xfs_survives_repair_check_and_remount,
+);
 
 // ---------------------------------------------------------------------------
 // A block device in memory that checks the frontend keeps the contract.
@@ -149,10 +189,11 @@ impl BlockDevice for MemDevice {
 struct Env {
     runtime: tokio::runtime::Runtime,
     dir: tempfile::TempDir,
+    transport: FuseTransport,
 }
 
 impl Env {
-    fn new() -> Self {
+    fn new(transport: FuseTransport) -> Self {
         require_root();
         init_tracing();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -164,7 +205,11 @@ impl Env {
             .prefix("oxhorn-frontend-")
             .tempdir()
             .unwrap();
-        Env { runtime, dir }
+        Env {
+            runtime,
+            dir,
+            transport,
+        }
     }
 
     fn path(&self) -> PathBuf {
@@ -174,12 +219,30 @@ impl Env {
     fn options(&self) -> FuseOptions {
         let mut options = FuseOptions::new(self.path().join("run"));
         options.dev_dir = self.path().join("dev");
+        options.transport = self.transport;
         options
     }
 
     fn start(&self, device: &Arc<MemDevice>, volume: &str) -> FuseFrontend {
         let handle = self.runtime.handle().clone();
-        FuseFrontend::start(device.clone(), volume, &self.options(), handle).unwrap()
+        let frontend =
+            FuseFrontend::start(device.clone(), volume, &self.options(), handle).unwrap();
+        if self.transport != FuseTransport::Auto {
+            assert_eq!(frontend.transport(), self.transport);
+        }
+        frontend
+    }
+
+    /// Asserts that requests came the way the test asked for: through the
+    /// rings on io_uring, never on `/dev/fuse`.
+    fn assert_transport_used(&self, frontend: &FuseFrontend) {
+        let through_rings = frontend.ring_requests();
+        match self.transport {
+            FuseTransport::IoUring => {
+                assert!(through_rings > 0, "no request came through io_uring")
+            }
+            _ => assert_eq!(through_rings, 0),
+        }
     }
 
     fn mount_dir(&self, name: &str) -> PathBuf {
@@ -192,16 +255,6 @@ impl Env {
 impl Drop for Env {
     fn drop(&mut self) {
         testbed::release_under(&self.path());
-    }
-}
-
-/// A child process, killed on drop.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -329,9 +382,8 @@ fn run(command: &mut Command) {
 // ---------------------------------------------------------------------------
 // Tests.
 
-#[test]
-fn loop_device_does_direct_io_and_round_trips_random_writes() {
-    let env = Env::new();
+fn loop_device_does_direct_io_and_round_trips_random_writes(transport: FuseTransport) {
+    let env = Env::new(transport);
     let size = 64 * MIB;
     let device = MemDevice::new(size);
     let frontend = env.start(&device, "round-trip");
@@ -382,6 +434,7 @@ fn loop_device_does_direct_io_and_round_trips_random_writes() {
     );
     drop(file);
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     assert_gone(&env, &backing, &link);
     device.assert_only_aligned_calls();
@@ -389,8 +442,13 @@ fn loop_device_does_direct_io_and_round_trips_random_writes() {
 
 /// mkfs, mount, write files, unmount, check with the filesystem's own
 /// checker, mount again and compare.
-fn filesystem_survives_a_remount(volume: &str, size: usize, fstype: &str) {
-    let env = Env::new();
+fn filesystem_survives_a_remount(
+    transport: FuseTransport,
+    volume: &str,
+    size: usize,
+    fstype: &str,
+) {
+    let env = Env::new(transport);
     let device = MemDevice::new(size);
     let frontend = env.start(&device, volume);
     let link = frontend.link_path().to_path_buf();
@@ -427,26 +485,24 @@ fn filesystem_survives_a_remount(volume: &str, size: usize, fstype: &str) {
     }
     mounted.unmount().unwrap();
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();
 }
 
-#[test]
-fn ext4_survives_fsck_and_remount() {
-    filesystem_survives_a_remount("ext4-vol", 128 * MIB, "ext4");
+fn ext4_survives_fsck_and_remount(transport: FuseTransport) {
+    filesystem_survives_a_remount(transport, "ext4-vol", 128 * MIB, "ext4");
 }
 
-#[test]
-fn xfs_survives_repair_check_and_remount() {
+fn xfs_survives_repair_check_and_remount(transport: FuseTransport) {
     // XFS refuses filesystems under 300 MB.
-    filesystem_survives_a_remount("xfs-vol", 320 * MIB, "xfs");
+    filesystem_survives_a_remount(transport, "xfs-vol", 320 * MIB, "xfs");
 }
 
 /// 16 reads that each take 50 ms on the device: served one at a time, the
 /// device would never see two at once.
-#[test]
-fn requests_reach_the_device_concurrently() {
-    let env = Env::new();
+fn requests_reach_the_device_concurrently(transport: FuseTransport) {
+    let env = Env::new(transport);
     let device = MemDevice::with_read_delay(16 * MIB, Duration::from_millis(50));
     let frontend = env.start(&device, "concurrent");
 
@@ -475,6 +531,7 @@ fn requests_reach_the_device_concurrently() {
         );
     }
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();
 }
@@ -482,9 +539,8 @@ fn requests_reach_the_device_concurrently() {
 /// 512-byte writes at unaligned offsets, straight to the FUSE file, from
 /// several threads at once: neighbouring pieces share blocks, so a
 /// read-modify-write that is not serialized would lose some of them.
-#[test]
-fn concurrent_unaligned_writes_to_the_file_lose_nothing() {
-    let env = Env::new();
+fn concurrent_unaligned_writes_to_the_file_lose_nothing(transport: FuseTransport) {
+    let env = Env::new(transport);
     let device = MemDevice::new(4 * MIB);
     let frontend = env.start(&device, "unaligned");
     let (threads, pieces, piece, base) = (8usize, 512usize, 512usize, 300usize);
@@ -527,15 +583,15 @@ fn concurrent_unaligned_writes_to_the_file_lose_nothing() {
     );
     drop(file);
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();
 }
 
 /// The FUSE file behaves as a file of fixed size: reads stop at the end,
 /// writes past it fail, it cannot be truncated.
-#[test]
-fn the_file_has_the_volume_size_and_keeps_it() {
-    let env = Env::new();
+fn the_file_has_the_volume_size_and_keeps_it(transport: FuseTransport) {
+    let env = Env::new(transport);
     let size = 2 * MIB;
     let device = MemDevice::new(size);
     let frontend = env.start(&device, "fixed-size");
@@ -559,15 +615,15 @@ fn the_file_has_the_volume_size_and_keeps_it() {
     assert_eq!(file.metadata().unwrap().len(), size);
     drop(file);
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();
 }
 
 /// Discards on the loop device become unmaps; punching an unaligned hole
 /// in the file zeroes exactly that range.
-#[test]
-fn discards_unmap_and_holes_zero_exactly_their_range() {
-    let env = Env::new();
+fn discards_unmap_and_holes_zero_exactly_their_range(transport: FuseTransport) {
+    let env = Env::new(transport);
     let size = 8 * MIB;
     let device = MemDevice::new(size);
     let frontend = env.start(&device, "discard");
@@ -603,15 +659,15 @@ fn discards_unmap_and_holes_zero_exactly_their_range() {
     );
     drop(file);
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();
 }
 
 /// A failing device fails the caller's I/O: EIO through the loop device, the
 /// device's own errno through the file.
-#[test]
-fn device_errors_reach_the_caller() {
-    let env = Env::new();
+fn device_errors_reach_the_caller(transport: FuseTransport) {
+    let env = Env::new(transport);
     let device = MemDevice::new(4 * MIB);
     let frontend = env.start(&device, "failing");
     let block = AlignedBuf::from(&random_bytes(BLOCK_SIZE as usize, 3));
@@ -637,15 +693,15 @@ fn device_errors_reach_the_caller() {
     device.fail(0);
     loop_file.write_all_at(block.as_ref(), BLOCK_SIZE).unwrap();
     drop((file, loop_file));
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
     device.assert_only_aligned_calls();
 }
 
 /// Stopping while the device is open does not wait: the device goes when
 /// its user closes it, and serves I/O until then.
-#[test]
-fn stop_with_the_device_open_detaches_lazily() {
-    let env = Env::new();
+fn stop_with_the_device_open_detaches_lazily(transport: FuseTransport) {
+    let env = Env::new(transport);
     let device = MemDevice::new(4 * MIB);
     let frontend = env.start(&device, "busy");
     let (backing, link) = (
@@ -655,6 +711,7 @@ fn stop_with_the_device_open_detaches_lazily() {
     let number = loop_number(frontend.device_path());
     let user = open_direct(frontend.device_path());
 
+    env.assert_transport_used(&frontend);
     assert_eq!(frontend.stop().unwrap(), StopOutcome::DeviceStillOpen);
     assert!(link.symlink_metadata().is_err(), "link remains");
     let block = AlignedBuf::from(&random_bytes(BLOCK_SIZE as usize, 4));
@@ -669,7 +726,7 @@ fn stop_with_the_device_open_detaches_lazily() {
 
 #[test]
 fn invalid_volume_names_are_refused_before_touching_anything() {
-    let env = Env::new();
+    let env = Env::new(FuseTransport::DevFuse);
     let device = MemDevice::new(MIB);
     for name in ["", "../escape", "a/b", "Upper", ".", "..", "-dash"] {
         let handle = env.runtime.handle().clone();
@@ -681,151 +738,4 @@ fn invalid_volume_names_are_refused_before_touching_anything() {
     }
     assert!(!env.options().run_dir.exists());
     assert!(!env.options().dev_dir.exists());
-}
-
-const CHILD_RUN_DIR: &str = "OXHORN_TEST_FRONTEND_CHILD_RUN_DIR";
-const CHILD_DEV_DIR: &str = "OXHORN_TEST_FRONTEND_CHILD_DEV_DIR";
-const CHILD_VOLUME: &str = "crashed";
-
-/// Not a test on its own: the process that crashes in
-/// `a_crashed_frontend_is_cleaned_up_at_start`. Starts a frontend, reports
-/// its device and waits to be killed.
-#[test]
-fn crashing_child() {
-    let (Some(run_dir), Some(dev_dir)) = (
-        std::env::var_os(CHILD_RUN_DIR),
-        std::env::var_os(CHILD_DEV_DIR),
-    ) else {
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let mut options = FuseOptions::new(run_dir);
-    options.dev_dir = dev_dir.into();
-    let device = MemDevice::new(4 * MIB);
-    let frontend =
-        FuseFrontend::start(device, CHILD_VOLUME, &options, runtime.handle().clone()).unwrap();
-    println!("ready {}", frontend.device_path().display());
-    loop {
-        thread::sleep(Duration::from_secs(3600));
-    }
-}
-
-/// Starts `crashing_child` and returns it with the device it reports.
-fn spawn_crashing_child(options: &FuseOptions) -> (ChildGuard, PathBuf) {
-    // The test's name as the harness knows it: its path without the crate.
-    let (_crate, module) = module_path!().split_once("::").unwrap();
-    let name = format!("{module}::crashing_child");
-    let mut child = ChildGuard(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
-            .env(CHILD_RUN_DIR, &options.run_dir)
-            .env(CHILD_DEV_DIR, &options.dev_dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = BufReader::new(child.0.stdout.take().unwrap());
-    let device = stdout
-        .lines()
-        .map(Result::unwrap)
-        // The harness has already printed "test frontend::crashing_child ... "
-        // on it.
-        .find_map(|line| {
-            line.split_once("ready ")
-                .map(|(_, device)| PathBuf::from(device))
-        })
-        .expect("child did not start its frontend");
-    (child, device)
-}
-
-/// A loop device held open, as a mounted filesystem would hold it. Drop
-/// detaches it (it cannot have been reused while we held it) and closes it.
-struct HeldLoop {
-    number: u32,
-    _file: File,
-}
-
-impl HeldLoop {
-    fn open(device: &Path) -> Self {
-        HeldLoop {
-            number: loop_number(device),
-            _file: File::open(device).unwrap(),
-        }
-    }
-
-    /// Binds a loop device to `file` the way an admin would (losetup: no
-    /// autoclear), and holds it.
-    fn losetup(file: &Path) -> Self {
-        let output = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(file)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "losetup: {output:?}");
-        let device = PathBuf::from(String::from_utf8(output.stdout).unwrap().trim());
-        let held = HeldLoop::open(&device);
-        assert_eq!(sysfs(&device, "loop/autoclear"), "0");
-        held
-    }
-
-    fn device(&self) -> PathBuf {
-        PathBuf::from(format!("/dev/loop{}", self.number))
-    }
-
-    /// Closes it and waits until the kernel unbinds it.
-    fn release(self, env: &Env) {
-        let (number, bound) = (self.number, loopdev::backing_file(self.number).unwrap());
-        assert!(bound.is_some(), "loop{number} went while still open");
-        drop(self);
-        until_unbound(env, number, &bound);
-    }
-}
-
-impl Drop for HeldLoop {
-    fn drop(&mut self) {
-        let _ = loopdev::detach_number(self.number);
-    }
-}
-
-/// An engine killed with its device in use leaves a dead FUSE mount
-/// ("Transport endpoint is not connected"), its loop device and whatever else
-/// was bound to the file (here a loop device without autoclear), both still
-/// open. A new frontend for the volume clears them and works.
-#[test]
-fn a_crashed_frontend_is_cleaned_up_at_start() {
-    let env = Env::new();
-    let (child, crashed) = spawn_crashing_child(&env.options());
-    let backing = env
-        .options()
-        .run_dir
-        .join("fuse")
-        .join(CHILD_VOLUME)
-        .join(FILE_NAME);
-    let leftover = HeldLoop::losetup(&backing);
-    let crashed = HeldLoop::open(&crashed);
-    drop(child);
-    let dead = fs::metadata(&backing).unwrap_err();
-    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
-
-    let device = MemDevice::new(4 * MIB);
-    let frontend = env.start(&device, CHILD_VOLUME);
-    let link = frontend.link_path().to_path_buf();
-    assert_eq!(fs::read_link(&link).unwrap(), frontend.device_path());
-    assert_eq!(
-        loopdev::backed_by(&backing).unwrap(),
-        vec![loop_number(frontend.device_path())]
-    );
-    // Detached: it goes as soon as its user closes it.
-    assert_eq!(sysfs(&leftover.device(), "loop/autoclear"), "1");
-    let block = AlignedBuf::from(&random_bytes(BLOCK_SIZE as usize, 5));
-    let file = open_direct(&link);
-    file.write_all_at(block.as_ref(), 0).unwrap();
-    assert!(device.contents(0, BLOCK_SIZE as usize) == block.as_ref());
-    drop(file);
-    leftover.release(&env);
-    crashed.release(&env);
-
-    assert_eq!(frontend.stop().unwrap(), StopOutcome::Complete);
-    assert_gone(&env, &backing, &link);
-    device.assert_only_aligned_calls();
 }
