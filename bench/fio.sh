@@ -10,6 +10,12 @@
 #   BASELINE_OXHORN=/path/to/other/oxhorn bench/fio.sh   (also (d) and (e), the
 #       same volumes served by that build, and each job's IOPS of this build
 #       over that one's: what a change costs)
+#   BASELINE_TRANSPORT=dev-fuse bench/fio.sh   (the same, (d) and (e) served
+#       through that FUSE transport, by this build unless BASELINE_OXHORN)
+#
+# The engines take the kernel's FUSE requests through /dev/fuse, or through
+# FUSE_TRANSPORT (dev-fuse, io-uring, auto); the fuse module's enable_uring
+# is on for the run, put back as it was after.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runtime=${1:-15}
@@ -21,7 +27,10 @@ cargo build --release --quiet --bin oxhorn
 oxhorn=$(realpath "${CARGO_TARGET_DIR:-target}/release/oxhorn")
 work=$(mktemp -d /var/tmp/oxhorn-fio-XXXXXX)
 pids=()
+uring=/sys/module/fuse/parameters/enable_uring uring_was=
+transport=${FUSE_TRANSPORT:-dev-fuse}
 cleanup() {
+	if [ -n "$uring_was" ]; then echo "$uring_was" >"$uring"; fi
 	# Engines first (they unmount and detach), then their replicas.
 	for pid in $(printf '%s\n' "${pids[@]}" | tac); do
 		kill -TERM "$pid" 2>/dev/null || true
@@ -30,6 +39,10 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
+if [ -w "$uring" ]; then
+	uring_was=$(<"$uring")
+	echo Y >"$uring"
+fi
 
 free_port_pair() {
 	python3 - <<'PY'
@@ -96,10 +109,12 @@ run_jobs() {
 	echo "$kib" >"$work/$label.hwm"
 }
 
-# start_volume LABEL REPLICAS [BINARY]: sets $device and $volume_pids (not a
-# subshell: $pids must grow); BINARY, by default this tree's oxhorn, serves it.
+# start_volume LABEL REPLICAS [BINARY [TRANSPORT]]: sets $device and
+# $volume_pids (not a subshell: $pids must grow); BINARY, by default this
+# tree's oxhorn, serves it, its FUSE frontend on TRANSPORT ($transport; empty:
+# the binary's default, for builds older than the flag).
 start_volume() {
-	local label=$1 count=$2 oxhorn=${3:-$oxhorn} replicas=() port
+	local label=$1 count=$2 oxhorn=${3:-$oxhorn} fuse=${4-$transport} replicas=() port
 	volume_pids=()
 	for i in $(seq 1 "$count"); do
 		port=$(free_port_pair)
@@ -113,6 +128,7 @@ start_volume() {
 	sleep 1
 	port=$(free_port_pair)
 	"$oxhorn" engine --volume "$label" --generation 1 --size "$size" "${replicas[@]}" --frontend fuse \
+		${fuse:+--fuse-transport "$fuse"} \
 		--listen "127.0.0.1:$port" --run-dir "$work/run" --dev-dir "$work/dev" \
 		>"$work/$label-engine.log" 2>&1 &
 	pids+=($!)
@@ -129,6 +145,7 @@ start_volume() {
 OXHORN_VOLUME_KEY=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 export OXHORN_VOLUME_KEY
 echo "fio: ${runtime}s per job (after ${ramp}s ramp), 1 GiB target, direct I/O, libaio;" \
+	"FUSE over $transport${BASELINE_TRANSPORT:+ (baseline: $BASELINE_TRANSPORT)};" \
 	"$(nproc) CPUs, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >&2
 truncate -s "$size" "$work/local.img"
 volume_pids=()
@@ -137,10 +154,11 @@ start_volume r1 1
 run_jobs r1 "$device"
 start_volume r3 3
 run_jobs r3 "$device"
-if [ -n "${BASELINE_OXHORN:-}" ]; then
-	start_volume b1 1 "$(realpath "$BASELINE_OXHORN")"
+if [ -n "${BASELINE_OXHORN:-}${BASELINE_TRANSPORT:-}" ]; then
+	baseline=$(realpath "${BASELINE_OXHORN:-$oxhorn}")
+	start_volume b1 1 "$baseline" "${BASELINE_TRANSPORT:-}"
 	run_jobs b1 "$device"
-	start_volume b3 3 "$(realpath "$BASELINE_OXHORN")"
+	start_volume b3 3 "$baseline" "${BASELINE_TRANSPORT:-}"
 	run_jobs b3 "$device"
 fi
 
@@ -193,7 +211,7 @@ for target in [t for t in labels if t != "local"]:
     kib = int(open(f"{work}/{target}.hwm").read())
     print(f"peak memory, engine + replicas, {labels[target]}: {kib / 1024:.0f} MiB")
 if baseline:
-    print("\nthis build / the baseline build (BASELINE_OXHORN), IOPS:")
+    print("\nthis build / the baseline (BASELINE_OXHORN, BASELINE_TRANSPORT), IOPS:")
     for job, title in jobs:
         ratios = [load(f"r{n}-{job}")["iops"] / max(load(f"b{n}-{job}")["iops"], 1e-9)
                   for n in (1, 3)]

@@ -9,15 +9,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 hack/install-test-deps.sh >/dev/null
-# FUSE over io_uring on for the run, where the kernel has it (the frontend
-# tests run both transports; the rest take the engine's default, which uses
-# it when on); put back as it was on the way out.
-uring=/sys/module/fuse/parameters/enable_uring
-if [[ -w $uring ]]; then
-	uring_was=$(<"$uring")
-	trap 'echo "$uring_was" >"$uring"' EXIT
-	echo Y >"$uring"
-fi
 cargo fmt --check
 # --workspace: the test bed crate (testbed/) too.
 cargo clippy --locked --workspace --all-targets -- -D warnings

@@ -251,7 +251,7 @@ impl EngineProcess {
         size: u64,
         replicas: &[String],
     ) -> Result<Self> {
-        Self::spawn_fuse(binary, dir, access, size, replicas, "auto")
+        Self::spawn_fuse(binary, dir, access, size, replicas, "dev-fuse")
     }
 
     /// Like [`spawn`](Self::spawn), the FUSE frontend taking the kernel's

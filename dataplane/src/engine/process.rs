@@ -77,10 +77,10 @@ pub struct EngineConfig {
     /// Where the device link `/dev/oxhorn/<volume>` is published.
     #[arg(long, default_value = "/dev/oxhorn")]
     pub dev_dir: PathBuf,
-    /// How the FUSE frontend takes the kernel's requests: `auto` uses
-    /// io_uring where the kernel offers it (its fuse module's
-    /// `enable_uring`), else `/dev/fuse`.
-    #[arg(long, value_enum, default_value_t = FuseTransport::Auto)]
+    /// How the FUSE frontend takes the kernel's requests: `/dev/fuse`, or
+    /// io_uring (`io-uring`; `auto`: where the kernel offers it, through
+    /// its fuse module's `enable_uring`, else `/dev/fuse`).
+    #[arg(long, value_enum, default_value_t = FuseTransport::DevFuse)]
     pub fuse_transport: FuseTransport,
 }
 

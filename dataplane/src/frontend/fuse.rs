@@ -57,7 +57,7 @@ impl FuseOptions {
             run_dir: run_dir.into(),
             dev_dir: PathBuf::from(DEFAULT_DEV_DIR),
             session_threads: 2,
-            transport: FuseTransport::Auto,
+            transport: FuseTransport::DevFuse,
         }
     }
 }

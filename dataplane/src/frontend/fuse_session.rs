@@ -33,14 +33,17 @@ pub(crate) trait Handler: Send + Sync + 'static {
 }
 
 /// How requests reach us after INIT, which always comes through
-/// `/dev/fuse`.
+/// `/dev/fuse`. `/dev/fuse` is the default: io_uring saves the system
+/// calls but, answers being made on the runtime's threads, costs a wake-up
+/// of the queue's thread per answer, and measured slower with 3 replicas
+/// (bench/README.md, 2026-11-29).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FuseTransport {
     /// io_uring when the kernel offers it, else `/dev/fuse` (with a log
     /// line saying why).
-    #[default]
     Auto,
     /// Reads and writes on `/dev/fuse`: a system call each per request.
+    #[default]
     DevFuse,
     /// io_uring or nothing: starting fails where the kernel lacks it.
     IoUring,

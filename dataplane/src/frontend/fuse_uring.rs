@@ -393,7 +393,6 @@ struct Worker<H> {
 impl<H: Handler> Worker<H> {
     /// Registers the entries, says so through `ready`, then serves them.
     fn run(mut self, ready: mpsc::Sender<io::Result<()>>) -> io::Result<()> {
-        self.pin();
         let registered = self.register();
         let failed = registered.is_err();
         // The receiver waits for every queue: it is still there.
@@ -451,18 +450,6 @@ impl<H: Handler> Worker<H> {
         }
         debug!(qid = self.queue.qid, "FUSE ring thread done");
         Ok(())
-    }
-
-    /// Runs on the queue's CPU, where the kernel's requests for it come
-    /// from (best effort: a CPU may be offline or not ours).
-    fn pin(&self) {
-        let mut cpus = nix::sched::CpuSet::new();
-        let pinned = cpus
-            .set(usize::from(self.queue.qid))
-            .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpus));
-        if let Err(err) = pinned {
-            debug!(qid = self.queue.qid, %err, "FUSE ring thread not pinned");
-        }
     }
 
     /// A command on entry `slot`: REGISTER hands the kernel its buffers,

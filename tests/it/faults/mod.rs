@@ -8,9 +8,9 @@
 //! must be byte-identical (and pass the same check).
 //!
 //! Data-plane rows run `oxhorn replica` processes on loopback and an `oxhorn
-//! engine` process with the FUSE frontend, over io_uring where the kernel
-//! has it (killing the engine and killing a replica also run on
-//! `/dev/fuse`); cluster rows run `oxhorn manager`
+//! engine` process with the FUSE frontend (killing the engine and killing
+//! a replica also run with FUSE over io_uring, where the kernel has it);
+//! cluster rows run `oxhorn manager`
 //! nodes and attach a volume through the controllers. Each test prints its
 //! row of the matrix (`fault matrix |` lines; `--nocapture` shows them).
 //!
@@ -298,7 +298,7 @@ impl DataPlane {
     /// Starts three replicas, replica `small.0` on a tmpfs of `small.1`
     /// (e.g. "8m") if given, and an engine over them; waits until all are RW.
     async fn start(volume: &str, small: Option<(usize, &str)>) -> Self {
-        Self::start_on(volume, small, FuseTransport::IoUring).await
+        Self::start_on(volume, small, FuseTransport::DevFuse).await
     }
 
     /// Like [`DataPlane::start`], the engine's FUSE frontend on `transport`
@@ -513,36 +513,36 @@ async fn kill_replicas(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_one_replica() {
-    let transport = FuseTransport::IoUring;
+    let transport = FuseTransport::DevFuse;
     kill_replicas("kill -9 one replica", "fm-kill-one", 1, &[1], transport).await;
 }
 
-/// The same on the other FUSE transport.
+/// The same with FUSE over io_uring.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_one_replica_on_dev_fuse() {
-    let (name, transport) = ("kill -9 one replica, /dev/fuse", FuseTransport::DevFuse);
-    kill_replicas(name, "fm-kill-one-dev", 1, &[1], transport).await;
+async fn kill_one_replica_on_io_uring() {
+    let (name, transport) = ("kill -9 one replica, io_uring", FuseTransport::IoUring);
+    kill_replicas(name, "fm-kill-one-uring", 1, &[1], transport).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_two_replicas() {
-    let transport = FuseTransport::IoUring;
+    let transport = FuseTransport::DevFuse;
     kill_replicas("kill -9 two replicas", "fm-kill-two", 2, &[1, 2], transport).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_the_engine() {
-    let transport = FuseTransport::IoUring;
+    let transport = FuseTransport::DevFuse;
     kill_engine("kill -9 the engine", "fm-kill-engine", transport).await;
 }
 
-/// The same on the other FUSE transport.
+/// The same with FUSE over io_uring.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_the_engine_on_dev_fuse() {
-    let transport = FuseTransport::DevFuse;
+async fn kill_the_engine_on_io_uring() {
+    let transport = FuseTransport::IoUring;
     kill_engine(
-        "kill -9 the engine, /dev/fuse",
-        "fm-kill-engine-dev",
+        "kill -9 the engine, io_uring",
+        "fm-kill-engine-uring",
         transport,
     )
     .await;
